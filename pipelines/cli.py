@@ -1,0 +1,154 @@
+"""The ``esa`` command: broker, simulate, run, demo, privacy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from transforms.spec import DEFAULT_SPEC, SpecError
+
+LOG = logging.getLogger("esa")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    from pipelines.population import DISTRIBUTIONS
+    from transforms.mechanisms.frequency import FREQUENCY_MECHANISMS
+    from transforms.privacy.report import PRIVACY_MECHANISMS
+
+    parser = argparse.ArgumentParser(prog="esa", description="Privacy-preserving telemetry: Encode, Shuffle, "
+                                     "Analyze on Apache Beam.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    broker = sub.add_parser("broker", help="run a local Kafka-compatible broker (tansu) on loopback")
+    broker.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+
+    sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
+    sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
+    sim.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    sim.add_argument("--clients", type=_positive_int, default=50_000)
+    sim.add_argument("--distribution", choices=DISTRIBUTIONS, default="zipf")
+    sim.add_argument("--zipf-s", type=_positive_float, default=1.1)
+    sim.add_argument("--windows", type=_positive_int, default=1)
+    sim.add_argument("--raw-topic", default="telemetry")
+    sim.add_argument("--reports-topic", default="reports")
+    sim.add_argument("--bad-per-kind", type=int, default=0, help="also produce N bad records of each kind")
+    sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
+    sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
+
+    sub.add_parser("run", help="end-to-end pipeline (Beam flags: --spec F --kafka_bootstrap H:P "
+                   "--output_dir D ...)", add_help=False)
+
+    demo = sub.add_parser("demo", help="embedded broker + simulation + pipeline + summary + plot")
+    demo.add_argument("--clients", type=_positive_int, default=50_000)
+    demo.add_argument("--mechanism", choices=sorted(FREQUENCY_MECHANISMS), default=None,
+                      help="override the spec's mechanism")
+    demo.add_argument("--epsilon", type=_positive_float, default=None, help="override the spec's local epsilon")
+    demo.add_argument("--out", type=Path, default=Path("out/demo"))
+    demo.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    demo.add_argument("--distribution", choices=DISTRIBUTIONS, default="zipf")
+    demo.add_argument("--zipf-s", type=_positive_float, default=1.1)
+    demo.add_argument("--bad-per-kind", type=int, default=3,
+                      help="bad records of each kind to inject (shows the dead-letter path)")
+    demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
+    demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
+
+    priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
+    priv.add_argument("--mechanism", choices=PRIVACY_MECHANISMS, required=True)
+    priv.add_argument("--domain", type=_positive_int, required=True)
+    priv.add_argument("--epsilon", type=_positive_float, required=True, help="local epsilon")
+    priv.add_argument("--n", type=_positive_int, required=True, help="number of shuffled reports")
+    priv.add_argument("--delta", type=_positive_float, required=True)
+    priv.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from pipelines.demo import progress_printer
+    from pipelines.population import synthesize, truth_table
+    from pipelines.simulate import produce_population
+    from transforms.spec import load_spec
+
+    spec = load_spec(args.spec)
+    population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
+                            windows=args.windows, seed=args.seed)
+    produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
+                                  reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
+                                  seed=args.seed, progress=progress_printer("produced"))
+    if args.truth:
+        pq.write_table(truth_table(spec, population), args.truth)
+    print(json.dumps({"spec_id": spec.spec_id, "produced": produced}))
+    return 0
+
+
+def _run(argv: Sequence[str]) -> int:
+    from pipelines.end_to_end import run_from_argv
+
+    summary = run_from_argv(argv)
+    print(json.dumps({"accounting": summary.accounting, "balanced": summary.balanced,
+                      "estimates": str(summary.estimates_path), "dead_letters": str(summary.dead_letters_path)}))
+    return 0 if summary.balanced else 3
+
+
+def _privacy(args: argparse.Namespace) -> int:
+    from transforms.privacy.report import format_privacy_report, privacy_report
+
+    report = privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta)
+    print(json.dumps(report, indent=2) if args.json else format_privacy_report(report))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # Beam owns the flags of `esa run`
+        args = argparse.Namespace(command="run", verbose="-v" in argv)
+    else:
+        args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("apache_beam", "kafka", "root"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not args.verbose else logging.INFO)
+    try:
+        if args.command == "broker":
+            from pipelines.broker import run_broker_forever
+
+            return run_broker_forever(args.port)
+        if args.command == "simulate":
+            return _simulate(args)
+        if args.command == "run":
+            return _run([a for a in argv[1:] if a != "-v"])
+        if args.command == "privacy":
+            return _privacy(args)
+        from pipelines.demo import run_demo
+
+        run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,
+                 spec_path=args.spec, distribution=args.distribution, zipf_s=args.zipf_s,
+                 bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap)
+        return 0
+    except (SpecError, ValueError) as err:
+        print(f"esa {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The one abstraction of esa-telemetry: a local randomizer with its analyzer (DESIGN.md §3).
+
+Every mechanism is a frozen dataclass of its *public* parameters -- what clients, the shuffler and the
+analyzer share -- and exposes the same small surface, so the Beam layer (encode, shuffle, analyze) is
+written once:
+
+* ``encode(values, rng)`` randomizes a whole batch of clients at once and returns a numpy structured
+  array with ``report_dtype`` (one row per report);
+* ``validate(reports)`` says which rows are in the mechanism's output domain (the shuffler dead-letters
+  the others instead of letting a malformed report poison an estimate);
+* ``new_accumulator()`` returns sufficient statistics as count arrays (memory O(state), never O(n));
+* ``variance(counts, n)`` is the closed form of MECHANISMS.md, used for standard errors and tests;
+* ``epsilon_local``, ``mixture_alpha`` (for the tight shuffle bound), ``message_bits``.
+
+This module, like all of ``transforms.mechanisms``, imports neither Beam, Kafka nor Avro: it is the
+library a device could run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Randomness(Protocol):
+    """The randomness a mechanism may draw; numpy's ``Generator`` satisfies it.
+
+    Row ``i`` of every draw of shape ``(n, ...)`` belongs to client ``i``. Keyed per-element sources
+    (``transforms.mechanisms.randomness.KeyedRandom``) rely on this to make a retried Beam bundle
+    reproduce exactly the same reports whatever the batch boundaries are.
+    """
+
+    def random(self, size: int | tuple[int, ...]) -> np.ndarray:
+        """Uniform float64 in [0, 1) of the given shape."""
+        ...
+
+    def integers(self, low: int | np.ndarray, high: int | np.ndarray, size: int | tuple[int, ...]) -> np.ndarray:
+        """Uniform int64 in [low, high) (``high`` may be an array broadcast against ``size``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FrequencyEstimate:
+    """Histogram estimate of one window/crowd: per-item frequency with its closed-form standard error.
+
+    ``frequency`` and ``stderr`` are fractions of the ``n`` reports analyzed; ``count`` is the unbiased
+    count estimate (``frequency * n``) that the estimators produce first.
+    """
+
+    count: np.ndarray
+    frequency: np.ndarray
+    stderr: np.ndarray
+    n: int
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Accumulator(Protocol):
+    """Sufficient statistics of a batch of reports: count arrays, mergeable in any order."""
+
+    n: int
+
+    def add(self, reports: np.ndarray) -> None:
+        """Fold a structured array of (already validated) reports into the counts."""
+        ...
+
+    def merge(self, other: Accumulator) -> None:
+        """Add another accumulator of the same mechanism into this one (in place)."""
+        ...
+
+    def estimate(self) -> FrequencyEstimate:
+        """Decode the counts into unbiased estimates with standard errors."""
+        ...
+
+
+class Mechanism(Protocol):
+    """What the Beam layer needs of a frequency-oracle mechanism."""
+
+    name: ClassVar[str]
+    payload_kind: ClassVar[str]  # which Report payload record carries it: "category", "bits" or "hashed"
+    d: int
+    epsilon: float
+
+    @property
+    def report_dtype(self) -> np.dtype: ...
+
+    @property
+    def epsilon_local(self) -> float: ...
+
+    @property
+    def mixture_alpha(self) -> float: ...
+
+    @property
+    def message_bits(self) -> int: ...
+
+    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray: ...
+
+    def validate(self, reports: np.ndarray) -> np.ndarray: ...
+
+    def new_accumulator(self) -> Accumulator: ...
+
+    def variance(self, counts: np.ndarray, n: int) -> np.ndarray: ...
+
+    def parameters(self) -> dict[str, Any]: ...
+
+
+def check_epsilon(epsilon: float) -> None:
+    """Refuse a local budget that is not a finite positive number (clear error at construction)."""
+    if not np.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+
+
+def check_domain(d: int) -> None:
+    """Refuse a domain that no randomizer can hide a value in."""
+    if int(d) != d or d < 2:
+        raise ValueError(f"domain size d must be an integer >= 2, got {d!r}")
+
+
+def check_values(values: np.ndarray, d: int) -> np.ndarray:
+    """Return ``values`` as int64 after checking they lie in [0, d) -- a client never encodes garbage."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"values must be a 1-D batch, got shape {arr.shape}")
+    if arr.size and (not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"values must be integer category indices, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and (arr.min() < 0 or arr.max() >= d):
+        bad = arr[(arr < 0) | (arr >= d)][0]
+        raise ValueError(f"value {bad} outside the domain [0, {d})")
+    return arr

@@ -1,0 +1,125 @@
+"""Shared machinery of the count-based frequency oracles (GRR, OUE, OLH).
+
+Their analyzers all keep one integer count array plus ``n``, merge by addition (so any combine tree of
+Beam gives the same result) and turn counts into an estimate whose standard error is the closed-form
+variance of MECHANISMS.md evaluated at the plug-in counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+
+from transforms.mechanisms.base import FrequencyEstimate
+
+__all__ = [
+    "CountAccumulator",
+    "empty_mask_if_malformed",
+    "exp_epsilon",
+    "rr_count_variance",
+    "structured",
+]
+
+
+class _CountedMechanism(Protocol):
+    name: str
+
+    def validate(self, reports: np.ndarray) -> np.ndarray: ...
+
+    def variance(self, counts: np.ndarray, n: int) -> np.ndarray: ...
+
+
+MAX_EPSILON = 700.0  # e^eps overflows float64 just above 709
+
+
+def exp_epsilon(epsilon: float) -> float:
+    """``e^epsilon``, refusing budgets so large that the randomizer probabilities would overflow."""
+    if epsilon > MAX_EPSILON:
+        raise ValueError(f"epsilon must be <= {MAX_EPSILON} (e^epsilon overflows), got {epsilon!r}")
+    return math.exp(epsilon)
+
+
+def rr_count_variance(counts: np.ndarray, n: int, p: float, q: float) -> np.ndarray:
+    """Variance of the count estimator ``(C - n q)/(p - q)`` where a holder of the item is counted w.p.
+    ``p`` and anyone else w.p. ``q``, independently across users (MECHANISMS.md §2, §3.1, §4)."""
+    c = np.asarray(counts, dtype=np.float64)
+    return (c * p * (1.0 - p) + (n - c) * q * (1.0 - q)) / (p - q) ** 2
+
+
+def structured(dtype: np.dtype, **fields: np.ndarray) -> np.ndarray:
+    """A structured report array with the given fields filled in."""
+    n = len(next(iter(fields.values())))
+    out = np.empty(n, dtype=dtype)
+    for name, values in fields.items():
+        out[name] = values
+    return out
+
+
+def empty_mask_if_malformed(reports: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """All-False mask if ``reports`` lacks a field of ``dtype`` or has a field of the wrong shape.
+
+    A report that is not even of the mechanism's record shape is outside its output domain; the shuffler
+    dead-letters it rather than guessing. Returns None when the structure is right.
+    """
+    arr = np.asarray(reports)
+    names = arr.dtype.names or ()
+    for name in dtype.names or ():
+        if name not in names or arr.dtype[name].shape != dtype[name].shape:
+            return np.zeros(arr.shape[:1], dtype=bool)
+    if arr.ndim != 1:
+        raise ValueError(f"reports must be a 1-D structured array, got shape {arr.shape}")
+    return None
+
+
+class CountAccumulator:
+    """Sufficient statistics of one mechanism: an int64 count array and the number of reports.
+
+    Subclasses say how a batch of reports becomes counts (``_count``) and how counts become estimates
+    (``_decode``). Memory is O(state), never O(n).
+    """
+
+    def __init__(self, mechanism: _CountedMechanism, shape: tuple[int, ...]) -> None:
+        self.mechanism = mechanism
+        self.counts = np.zeros(shape, dtype=np.int64)
+        self.n = 0
+
+    def _count(self, reports: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _decode(self) -> tuple[np.ndarray, dict[str, Any]]:
+        raise NotImplementedError
+
+    def add(self, reports: np.ndarray) -> None:
+        """Fold validated reports into the counts; refuse (rather than miscount) invalid ones."""
+        arr = np.asarray(reports)
+        if arr.size == 0:
+            return
+        valid = self.mechanism.validate(arr)
+        if not valid.all():
+            raise ValueError(
+                f"{int((~valid).sum())} of {arr.size} reports are outside the {self.mechanism.name} output "
+                "domain; filter them with validate() first"
+            )
+        self.counts += self._count(arr)
+        self.n += int(arr.size)
+
+    def merge(self, other: Any) -> None:
+        """Add another accumulator of the *same* mechanism parameters into this one."""
+        if type(other) is not type(self) or other.mechanism != self.mechanism:
+            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        self.counts += other.counts
+        self.n += other.n
+
+    def estimate(self) -> FrequencyEstimate:
+        """Unbiased counts, frequencies and plug-in standard errors (fractions of n)."""
+        if self.n == 0:
+            raise ValueError("no reports")
+        count, extras = self._decode()
+        plug_in = np.clip(count, 0.0, float(self.n))
+        stderr = np.sqrt(self.mechanism.variance(plug_in, self.n)) / self.n
+        return FrequencyEstimate(count=count, frequency=count / self.n, stderr=stderr, n=self.n, extras=extras)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.mechanism!r}, n={self.n})"

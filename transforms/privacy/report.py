@@ -1,0 +1,112 @@
+"""The privacy report behind ``esa privacy``: tight central epsilon of a shuffled frequency oracle, next to
+the closed forms that do (or, with the reason, do not) apply to it.
+
+The report is a plain JSON-serialisable dict (str, int, float, None) so the CLI can print it as JSON or as
+text (``format_privacy_report``) without a second code path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._checks import check_delta, check_epsilon, check_int
+from .closed_forms import (
+    ClosedForm,
+    blanket_krr,
+    efmrtt19,
+    fmt21_clones,
+    lemma_ii5,
+)
+from .mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue
+from .shuffle_bound import epsilon_central
+
+PRIVACY_MECHANISMS: tuple[str, ...] = ("grr", "oue", "olh", "generic")
+
+_KRR_ONLY = "applies to k-ary randomized response only"
+_BINARY_RR_ONLY = "applies to binary randomized response (attribute-fragmented k-RAPPOR channels) only"
+
+
+def olh_buckets(eps: float) -> int:
+    """OLH's number of hash buckets g = max(2, round(e^eps + 1)) (Wang et al. 2017, the variance-optimal
+    choice). Shared so that the mechanism and its accounting can never disagree on g."""
+    eps = check_epsilon("eps", eps)
+    return max(2, round(math.exp(eps) + 1.0))
+
+
+def mechanism_alpha(mechanism: str, domain: int, eps: float) -> tuple[float, str]:
+    """Mixture alpha of a frequency oracle for the tight bound, with the rule used (for the report)."""
+    if mechanism == "grr":
+        return alpha_grr(eps, domain), f"k-RR over d={domain} values: 1/(e^eps + d - 1)"
+    if mechanism == "oue":
+        return alpha_oue(eps), "OUE (p=1/2, q=1/(1+e^eps)): TV/(e^eps - 1) = 1/(2(e^eps + 1))"
+    if mechanism == "olh":
+        g = olh_buckets(eps)
+        return alpha_olh(eps, g), f"OLH with g={g} buckets (max(2, round(e^eps + 1))): 1/(e^eps + g - 1)"
+    if mechanism == "generic":
+        return alpha_generic(eps), "any eps-LDP randomizer: 1/(e^eps + 1)"
+    raise ValueError(f"mechanism must be one of {', '.join(PRIVACY_MECHANISMS)}; got {mechanism!r}")
+
+
+def _closed_forms(mechanism: str, domain: int, eps: float, n: int, delta: float) -> list[ClosedForm]:
+    if mechanism == "grr":
+        blanket = blanket_krr(n, eps, domain, delta)
+    elif mechanism == "olh":  # given its public seed, an OLH report is k-RR over g buckets
+        blanket = blanket_krr(n, eps, olh_buckets(eps), delta)
+    else:
+        blanket = ClosedForm("blanket_krr", None, _KRR_ONLY)
+    return [
+        efmrtt19(n, eps, delta),
+        blanket,
+        ClosedForm("lemma_ii6", None, _BINARY_RR_ONLY),
+        ClosedForm("theorem_iii1", None, _BINARY_RR_ONLY),
+        fmt21_clones(n, eps, delta),
+        lemma_ii5(n, eps, delta),
+    ]
+
+
+def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: float) -> dict[str, Any]:
+    """Central (eps_c, delta) of n shuffled reports of ``mechanism`` (replacement DP on both sides).
+
+    ``eps_central`` is the tight bound of ``shuffle_bound`` (the number to rely on); ``closed_forms`` maps
+    each closed form to ``{"epsilon": float | None, "reason": str | None}`` for comparison.
+    """
+    if mechanism not in PRIVACY_MECHANISMS:
+        raise ValueError(f"mechanism must be one of {', '.join(PRIVACY_MECHANISMS)}; got {mechanism!r}")
+    domain = check_int("domain", domain, 2)
+    epsilon = check_epsilon("epsilon", epsilon)
+    n = check_int("n", n, 2)
+    delta = check_delta("delta", delta)
+    alpha, rule = mechanism_alpha(mechanism, domain, epsilon)
+    return {
+        "mechanism": mechanism,
+        "domain": domain,
+        "epsilon_local": epsilon,
+        "n": n,
+        "delta": delta,
+        "alpha": alpha,
+        "alpha_rule": rule,
+        "eps_central": epsilon_central(n, alpha, epsilon, delta),
+        "closed_forms": {
+            form.name: {"epsilon": form.epsilon, "reason": form.reason}
+            for form in _closed_forms(mechanism, domain, epsilon, n, delta)
+        },
+    }
+
+
+def format_privacy_report(report: dict[str, Any]) -> str:
+    """Human-readable rendering of ``privacy_report``'s dict."""
+    lines = [
+        f"mechanism        {report['mechanism']} (domain {report['domain']})",
+        f"local epsilon    {report['epsilon_local']:g} (replacement LDP)",
+        f"users n          {report['n']}",
+        f"delta            {report['delta']:g}",
+        f"mixture alpha    {report['alpha']:.6g}  [{report['alpha_rule']}]",
+        f"central epsilon  {report['eps_central']:.6g}  (tight numerical bound, MECHANISMS.md §1.6)",
+        "closed forms (comparison only):",
+    ]
+    width = max(len(name) for name in report["closed_forms"])
+    for name, form in report["closed_forms"].items():
+        value = f"{form['epsilon']:.6g}" if form["epsilon"] is not None else f"n/a: {form['reason']}"
+        lines.append(f"  {name:<{width}}  {value}")
+    return "\n".join(lines)

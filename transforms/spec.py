@@ -1,0 +1,214 @@
+"""Analysis specs: the TOML file that clients, shuffler and analyzer all read (DESIGN.md §3).
+
+A spec names one metric: its kind, its domain, the local randomizer and its budget, the window, the
+crowd threshold of the shuffler and the central delta of the ledger. Its hash travels with every report
+(``spec_id = name@hash``) so a report encoded under other parameters is dead-lettered instead of being
+mixed into an estimate it does not belong to.
+
+Loading validates every field and names the bad one (``SpecError``), because a typo in a privacy
+parameter must stop the job, not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from transforms.mechanisms.base import Mechanism
+from transforms.mechanisms.frequency import FREQUENCY_MECHANISMS, make_frequency_mechanism
+
+KINDS = ("histogram",)
+DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "app_language.toml"
+_MECHANISM_PARAMS = {"grr": set(), "oue": set(), "olh": {"g", "seed_family"}}
+
+
+class SpecError(ValueError):
+    """An analysis spec that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class CrowdSpec:
+    """Shuffler crowd threshold (001 Algorithm 3): noisy count n + DLap(2/eps) - T, T = 2/eps ln(2/delta)."""
+
+    epsilon: float = 1.0
+    delta: float = 1e-6
+    subkeys: int = 16  # a crowd is split over this many random sub-keys so no worker holds all of it
+
+
+@dataclass(frozen=True)
+class AnalysisSpec:
+    """One histogram metric with everything the three stages must agree on."""
+
+    name: str
+    metric: str
+    categories: tuple[str, ...]
+    mechanism: str
+    epsilon: float
+    mechanism_params: tuple[tuple[str, Any], ...] = ()
+    window_seconds: int = 3600
+    crowd: CrowdSpec = field(default_factory=CrowdSpec)
+    delta: float = 1e-6
+    max_reports_per_client: int = 1
+    kind: str = "histogram"
+
+    @property
+    def d(self) -> int:
+        return len(self.categories)
+
+    @cached_property
+    def spec_id(self) -> str:
+        """``name@`` + 12 hex digits of the SHA-256 of the canonical JSON of every field."""
+        canonical = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        return f"{self.name}@{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+    @cached_property
+    def category_index(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.categories)}
+
+    @cached_property
+    def randomizer(self) -> Mechanism:
+        """The frozen mechanism object shared by encoder and analyzer."""
+        return make_frequency_mechanism(self.mechanism, self.d, self.epsilon, **dict(self.mechanism_params))
+
+    def with_mechanism(self, mechanism: str | None = None, epsilon: float | None = None) -> AnalysisSpec:
+        """A copy with another randomizer or budget (a new spec_id); used by the demo's flags."""
+        changes: dict[str, Any] = {}
+        if mechanism is not None and mechanism != self.mechanism:
+            changes.update(mechanism=mechanism, mechanism_params=())
+        if epsilon is not None:
+            changes["epsilon"] = float(epsilon)
+        spec = dataclasses.replace(self, **changes)
+        _check_mechanism(spec, "<override>")
+        return spec
+
+
+def load_spec(path: str | Path) -> AnalysisSpec:
+    """Read and validate a spec file; raises ``SpecError`` naming the file and the bad field."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise SpecError(f"{path}: not valid TOML: {err}") from None
+    return spec_from_dict(raw, source=str(path))
+
+
+def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
+    """Validate a parsed TOML document (tables analysis, domain, mechanism, window, crowd, privacy)."""
+    reader = _Reader(raw, source)
+    kind = reader.get("analysis", "kind", str, "histogram")
+    if kind not in KINDS:
+        reader.fail("analysis", "kind", f"must be one of {', '.join(KINDS)} (got {kind!r})")
+    name = reader.get("analysis", "name", str)
+    if not name or "@" in name:
+        reader.fail("analysis", "name", "must be a non-empty string without '@'")
+    categories = _categories(reader)
+    mech_table = dict(reader.table("mechanism"))
+    mechanism = reader.get("mechanism", "name", str)
+    epsilon = reader.get("mechanism", "epsilon", (int, float))
+    params = tuple(sorted((k, v) for k, v in mech_table.items() if k not in {"name", "epsilon"}))
+    crowd = CrowdSpec(
+        epsilon=reader.get("crowd", "epsilon", (int, float), CrowdSpec.epsilon),
+        delta=reader.get("crowd", "delta", (int, float), CrowdSpec.delta),
+        subkeys=reader.get("crowd", "subkeys", int, CrowdSpec.subkeys),
+    )
+    spec = AnalysisSpec(
+        name=name,
+        kind=kind,
+        metric=reader.get("analysis", "metric", str, name),
+        categories=categories,
+        mechanism=mechanism,
+        epsilon=float(epsilon),
+        mechanism_params=params,
+        window_seconds=reader.get("window", "size_seconds", int, 3600),
+        crowd=dataclasses.replace(crowd, epsilon=float(crowd.epsilon), delta=float(crowd.delta)),
+        delta=float(reader.get("privacy", "delta", (int, float), 1e-6)),
+        max_reports_per_client=reader.get("clients", "max_reports_per_window", int, 1),
+    )
+    _check_numbers(spec, reader)
+    _check_mechanism(spec, source)
+    return spec
+
+
+def _categories(reader: _Reader) -> tuple[str, ...]:
+    domain = reader.table("domain")
+    if ("categories" in domain) == ("size" in domain):
+        reader.fail("domain", "categories", "give exactly one of categories = [...] or size = N")
+    if "size" in domain:
+        size = reader.get("domain", "size", int)
+        if size < 2:
+            reader.fail("domain", "size", f"must be >= 2 (got {size})")
+        return tuple(str(i) for i in range(size))
+    cats = reader.get("domain", "categories", list)
+    if len(cats) < 2 or not all(isinstance(c, str) and c for c in cats):
+        reader.fail("domain", "categories", "must list at least 2 non-empty strings")
+    if len(set(cats)) != len(cats):
+        reader.fail("domain", "categories", "must not repeat a category")
+    return tuple(cats)
+
+
+def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
+    checks = [
+        ("mechanism", "epsilon", spec.epsilon, 0 < spec.epsilon <= 30, "must be in (0, 30]"),
+        ("window", "size_seconds", spec.window_seconds, spec.window_seconds >= 1, "must be >= 1"),
+        ("crowd", "epsilon", spec.crowd.epsilon, 0 < spec.crowd.epsilon <= 30, "must be in (0, 30]"),
+        ("crowd", "delta", spec.crowd.delta, 0 < spec.crowd.delta < 1, "must be in (0, 1)"),
+        ("crowd", "subkeys", spec.crowd.subkeys, 1 <= spec.crowd.subkeys <= 4096, "must be in [1, 4096]"),
+        ("privacy", "delta", spec.delta, 0 < spec.delta < 1, "must be in (0, 1)"),
+        ("clients", "max_reports_per_window", spec.max_reports_per_client, spec.max_reports_per_client >= 1,
+         "must be >= 1"),
+    ]
+    for table, key, value, ok, rule in checks:
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):
+            reader.fail(table, key, f"{rule} (got {value!r})")
+
+
+def _check_mechanism(spec: AnalysisSpec, source: str) -> None:
+    if spec.mechanism not in FREQUENCY_MECHANISMS:
+        raise SpecError(f"{source}: [mechanism] name must be one of {', '.join(FREQUENCY_MECHANISMS)} "
+                        f"(got {spec.mechanism!r})")
+    unknown = {k for k, _ in spec.mechanism_params} - _MECHANISM_PARAMS.get(spec.mechanism, set())
+    if unknown:
+        raise SpecError(f"{source}: [mechanism] {sorted(unknown)[0]} is not a parameter of {spec.mechanism}")
+    try:
+        spec.randomizer  # noqa: B018 -- constructing it runs the mechanism's own parameter checks
+    except (TypeError, ValueError) as err:
+        raise SpecError(f"{source}: [mechanism] {err}") from None
+
+
+class _Reader:
+    """Typed access to TOML tables with errors of the form 'file: [table] key ...'."""
+
+    def __init__(self, raw: dict[str, Any], source: str):
+        self.raw, self.source = raw, source
+
+    def fail(self, table: str, key: str, message: str) -> None:
+        raise SpecError(f"{self.source}: [{table}] {key} {message}")
+
+    def table(self, name: str) -> dict[str, Any]:
+        value = self.raw.get(name, {})
+        if not isinstance(value, dict):
+            raise SpecError(f"{self.source}: [{name}] must be a table")
+        return value
+
+    _MISSING = object()
+
+    def get(self, table: str, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
+        values = self.table(table)
+        if key not in values:
+            if default is self._MISSING:
+                self.fail(table, key, "is required")
+            return default
+        value = values[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            self.fail(table, key, f"must be {names} (got {value!r})")
+        return value
