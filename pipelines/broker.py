@@ -100,8 +100,8 @@ class LocalBroker:
     """A tansu broker subprocess listening on 127.0.0.1; use as a context manager.
 
     `port=None` picks a free port (retrying if it is stolen before tansu binds it). The log lives in a
-    temporary directory (`log_path`) and is quoted in every error; it is removed on a clean `stop()` unless
-    `keep_log` is set.
+    temporary directory (`log_path`), is quoted in start-up errors and kept when start-up fails; a clean
+    `stop()` removes it unless `keep_log` is set.
     """
 
     def __init__(

@@ -31,7 +31,7 @@ from kafka.structs import OffsetAndMetadata
 _log = logging.getLogger(__name__)
 
 CLIENT_ID = "esa-telemetry"
-_MAX_RECORDS = 100_000  # per poll; kafka-python's default of 500 costs ~3x throughput
+_MAX_RECORDS = 100_000  # per poll: few large polls, not kafka-python's default of 500
 Element = bytes | tuple[bytes | None, bytes]
 
 
@@ -60,8 +60,6 @@ class KafkaReadError(RuntimeError):
 class KafkaWriteError(RuntimeError):
     """The broker refused or timed out a produced record."""
 
-
-# --- client layer: the only place that knows kafka-python ------------------------------------------------
 
 def _consumer(bootstrap: str, group_id: str | None = None, **config: Any) -> KafkaConsumer:
     """Manual-assignment consumer; never auto-commits (offsets are committed after success only)."""
@@ -93,8 +91,6 @@ def _split(element: Element) -> tuple[bytes | None, bytes]:
         return None, bytes(element)
     raise TypeError(f"Kafka elements must be bytes or (key, value) tuples, got {type(element).__name__}")
 
-
-# --- topics and planning --------------------------------------------------------------------------------
 
 def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1) -> None:
     """Create `topics` with `partitions` partitions; existing topics are left as they are."""
@@ -191,8 +187,6 @@ def _read_range(consumer: KafkaConsumer, r: PartitionRange, stall_timeout_s: flo
             raise KafkaReadError(f"no progress reading {r.topic}[{r.partition}] for {stall_timeout_s:.0f} s: "
                                  f"at offset {position}, planned [{r.start}, {r.stop})")
 
-
-# --- Beam source ----------------------------------------------------------------------------------------
 
 class _ReadPartitionRangeFn(beam.DoFn):
     def __init__(self, bootstrap: str, consumer_config: Mapping[str, Any], stall_timeout_s: float) -> None:
@@ -293,8 +287,6 @@ def _row_to_record(row: Any) -> KafkaRecord:
     return KafkaRecord(row.topic, row.partition, row.offset, row.timestamp, row.key, row.value)
 
 
-# --- Beam sink and plain helpers ------------------------------------------------------------------------
-
 class _WriteFn(beam.DoFn):
     def __init__(self, bootstrap: str, topic: str, producer_config: Mapping[str, Any],
                  flush_timeout_s: float) -> None:
@@ -359,6 +351,8 @@ def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                 if progress is not None:
                     progress(n)
         producer.flush(timeout=flush_timeout_s)
+        if progress is not None and not errors and n % progress_every:
+            progress(n)
     finally:
         producer.close(timeout=5)
     if errors:

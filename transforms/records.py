@@ -97,14 +97,15 @@ def payload_from_avro(mechanism: Mechanism, payload: Any) -> PayloadRow:
         row: PayloadRow = (record["value"],)
     elif kind == "bits":
         if record["length"] != mechanism.d:
-            raise ValueError(f"bit vector of length {record['length']}, expected {mechanism.d}")
+            raise ValueError(f"payload outside the output domain of {mechanism.name}: bit vector of length "
+                             f"{record['length']}, expected {mechanism.d}")
         row = (record["bits"],)
     else:
         row = (record["seed"], record["z"])
     try:
         ok = bool(mechanism.validate(rows_to_array(mechanism, [row]))[0])
     except (ValueError, OverflowError, TypeError) as err:
-        raise ValueError(f"payload out of domain: {err}") from None
+        raise ValueError(f"payload outside the output domain of {mechanism.name}: {err}") from None
     if not ok:
         raise ValueError(f"payload {record} outside the output domain of {mechanism.name}(d={mechanism.d})")
     return row

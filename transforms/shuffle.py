@@ -5,8 +5,9 @@ Per (window, spec, channel) crowd:
 1. reports are windowed on event time (FixedWindows, fire once at the watermark, no late or early
    panes: a late pane would release a report alone, an early one a partial crowd);
 2. one report per (client, channel, window) is kept -- the earliest, by event time then Kafka offset,
-   so a retry keeps the same one -- and the rest are dead-lettered as duplicates;
-3. identity is stripped: from here on a report is its payload alone, under a random sub-key;
+   so a retry keeps the same one -- and the rest are dead-lettered as duplicates (clients are grouped
+   by a stable hash bucket, so this costs a few keys per window, not one key per client);
+3. identity is stripped: from here on a report is its payload alone, in lists under random sub-keys;
 4. the crowd threshold of 001 Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
    (two-sided geometric) Laplace; n - n_hat uniformly chosen reports are deleted, allotted to the
    sub-keys by a multivariate hypergeometric draw so no worker ever holds a whole crowd; a crowd with
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -40,6 +42,7 @@ LOG = logging.getLogger(__name__)
 NAMESPACE = "esa"
 DEAD = "dead_letters"
 WITHHELD = -1  # decision for a crowd that releases nothing
+DEDUPE_BUCKETS = 64  # client-hash buckets per (window, channel) for deduplication
 
 
 def _rng(seed: int | None, salt: int) -> np.random.Generator:
@@ -62,43 +65,53 @@ def noisy_crowd_target(n: int, noise: int, threshold: float) -> int:
     return max(math.floor(n + noise - threshold), 0)
 
 
-class DedupeFn(beam.DoFn):
-    """((channel, client), reports) -> the client's first ``quota`` reports; the rest are dead letters."""
+def client_bucket(client_id: str, buckets: int) -> int:
+    """Stable bucket of a client (CRC-32, identical on every worker; Python's ``hash`` is salted).
 
-    def __init__(self, quota: int):
-        self._quota = quota
+    Duplicates of one client always meet in one bucket, so deduplication needs a handful of keys per
+    window instead of one per client (a windowed GroupByKey pays per-key trigger and timer work).
+    """
+    return zlib.crc32(client_id.encode("utf-8")) % buckets
+
+
+class DedupeAndStripFn(beam.DoFn):
+    """((channel, bucket), reports) -> ((channel, random sub-key), [payload rows]) + duplicate dead letters.
+
+    Keeps each client's first ``quota`` reports (earliest event time, then Kafka position, so a retry
+    keeps the same ones), counts distinct clients, and strips identity: what leaves is payloads only,
+    scattered over random sub-keys.
+    """
+
+    def __init__(self, quota: int, subkeys: int, seed: int | None):
+        self._quota, self._subkeys, self._seed = quota, subkeys, seed
+        self._rng: np.random.Generator | None = None
         self._valid = Metrics.counter(NAMESPACE, "reports_valid")
         self._clients = Metrics.counter(NAMESPACE, "distinct_clients")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
 
-    def process(self, keyed: tuple[Any, Iterable[ReportElement]]) -> Iterator[Any]:
-        (_, client), reports = keyed
-        ordered = sorted(reports, key=lambda r: (r.event_time_ms, r.source or ("", -1, -1)))
-        self._clients.inc()
-        for i, report in enumerate(ordered):
-            if i < self._quota:
-                self._valid.inc()
-                yield report
-            else:
-                self._dead.inc()
-                yield TaggedOutput(DEAD, dead_letter(
-                    "shuffle", f"duplicate: client {client} already sent {self._quota} report(s) on channel "
-                    f"{report.channel} in this window", original=report.original, source=report.source,
-                    spec_id=report.spec_id))
-
-
-class StripIdentityFn(beam.DoFn):
-    """ReportElement -> ((channel, random sub-key), payload): client id, offsets and time are gone."""
-
-    def __init__(self, subkeys: int, seed: int | None):
-        self._subkeys, self._seed = subkeys, seed
-        self._rng: np.random.Generator | None = None
-
     def setup(self) -> None:
         self._rng = _rng(self._seed, 1)
 
-    def process(self, report: ReportElement) -> Iterator[tuple[tuple[int, int], tuple]]:
-        yield (report.channel, int(self._rng.integers(self._subkeys))), report.payload
+    def process(self, keyed: tuple[tuple[int, int], Iterable[ReportElement]]) -> Iterator[Any]:
+        (channel, _), reports = keyed
+        by_client: dict[str, list[ReportElement]] = {}
+        for report in reports:
+            by_client.setdefault(report.client_id, []).append(report)
+        kept: list[tuple] = []
+        for client, mine in by_client.items():
+            if len(mine) > 1:
+                mine.sort(key=lambda r: (r.event_time_ms, r.source or ("", -1, -1)))
+            kept.extend(r.payload for r in mine[:self._quota])
+            for dup in mine[self._quota:]:
+                self._dead.inc()
+                yield TaggedOutput(DEAD, dead_letter(
+                    "shuffle", f"duplicate: client {client} already sent {self._quota} report(s) on channel "
+                    f"{channel} in this window", original=dup.original, source=dup.source, spec_id=dup.spec_id))
+        self._clients.inc(len(by_client))
+        self._valid.inc(len(kept))
+        subkeys = self._rng.integers(self._subkeys, size=len(kept))
+        for key in np.unique(subkeys).tolist():
+            yield (channel, key), [kept[i] for i in np.flatnonzero(subkeys == key)]
 
 
 class CrowdThresholdFn(beam.DoFn):
@@ -150,7 +163,7 @@ class ReleaseFn(beam.DoFn):
     def process(self, keyed: tuple[tuple[int, int], dict[str, list]],
                 win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[window.TimestampedValue]:
         (channel, _), joined = keyed
-        rows = list(joined["reports"])
+        rows = [row for part in joined["reports"] for row in part]
         decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
@@ -190,14 +203,16 @@ class Shuffle(beam.PTransform):
         )
         deduped = (
             windowed
-            | "KeyByClient" >> beam.Map(lambda r: ((r.channel, r.client_id), r))
-            | "GroupByClient" >> beam.GroupByKey()
-            | "Dedupe" >> beam.ParDo(DedupeFn(spec.max_reports_per_client)).with_outputs(DEAD, main="kept")
+            | "KeyByClientBucket" >> beam.Map(lambda r: ((r.channel, client_bucket(r.client_id, DEDUPE_BUCKETS)), r))
+            | "GroupByClientBucket" >> beam.GroupByKey()
+            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(spec.max_reports_per_client, spec.crowd.subkeys,
+                                                              self._seed)).with_outputs(DEAD, main="kept")
         )
-        stripped = deduped.kept | "StripIdentity" >> beam.ParDo(StripIdentityFn(spec.crowd.subkeys, self._seed))
+        stripped = deduped.kept
         decisions = (
             stripped
-            | "CountSubcrowds" >> beam.combiners.Count.PerKey()
+            | "PartSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
+            | "SubcrowdSizes" >> beam.CombinePerKey(sum)
             | "KeyByCrowd" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupCrowd" >> beam.GroupByKey()
             | "Threshold" >> beam.ParDo(CrowdThresholdFn(spec, self._seed))

@@ -214,3 +214,12 @@ def test_olh_accumulator_support_counts_consistent_reports() -> None:
     brute = np.array([np.sum(mech.hash_table[reports["seed"], v] == reports["z"]) for v in range(12)])
     np.testing.assert_array_equal(mech.support(acc.counts), brute)
     assert acc.estimate().extras["solver_iterations"] >= 0
+
+
+def test_oue_byte_histogram_counts_equal_unpacked_bit_sums() -> None:
+    mech = OUE(13, 1.0)  # 2 bytes with 3 padding bits; n spans several accumulation chunks
+    reports = mech.encode(_values(150_000, 13, seed=7), seeded_rng(7))
+    acc = mech.new_accumulator()
+    acc.add(reports)
+    unpacked = np.unpackbits(reports["bits"], axis=1, count=13).sum(axis=0, dtype=np.int64)
+    np.testing.assert_array_equal(acc.counts, unpacked)

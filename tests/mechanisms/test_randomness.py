@@ -186,3 +186,11 @@ def test_element_ids_and_topic_hash() -> None:
     assert np.intersect1d(ids, other).size == 0
     np.testing.assert_array_equal(element_id(3, offsets[:5], th), ids[:5])
     np.testing.assert_array_equal(element_id(3, 7, th), ids[7:8])
+
+
+def test_element_id_broadcasts_per_element_topic_hashes() -> None:
+    th = np.array([topic_hash("a"), topic_hash("b"), topic_hash("a")], dtype=np.uint64)
+    ids = element_id(np.array([0, 0, 1], dtype=np.uint64), np.array([5, 5, 5], dtype=np.uint64), th)
+    np.testing.assert_array_equal(ids[0:1], element_id(0, 5, topic_hash("a")))
+    np.testing.assert_array_equal(ids[1:2], element_id(0, 5, topic_hash("b")))
+    assert np.unique(ids).size == 3

@@ -139,18 +139,18 @@ def topic_hash(topic: str) -> int:
     return int.from_bytes(hashlib.blake2b(topic.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def element_id(partition: np.ndarray | int, offset: np.ndarray | int, topic_hash: int) -> np.ndarray:
+def element_id(partition: np.ndarray | int, offset: np.ndarray | int, topic_hash: np.ndarray | int) -> np.ndarray:
     """Stable uint64 ids of Kafka records (topic, partition, offset), vectorised.
 
     ``id = mix(mix(topic_hash + partition * gamma) ^ offset)`` with ``mix`` the SplitMix64 bijection:
     within one partition distinct offsets never collide (a bijection of the offset); across partitions
     and topics a collision has probability 2^-64 per pair. The id is public; secrecy comes from the
-    job key applied in :meth:`KeyedRandom.for_elements`.
+    job key applied in :meth:`KeyedRandom.for_elements`. Every argument may be a scalar or an array
+    (broadcast), so a batch mixing topics passes one topic hash per element.
     """
-    part = np.asarray(partition, dtype=np.int64).astype(_U64)
-    off = np.asarray(offset, dtype=np.int64).astype(_U64)
+    part, off, topic = (np.asarray(x).astype(_U64) for x in (partition, offset, topic_hash))
     with np.errstate(over="ignore"):
-        base = splitmix64_mix(_U64(topic_hash & 0xFFFFFFFFFFFFFFFF) + part * _GOLDEN_GAMMA)
+        base = splitmix64_mix(topic + part * _GOLDEN_GAMMA)
         return np.atleast_1d(splitmix64_mix(base ^ off))
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import binom
 
 from ._checks import check_delta, check_epsilon, check_int, check_real
+from .binomial import binom_cdf as _cdf
+from .binomial import binom_pmf as _pmf
+from .binomial import binom_sf as _sf
 from .mixture import (
     alpha_binary_rr,
     alpha_collision,
@@ -94,11 +96,11 @@ class ShuffleDivergence:
             c_hi = min(trials, math.ceil(mean + width * sd))
         # T = C + Delta1 + Delta2 lies in [c_lo, c_hi + 1] whenever C lies in [c_lo, c_hi]; each m contributes
         # at most P[T = m], so the P-mass of C outside the window bounds everything left out.
-        self.neglected_mass = float(binom.cdf(c_lo - 1, trials, p) + binom.sf(c_hi, trials, p))
+        self.neglected_mass = float(_cdf(c_lo - 1, trials, p) + _sf(c_hi, trials, p))
         # m = 0 contributes nothing: the only outcome (0, 0) has the same probability under P and Q.
         m = np.arange(max(1, c_lo), c_hi + 2, dtype=np.int64)
-        b_m = binom.pmf(m, trials, p)
-        b_m1 = binom.pmf(m - 1, trials, p)
+        b_m = _pmf(m, trials, p)
+        b_m1 = _pmf(m - 1, trials, p)
         e_alpha = math.exp(self.eps_local + math.log(self.alpha))
         k = b_m * max(0.0, 1.0 - self.alpha - e_alpha) / 2.0
         self._m = m
@@ -137,9 +139,9 @@ class ShuffleDivergence:
         changed = (x_star != self._x_star) & (x_star <= self._m)
         if changed.any():
             m, x = self._m[changed], x_star[changed]
-            s_w = binom.sf(x - 1, m - 1, 0.5)
+            s_w = _sf(x - 1, m - 1, 0.5)
             self._s_w[changed] = s_w
-            self._s_u[changed] = s_w + binom.pmf(x - 1, m - 1, 0.5)  # a sum of two tails: no cancellation
+            self._s_u[changed] = s_w + _pmf(x - 1, m - 1, 0.5)  # a sum of two tails: no cancellation
         self._x_star = x_star
 
 

@@ -1,0 +1,405 @@
+"""Encode stage (transforms/encode.py): TelemetryEvents -> LDP reports, device Reports -> validated elements.
+
+Inputs are ``KafkaRecord``s built by hand around bytes from ``schemas.encode_record``, exactly what the
+bounded Kafka reader yields. Every pipeline runs on the FnApiRunner; outputs are captured with their
+timestamps and windows and checked in plain Python so a failure names the offending record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.runner import PipelineState
+from apache_beam.transforms import window
+from fastavro.validation import validate
+
+from schemas import SCHEMA_VERSION, encode_record, load_schema
+from transforms.encode import DecodeEventsFn, DecodeReports, EncodeBatchFn, EncodeEvents
+from transforms.kafkaio import KafkaRecord
+from transforms.mechanisms.randomness import job_key_from_seed
+from transforms.records import ReportElement, SourceRef, rows_to_array
+from transforms.spec import AnalysisSpec, spec_from_dict
+
+# --- pipeline harness (FnApiRunner; outputs captured to a pickle per PCollection) ---------------------------
+
+
+class Observed(NamedTuple):
+    value: Any
+    timestamp_us: int
+    window: str
+
+
+class PipelineRun(NamedTuple):
+    outputs: dict[str, list[Observed]]
+    counters: dict[str, int]
+
+    def values(self, name: str) -> list[Any]:
+        return [o.value for o in self.outputs[name]]
+
+
+class _Observe(beam.DoFn):
+    def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
+                win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
+        yield Observed(element, ts.micros, repr(win))
+
+
+def _dump(elements: list[Observed], path: str) -> None:
+    Path(path).write_bytes(pickle.dumps(elements))
+
+
+_RUNS = itertools.count()
+
+
+def run_pipeline(tmp_path: Path, build: Callable[[beam.Pipeline], Mapping[str, beam.PCollection]]) -> PipelineRun:
+    """Build with ``build``, run on the FnApiRunner, return every named output and the ``esa`` counters."""
+    out_dir = tmp_path / f"run{next(_RUNS)}"
+    out_dir.mkdir()
+    pipeline = beam.Pipeline(runner=FnApiRunner())
+    outputs = build(pipeline)
+    for name, pcoll in outputs.items():
+        (pcoll
+         | f"Observe_{name}" >> beam.ParDo(_Observe())
+         | f"Global_{name}" >> beam.WindowInto(window.GlobalWindows())
+         | f"ToList_{name}" >> beam.combiners.ToList()
+         | f"Dump_{name}" >> beam.Map(_dump, str(out_dir / f"{name}.pkl")))
+    result = pipeline.run()
+    assert result.wait_until_finish() == PipelineState.DONE
+    counters: dict[str, int] = {}
+    for counter in result.metrics().query(MetricsFilter().with_namespace("esa"))["counters"]:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + int(value)
+    return PipelineRun({name: pickle.loads((out_dir / f"{name}.pkl").read_bytes()) for name in outputs}, counters)
+
+
+# --- specs and records ------------------------------------------------------------------------------------
+
+LANGS = ["en", "de", "fr", "es", "it", "nl", "pl", "pt"]
+T0 = 1_700_000_000_000  # ms
+TOPIC = "telemetry"
+JOB_KEY = job_key_from_seed(20240501)
+
+
+def make_spec(name: str, mechanism: str, *, size: int | None = None, categories: list[str] | None = None,
+              **params: Any) -> AnalysisSpec:
+    domain: dict[str, Any] = {"categories": categories} if categories else {"size": size}
+    return spec_from_dict({"analysis": {"name": name, "metric": name}, "domain": domain,
+                           "mechanism": {"name": mechanism, "epsilon": 1.0, **params}})
+
+
+SPEC_GRR = make_spec("lang", "grr", categories=LANGS)
+SPEC_OUE = make_spec("os", "oue", size=10)      # 10 bits: 2 bytes with 6 padding bits
+SPEC_OLH = make_spec("browser", "olh", size=8)  # g = 4 buckets, 1024 seeds
+SPECS = [SPEC_GRR, SPEC_OUE, SPEC_OLH]
+
+
+def event_bytes(metric: str, value: Any, client: str = "client-0", event_time: int = T0) -> bytes:
+    return encode_record("TelemetryEvent", {"schema_version": SCHEMA_VERSION, "client_id": client,
+                                            "event_time": event_time, "metric": metric, "value": value})
+
+
+def kafka(offset: int, value: bytes | None, partition: int = 0, topic: str = TOPIC) -> KafkaRecord:
+    return KafkaRecord(topic, partition, offset, T0 + offset, f"k{offset}".encode(), value)
+
+
+def check_dead_letter(letter: dict[str, Any], stage: str, record: KafkaRecord) -> None:
+    validate(letter, load_schema("DeadLetter").parsed, raise_errors=True)  # writable to the dead-letter file
+    assert letter["stage"] == stage
+    assert (letter["topic"], letter["partition"], letter["offset"]) == (record.topic, record.partition,
+                                                                        record.offset)
+    assert letter["original"] == record.value
+
+
+def in_domain(spec: AnalysisSpec, payload: tuple) -> bool:
+    return bool(spec.randomizer.validate(rows_to_array(spec.randomizer, [payload]))[0])
+
+
+# --- DecodeEventsFn / EncodeEvents ----------------------------------------------------------------------------
+
+def valid_events() -> list[tuple[KafkaRecord, AnalysisSpec, int]]:
+    """(record, spec, category index): names and indices, three metrics, two partitions."""
+    out = []
+    for i in range(90):
+        spec = SPECS[i % 3]
+        index = (i * 5) % spec.d
+        value: Any = spec.categories[index] if i % 2 == 0 else index  # category name or index
+        record = kafka(1000 + i, event_bytes(spec.metric, value, f"client-{i}", T0 + 7 * i), partition=i % 2)
+        out.append((record, spec, index))
+    return out
+
+
+NOT_A_STRING = b"\xc3\x01not a fingerprint at all"
+BAD_EVENTS: list[tuple[str, bytes | None, str]] = [
+    ("not-avro", b"hello world, definitely not Avro", "not an Avro single-object message"),
+    ("tombstone", None, "not an Avro single-object message"),
+    ("unknown-fingerprint", NOT_A_STRING, "unknown writer schema fingerprint"),
+    ("a-report", encode_record("Report", {"schema_version": 1, "spec_id": SPEC_GRR.spec_id, "channel": 0,
+                                          "client_id": "c", "event_time": T0,
+                                          "payload": ("esa.telemetry.CategoryPayload", {"value": 1})}),
+     "expected a TelemetryEvent record, got a Report record"),
+    ("unknown-version", encode_record("TelemetryEvent", {"schema_version": 99, "client_id": "c", "event_time": T0,
+                                                         "metric": "lang", "value": "en"}), "schema_version 99"),
+    ("unknown-metric", event_bytes("cpu_load", "en"), "no analysis spec consumes metric 'cpu_load'"),
+    ("unknown-name", event_bytes("lang", "klingon"), "'klingon' is not in the domain of lang"),
+    ("name-of-index-domain", event_bytes("browser", "firefox"), "'firefox' is not in the domain of browser"),
+    ("index-too-large", event_bytes("lang", 8), "category index 8 outside [0, 8) of lang"),
+    ("index-negative", event_bytes("os", -1), "category index -1 outside [0, 10) of os"),
+    ("double", event_bytes("lang", 2.0), "a float value cannot feed histogram lang"),
+    ("map", event_bytes("lang", {"en": 1.0}), "a dict value cannot feed histogram lang"),
+    ("sparse", event_bytes("lang", ("esa.telemetry.SparseTernary", {"indices": [1], "signs": [1]})),
+     "a SparseTernary value cannot feed histogram lang"),
+    ("dense", event_bytes("lang", ("esa.telemetry.DenseVector", {"values": [1.0]})),
+     "a DenseVector value cannot feed histogram lang"),
+]
+
+
+@pytest.fixture(scope="module")
+def encode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineRun, list, list[KafkaRecord]]:
+    good = valid_events()
+    bad = [kafka(5000 + i, value) for i, (_, value, _) in enumerate(BAD_EVENTS)]
+    records = [r for r, _, _ in good] + bad
+
+    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
+        reports, dead = p | beam.Create(records) | EncodeEvents(SPECS, JOB_KEY)
+        return {"reports": reports, "dead": dead}
+
+    return run_pipeline(tmp_path_factory.mktemp("encode"), build), good, bad
+
+
+def test_valid_events_become_reports(encode_run: tuple[PipelineRun, list, list[KafkaRecord]]) -> None:
+    run, good, _ = encode_run
+    reports = run.values("reports")
+    assert all(isinstance(r, ReportElement) for r in reports)
+    by_offset = {r.source.offset: r for r in reports}
+    assert len(by_offset) == len(reports) == len(good)
+    for record, spec, _ in good:
+        report = by_offset[record.offset]
+        assert report.spec_id == spec.spec_id
+        assert report.channel == 0
+        i = record.offset - 1000
+        assert report.client_id == f"client-{i}"
+        assert report.event_time_ms == T0 + 7 * i
+        assert report.source == SourceRef(TOPIC, record.partition, record.offset)
+        assert report.original == record.value
+        assert len(report.payload) == len(spec.randomizer.report_dtype.names)
+        assert in_domain(spec, report.payload), (spec.mechanism, report.payload)
+
+
+def test_randomized_reports_are_not_the_raw_values(encode_run: tuple[PipelineRun, list, list[KafkaRecord]]) -> None:
+    # GRR with eps=1, d=8 keeps the true value w.p. p = e/(e+7) = 0.28; 30 events all reporting the truth has
+    # probability 0.28^30 < 1e-16, so an encoder that forgot to randomize fails here.
+    run, good, _ = encode_run
+    truth = {r.offset: index for r, spec, index in good if spec is SPEC_GRR}
+    kept = sum(r.payload[0] == truth[r.source.offset] for r in run.values("reports") if r.source.offset in truth)
+    assert kept < len(truth)
+
+
+def test_bad_events_are_dead_lettered_with_a_reason(encode_run: tuple[PipelineRun, list, list[KafkaRecord]]) -> None:
+    run, good, bad = encode_run
+    letters = {d["offset"]: d for d in run.values("dead")}
+    assert set(letters) == {r.offset for r in bad}
+    problems = []
+    for record, (case, _, reason) in zip(bad, BAD_EVENTS, strict=True):
+        letter = letters[record.offset]
+        check_dead_letter(letter, "decode", record)
+        if reason not in letter["reason"]:
+            problems.append(f"{case}: {letter['reason']!r} lacks {reason!r}")
+        assert letter["spec_id"] is None
+    assert not problems, problems
+
+
+def test_encode_counters_account_for_every_record(encode_run: tuple[PipelineRun, list, list[KafkaRecord]]) -> None:
+    run, good, bad = encode_run
+    assert run.counters["events_decoded"] == len(good)
+    assert run.counters["reports_encoded"] == len(good)
+    assert run.counters["dead_lettered"] == len(bad)
+
+
+# --- reproducibility (DESIGN.md §6): payload = PRF(job key, topic/partition/offset), whatever the batching ---
+
+REPRO_EVENTS = [kafka(offset, event_bytes(SPECS[offset % 3].metric, offset % 8, f"c{offset}"), partition=offset % 3)
+                for offset in range(300)]
+
+
+def encoded_payloads(tmp_path: Path, job_key: bytes, max_batch_size: int,
+                     records: list[KafkaRecord] = REPRO_EVENTS) -> dict[tuple[int, int], tuple]:
+    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
+        reports, _ = p | beam.Create(records) | EncodeEvents(SPECS, job_key, max_batch_size=max_batch_size)
+        return {"reports": reports}
+
+    reports = run_pipeline(tmp_path, build).values("reports")
+    payloads = {(r.source.partition, r.source.offset): r.payload for r in reports}
+    assert len(payloads) == len(records)
+    return payloads
+
+
+@pytest.fixture(scope="module")
+def reference_payloads(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], tuple]:
+    return encoded_payloads(tmp_path_factory.mktemp("reference"), JOB_KEY, 4096)
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 7, 100])
+def test_same_job_key_reproduces_payloads_across_runs_and_batch_sizes(
+        tmp_path: Path, reference_payloads: dict[tuple[int, int], tuple], max_batch_size: int) -> None:
+    # A retried bundle is re-batched: the second run uses another batch size and must emit the same reports.
+    assert encoded_payloads(tmp_path, JOB_KEY, max_batch_size) == reference_payloads
+
+
+def test_payloads_do_not_depend_on_input_order(tmp_path: Path,
+                                               reference_payloads: dict[tuple[int, int], tuple]) -> None:
+    shuffled = list(REPRO_EVENTS)
+    np.random.default_rng(3).shuffle(shuffled)
+    assert encoded_payloads(tmp_path, JOB_KEY, 4096, shuffled) == reference_payloads
+
+
+def test_another_job_key_changes_payloads(tmp_path: Path, reference_payloads: dict[tuple[int, int], tuple]) -> None:
+    other = encoded_payloads(tmp_path, job_key_from_seed(99), 4096)
+    differ = sum(other[k] != reference_payloads[k] for k in reference_payloads)
+    # Chance that two independent randomizations coincide: GRR (eps=1, d=8) sum_y P(y)^2 = p^2 + 7 q^2 = 0.15;
+    # OUE (10 bits) < 0.02; OLH (1024 seeds) < 0.01. Expected ~ 100*0.85 + 100*0.98 + 100*0.99 = 282 of 300
+    # differ, sd < 4; 250 is more than 8 sd below.
+    assert differ >= 250, differ
+
+
+def test_batch_boundaries_do_not_change_payloads_in_the_dofn() -> None:
+    # The DoFn itself, called directly on differently cut batches of the same events (no runner involved).
+    decode = DecodeEventsFn(SPECS)
+    decode.setup()
+    events = [e for r in REPRO_EVENTS for e in decode.process(r)]
+    encode = EncodeBatchFn(SPECS, JOB_KEY)
+
+    def payloads(cuts: list[int]) -> dict[int, tuple]:
+        out: dict[int, tuple] = {}
+        for lo, hi in itertools.pairwise([0, *cuts, len(events)]):
+            for report in encode.process(events[lo:hi]):
+                out[report.source.offset] = report.payload
+        return out
+
+    whole = payloads([])
+    assert len(whole) == len(events) == len(REPRO_EVENTS)
+    assert payloads(list(range(1, len(events)))) == whole
+    assert payloads([5, 6, 77, 200, 299]) == whole
+
+
+def test_encode_refuses_a_short_job_key() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        EncodeBatchFn(SPECS, b"short")
+
+
+# --- DecodeReports --------------------------------------------------------------------------------------------
+
+CAT, BITS, HASHED = "esa.telemetry.CategoryPayload", "esa.telemetry.BitsPayload", "esa.telemetry.HashedPayload"
+
+
+def report_bytes(spec_id: str, payload: tuple[str, dict[str, Any]], *, client: str | None = "dev-1",
+                 channel: int = 0, version: int = SCHEMA_VERSION) -> bytes:
+    return encode_record("Report", {"schema_version": version, "spec_id": spec_id, "channel": channel,
+                                    "client_id": client, "event_time": T0 + 42, "payload": payload})
+
+
+GOOD_REPORTS: list[tuple[str, AnalysisSpec, tuple[str, dict[str, Any]], tuple]] = [
+    ("grr-0", SPEC_GRR, (CAT, {"value": 0}), (0,)),
+    ("grr-7", SPEC_GRR, (CAT, {"value": 7}), (7,)),
+    ("oue", SPEC_OUE, (BITS, {"length": 10, "bits": b"\xa5\x80"}), (b"\xa5\x80",)),
+    ("oue-zero", SPEC_OUE, (BITS, {"length": 10, "bits": b"\x00\x00"}), (b"\x00\x00",)),
+    ("olh-max", SPEC_OLH, (HASHED, {"seed": 1023, "z": 3}), (1023, 3)),
+    ("olh-min", SPEC_OLH, (HASHED, {"seed": 0, "z": 0}), (0, 0)),
+]
+
+STALE = SPEC_GRR.with_mechanism(epsilon=2.0)  # same name, other parameters: another spec_id
+BAD_REPORTS: list[tuple[str, bytes | None, str | None, str]] = [
+    ("not-avro", b"\x00\x01\x02", None, "not an Avro single-object message"),
+    ("tombstone", None, None, "not an Avro single-object message"),
+    ("an-event", event_bytes("lang", "en"), None, "expected a Report record, got a TelemetryEvent record"),
+    ("unknown-spec", report_bytes("nope@000000000000", (CAT, {"value": 1})), "nope@000000000000",
+     "unknown spec_id 'nope@000000000000'"),
+    ("stale-spec", report_bytes(STALE.spec_id, (CAT, {"value": 1})), STALE.spec_id, "unknown spec_id"),
+    ("version-99", report_bytes(SPEC_GRR.spec_id, (CAT, {"value": 1}), version=99), None, "schema_version 99"),
+    ("grr-value-d", report_bytes(SPEC_GRR.spec_id, (CAT, {"value": 8})), SPEC_GRR.spec_id,
+     "outside the output domain of grr"),
+    ("grr-negative", report_bytes(SPEC_GRR.spec_id, (CAT, {"value": -1})), SPEC_GRR.spec_id,
+     "outside the output domain of grr"),
+    ("oue-length-9", report_bytes(SPEC_OUE.spec_id, (BITS, {"length": 9, "bits": b"\x00\x00"})), SPEC_OUE.spec_id,
+     "length 9"),
+    ("oue-one-byte", report_bytes(SPEC_OUE.spec_id, (BITS, {"length": 10, "bits": b"\x00"})), SPEC_OUE.spec_id,
+     "outside the output domain of oue"),
+    ("oue-three-bytes", report_bytes(SPEC_OUE.spec_id, (BITS, {"length": 10, "bits": b"\x00\x00\x00"})),
+     SPEC_OUE.spec_id, "outside the output domain of oue"),
+    ("oue-padding-bit", report_bytes(SPEC_OUE.spec_id, (BITS, {"length": 10, "bits": b"\xff\xc1"})),
+     SPEC_OUE.spec_id, "outside the output domain of oue"),
+    ("olh-z-g", report_bytes(SPEC_OLH.spec_id, (HASHED, {"seed": 5, "z": 4})), SPEC_OLH.spec_id,
+     "outside the output domain of olh"),
+    ("olh-z-negative", report_bytes(SPEC_OLH.spec_id, (HASHED, {"seed": 5, "z": -1})), SPEC_OLH.spec_id,
+     "outside the output domain of olh"),
+    ("olh-seed-family", report_bytes(SPEC_OLH.spec_id, (HASHED, {"seed": 1024, "z": 0})), SPEC_OLH.spec_id,
+     "outside the output domain of olh"),
+    ("olh-seed-negative", report_bytes(SPEC_OLH.spec_id, (HASHED, {"seed": -1, "z": 0})), SPEC_OLH.spec_id,
+     "outside the output domain of olh"),
+    ("olh-seed-wraps", report_bytes(SPEC_OLH.spec_id, (HASHED, {"seed": 2**32 + 5, "z": 0})), SPEC_OLH.spec_id,
+     "outside the output domain of olh"),
+    ("hashed-for-grr", report_bytes(SPEC_GRR.spec_id, (HASHED, {"seed": 1, "z": 1})), SPEC_GRR.spec_id,
+     "does not fit mechanism grr"),
+    ("category-for-oue", report_bytes(SPEC_OUE.spec_id, (CAT, {"value": 1})), SPEC_OUE.spec_id,
+     "does not fit mechanism oue"),
+    ("bits-for-olh", report_bytes(SPEC_OLH.spec_id, (BITS, {"length": 8, "bits": b"\x01"})), SPEC_OLH.spec_id,
+     "does not fit mechanism olh"),
+    ("no-client", report_bytes(SPEC_GRR.spec_id, (CAT, {"value": 1}), client=None), SPEC_GRR.spec_id,
+     "without client_id"),
+    ("empty-client", report_bytes(SPEC_GRR.spec_id, (CAT, {"value": 1}), client=""), SPEC_GRR.spec_id,
+     "without client_id"),
+    ("channel-1", report_bytes(SPEC_GRR.spec_id, (CAT, {"value": 1}), channel=1), SPEC_GRR.spec_id,
+     "channel 1 does not exist"),
+]
+
+
+@pytest.fixture(scope="module")
+def decode_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineRun, list[KafkaRecord], list[KafkaRecord]]:
+    good = [kafka(100 + i, report_bytes(spec.spec_id, payload, client=f"dev-{i}"), topic="reports")
+            for i, (_, spec, payload, _) in enumerate(GOOD_REPORTS)]
+    bad = [kafka(200 + i, value, topic="reports") for i, (_, value, _, _) in enumerate(BAD_REPORTS)]
+
+    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
+        reports, dead = p | beam.Create(good + bad) | DecodeReports(SPECS)
+        return {"reports": reports, "dead": dead}
+
+    return run_pipeline(tmp_path_factory.mktemp("decode"), build), good, bad
+
+
+@pytest.mark.parametrize("case", range(len(GOOD_REPORTS)), ids=[c[0] for c in GOOD_REPORTS])
+def test_valid_device_reports_pass(decode_run: tuple[PipelineRun, list[KafkaRecord], list[KafkaRecord]],
+                                   case: int) -> None:
+    run, good, _ = decode_run
+    _, spec, _, row = GOOD_REPORTS[case]
+    record = good[case]
+    (element,) = [r for r in run.values("reports") if r.source.offset == record.offset]
+    assert element == ReportElement(spec.spec_id, 0, f"dev-{case}", T0 + 42, row,
+                                    SourceRef("reports", 0, record.offset), record.value)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_REPORTS)), ids=[c[0] for c in BAD_REPORTS])
+def test_invalid_device_reports_are_dead_lettered(decode_run: tuple[PipelineRun, list[KafkaRecord],
+                                                                    list[KafkaRecord]], case: int) -> None:
+    run, _, bad = decode_run
+    _, _, spec_id, reason = BAD_REPORTS[case]
+    record = bad[case]
+    assert record.offset not in {r.source.offset for r in run.values("reports")}
+    (letter,) = [d for d in run.values("dead") if d["offset"] == record.offset]
+    check_dead_letter(letter, "shuffle", record)
+    assert reason in letter["reason"], letter["reason"]
+    assert letter["spec_id"] == spec_id
+
+
+def test_decode_reports_counters(decode_run: tuple[PipelineRun, list[KafkaRecord], list[KafkaRecord]]) -> None:
+    run, good, bad = decode_run
+    assert run.counters["reports_decoded"] == len(good)
+    assert run.counters["dead_lettered"] == len(bad)
+    assert Counter(d["offset"] for d in run.values("dead")) == Counter(r.offset for r in bad)
