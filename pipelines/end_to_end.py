@@ -24,7 +24,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms import window
 
-from pipelines.options import EsaOptions, EsaKafkaOptions, local_runner_requested
+from pipelines.options import EsaKafkaOptions, EsaOptions, local_runner_requested
 from transforms.analyze import Analyze
 from transforms.encode import DecodeReports, EncodeEvents
 from transforms.kafkaio import ReadFromKafkaBounded, read_from_kafka

@@ -20,7 +20,8 @@ from transforms.privacy.closed_forms import (
     rappor_flip_lambda,
     theorem_iii1,
 )
-from transforms.privacy.shuffle_bound import alpha_generic, alpha_grr, epsilon_central
+from transforms.privacy.mixture import alpha_generic, alpha_grr
+from transforms.privacy.shuffle_bound import epsilon_central
 
 # §11.1: (n, delta, eps, Lemma II.6 eps_c, Thm III.1 eps_c); 001's tables, reproduced by Lemma II.6.
 TABLE_11_1 = [

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from transforms.privacy.closed_forms import (
+from transforms.privacy.composition import (
     advanced_composition_drv,
     basic_composition,
     bun_steinke_composition,

@@ -7,14 +7,14 @@ import math
 
 import pytest
 
+from transforms.privacy.mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue, olh_buckets
 from transforms.privacy.report import (
     PRIVACY_MECHANISMS,
     format_privacy_report,
     mechanism_alpha,
-    olh_buckets,
     privacy_report,
 )
-from transforms.privacy.shuffle_bound import alpha_generic, alpha_grr, alpha_olh, alpha_oue, epsilon_central
+from transforms.privacy.shuffle_bound import epsilon_central
 
 KEYS = {
     "mechanism",

@@ -10,14 +10,8 @@ from typing import Any
 
 import pytest
 
-from transforms.privacy.shuffle_bound import (
-    ShuffleDivergence,
-    alpha_collision,
-    alpha_generic,
-    alpha_grr,
-    epsilon_central,
-    hockey_stick,
-)
+from transforms.privacy.mixture import alpha_collision, alpha_generic, alpha_grr
+from transforms.privacy.shuffle_bound import ShuffleDivergence, epsilon_central, hockey_stick
 
 # §11.3: (n, alpha, eps_local, eps_central, D_{e^eps_c}(P || Q)), brute-force verified in the spec.
 HOCKEY_STICK_VECTORS = [

@@ -137,11 +137,11 @@ def valid_events() -> list[tuple[KafkaRecord, AnalysisSpec, int]]:
     return out
 
 
-NOT_A_STRING = b"\xc3\x01not a fingerprint at all"
+UNKNOWN_FINGERPRINT = b"\xc3\x01not a fingerprint at all"
 BAD_EVENTS: list[tuple[str, bytes | None, str]] = [
     ("not-avro", b"hello world, definitely not Avro", "not an Avro single-object message"),
     ("tombstone", None, "not an Avro single-object message"),
-    ("unknown-fingerprint", NOT_A_STRING, "unknown writer schema fingerprint"),
+    ("unknown-fingerprint", UNKNOWN_FINGERPRINT, "unknown writer schema fingerprint"),
     ("a-report", encode_record("Report", {"schema_version": 1, "spec_id": SPEC_GRR.spec_id, "channel": 0,
                                           "client_id": "c", "event_time": T0,
                                           "payload": ("esa.telemetry.CategoryPayload", {"value": 1})}),

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate
+from transforms.mechanisms.base import FrequencyEstimate, check_domain, check_epsilon
 
 __all__ = [
     "CountAccumulator",
@@ -39,6 +39,19 @@ def exp_epsilon(epsilon: float) -> float:
     if epsilon > MAX_EPSILON:
         raise ValueError(f"epsilon must be <= {MAX_EPSILON} (e^epsilon overflows), got {epsilon!r}")
     return math.exp(epsilon)
+
+
+def freeze_domain_and_epsilon(mechanism: Any) -> None:
+    """Validate and normalise the ``d`` and ``epsilon`` fields of a frozen mechanism in ``__post_init__``.
+
+    Coercing to ``int``/``float`` keeps the spec hash and the pickled form independent of how the
+    numbers were written (``2`` vs ``2.0``).
+    """
+    check_domain(mechanism.d)
+    check_epsilon(mechanism.epsilon)
+    exp_epsilon(mechanism.epsilon)
+    object.__setattr__(mechanism, "d", int(mechanism.d))
+    object.__setattr__(mechanism, "epsilon", float(mechanism.epsilon))
 
 
 def rr_count_variance(counts: np.ndarray, n: int, p: float, q: float) -> np.ndarray:

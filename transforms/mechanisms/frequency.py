@@ -13,15 +13,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_domain, check_epsilon, check_values
+from transforms.mechanisms.base import Randomness, check_values
 from transforms.mechanisms.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
     exp_epsilon,
+    freeze_domain_and_epsilon,
     rr_count_variance,
     structured,
 )
 from transforms.mechanisms.olh import OLH, OLHAccumulator
+from transforms.privacy.mixture import alpha_grr, alpha_oue
 
 __all__ = [
     "FREQUENCY_MECHANISMS",
@@ -53,11 +55,7 @@ class GRR:
     epsilon: float
 
     def __post_init__(self) -> None:
-        check_domain(self.d)
-        check_epsilon(self.epsilon)
-        exp_epsilon(self.epsilon)
-        object.__setattr__(self, "d", int(self.d))
-        object.__setattr__(self, "epsilon", float(self.epsilon))
+        freeze_domain_and_epsilon(self)
 
     @property
     def p(self) -> float:
@@ -80,7 +78,7 @@ class GRR:
 
     @property
     def mixture_alpha(self) -> float:
-        return 1.0 / (exp_epsilon(self.epsilon) + self.d - 1)  # MECHANISMS.md §1.6 table
+        return alpha_grr(self.epsilon, self.d)
 
     @property
     def message_bits(self) -> int:
@@ -149,11 +147,7 @@ class OUE:
     epsilon: float
 
     def __post_init__(self) -> None:
-        check_domain(self.d)
-        check_epsilon(self.epsilon)
-        exp_epsilon(self.epsilon)
-        object.__setattr__(self, "d", int(self.d))
-        object.__setattr__(self, "epsilon", float(self.epsilon))
+        freeze_domain_and_epsilon(self)
 
     @property
     def q(self) -> float:
@@ -174,7 +168,7 @@ class OUE:
 
     @property
     def mixture_alpha(self) -> float:
-        return 1.0 / (2.0 * (exp_epsilon(self.epsilon) + 1.0))  # TV(x, x') / (e^eps - 1) = q / 2
+        return alpha_oue(self.epsilon)
 
     @property
     def message_bits(self) -> int:

@@ -33,15 +33,17 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, cg
 
-from transforms.mechanisms.base import Randomness, check_domain, check_epsilon, check_values
+from transforms.mechanisms.base import Randomness, check_values
 from transforms.mechanisms.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
     exp_epsilon,
+    freeze_domain_and_epsilon,
     rr_count_variance,
     structured,
 )
 from transforms.mechanisms.hashing import hash_to_buckets
+from transforms.privacy.mixture import alpha_olh, olh_buckets
 
 __all__ = ["OLH", "OLHAccumulator", "default_buckets"]
 
@@ -53,7 +55,7 @@ MAX_ENUMERATED_OUTPUTS = 1 << 20
 
 def default_buckets(epsilon: float) -> int:
     """OLH's variance-optimal number of buckets, ``max(2, round(e^eps + 1))`` (Wang et al. 2017)."""
-    return max(2, round(exp_epsilon(epsilon) + 1.0))
+    return olh_buckets(epsilon)
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,7 @@ class OLH:
     seed_family: int = 1024
 
     def __post_init__(self) -> None:
-        check_domain(self.d)
-        check_epsilon(self.epsilon)
-        object.__setattr__(self, "d", int(self.d))
-        object.__setattr__(self, "epsilon", float(self.epsilon))
+        freeze_domain_and_epsilon(self)
         g = default_buckets(self.epsilon) if self.g is None else self.g
         if isinstance(g, bool) or int(g) != g or g < 2:
             raise ValueError(f"number of buckets g must be an integer >= 2, got {g!r}")
@@ -121,7 +120,7 @@ class OLH:
 
     @property
     def mixture_alpha(self) -> float:
-        return 1.0 / (exp_epsilon(self.epsilon) + self.buckets - 1)  # MECHANISMS.md §1.6 table
+        return alpha_olh(self.epsilon, self.buckets)
 
     @property
     def message_bits(self) -> int:

@@ -49,7 +49,7 @@ from .mixture import (
     alpha_olh,
     alpha_oue,
 )
-from .report import PRIVACY_MECHANISMS, format_privacy_report, mechanism_alpha, olh_buckets, privacy_report
+from .report import PRIVACY_MECHANISMS, format_privacy_report, mechanism_alpha, privacy_report
 from .shuffle_bound import (
     FAST_WINDOW_SDS,
     ShuffleDivergence,

@@ -12,31 +12,15 @@ import math
 from dataclasses import dataclass
 
 from ._checks import check_delta, check_epsilon, check_int, check_real
-from .composition import (
-    advanced_composition_drv,
-    basic_composition,
-    bun_steinke_composition,
-    chain_composition,
-    compose_post_processing,
-    drv_step_epsilon,
-    fragment_epsilon,
-)
 
 __all__ = [
     "ClosedForm",
-    "advanced_composition_drv",
-    "basic_composition",
     "blanket_collision",
     "blanket_krr",
     "blanket_min_gamma",
     "blanket_omega",
-    "bun_steinke_composition",
-    "chain_composition",
-    "compose_post_processing",
-    "drv_step_epsilon",
     "efmrtt19",
     "fmt21_clones",
-    "fragment_epsilon",
     "lemma_ii5",
     "lemma_ii6",
     "lemma_ii6_rappor",

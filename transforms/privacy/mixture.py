@@ -91,3 +91,10 @@ def alpha_collision(eps: float, s: int, t: int) -> float:
     t = check_int("t", t, s + 1)
     tail = math.exp(-eps)
     return s * tail / (s + (t - s) * tail)
+
+
+def olh_buckets(eps: float) -> int:
+    """OLH's number of hash buckets g = max(2, round(e^eps + 1)) (Wang et al. 2017, the variance-optimal
+    choice). Shared so that the mechanism and its accounting can never disagree on g."""
+    eps = check_epsilon("eps", eps)
+    return max(2, round(math.exp(eps) + 1.0))

@@ -7,7 +7,6 @@ text (``format_privacy_report``) without a second code path.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ._checks import check_delta, check_epsilon, check_int
@@ -18,20 +17,13 @@ from .closed_forms import (
     fmt21_clones,
     lemma_ii5,
 )
-from .mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue
+from .mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue, olh_buckets
 from .shuffle_bound import epsilon_central
 
 PRIVACY_MECHANISMS: tuple[str, ...] = ("grr", "oue", "olh", "generic")
 
 _KRR_ONLY = "applies to k-ary randomized response only"
 _BINARY_RR_ONLY = "applies to binary randomized response (attribute-fragmented k-RAPPOR channels) only"
-
-
-def olh_buckets(eps: float) -> int:
-    """OLH's number of hash buckets g = max(2, round(e^eps + 1)) (Wang et al. 2017, the variance-optimal
-    choice). Shared so that the mechanism and its accounting can never disagree on g."""
-    eps = check_epsilon("eps", eps)
-    return max(2, round(math.exp(eps) + 1.0))
 
 
 def mechanism_alpha(mechanism: str, domain: int, eps: float) -> tuple[float, str]:

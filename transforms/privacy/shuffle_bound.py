@@ -22,28 +22,10 @@ from ._checks import check_delta, check_epsilon, check_int, check_real
 from .binomial import binom_cdf as _cdf
 from .binomial import binom_pmf as _pmf
 from .binomial import binom_sf as _sf
-from .mixture import (
-    alpha_binary_rr,
-    alpha_collision,
-    alpha_from_tv,
-    alpha_generic,
-    alpha_grr,
-    alpha_hadamard,
-    alpha_olh,
-    alpha_oue,
-)
 
 __all__ = [
     "FAST_WINDOW_SDS",
     "ShuffleDivergence",
-    "alpha_binary_rr",
-    "alpha_collision",
-    "alpha_from_tv",
-    "alpha_generic",
-    "alpha_grr",
-    "alpha_hadamard",
-    "alpha_olh",
-    "alpha_oue",
     "check_mixture_alpha",
     "epsilon_central",
     "hockey_stick",
