@@ -10,7 +10,10 @@ import json
 import logging
 import secrets
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,25 @@ def progress_printer(label: str):
             print(f"  {label}: {done:,}/{total:,} ({pct}%)", file=sys.stderr, flush=True)
 
     return show
+
+
+@contextmanager
+def heartbeat(label: str, every_s: float = 10.0) -> Iterator[None]:
+    """Print ``label ... Ns`` every few seconds while a step with no progress of its own runs."""
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(every_s):
+            print(f"  {label} ... {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def compare(estimates: pa.Table, truth: pa.Table) -> pa.Table:
@@ -159,7 +181,8 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
               file=sys.stderr, flush=True)
         config = EndToEndConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out, raw_topic=raw_topic,
                                 reports_topic=reports_topic, group_id=f"esa-demo-{run_id}", seed=seed)
-        summary = run(config)
+        with heartbeat("pipeline running"):
+            summary = run(config)
     estimates = pq.read_table(summary.estimates_path)
     truth = truth_table(spec, population)
     pq.write_table(truth, out / "truth.parquet")

@@ -7,13 +7,15 @@ epsilon and the tight central epsilon of the shuffle bound for exactly that many
 
 The analyzer does not learn how many reports the shuffler deleted: ``n_deleted`` is null, because
 publishing it next to ``n_reports`` would reveal the exact crowd size that the randomized deletion hides
-(the shuffler's counters report deletions to its operator).
+(the shuffler's counters report deletions to its operator). A spec may opt in with
+``[crowd] publish_deletions = true`` where the analyst is allowed to know crowd sizes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -29,27 +31,46 @@ from transforms.spec import AnalysisSpec
 NAMESPACE = "esa"
 
 
+@dataclass
+class CrowdAccumulator:
+    """The mechanism's count arrays plus the deletions the shuffler published (None: not published)."""
+
+    counts: Accumulator
+    deleted: int | None = None
+
+    @property
+    def n(self) -> int:
+        return self.counts.n
+
+
+def _add_deleted(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
+
+
 class FrequencyCombineFn(beam.CombineFn):
-    """ShuffledBatch* -> the mechanism's accumulator (count arrays), mergeable in any order."""
+    """ShuffledBatch* -> CrowdAccumulator (count arrays), mergeable in any order."""
 
     def __init__(self, mechanism: Mechanism):
         self._mechanism = mechanism
 
-    def create_accumulator(self) -> Accumulator:
-        return self._mechanism.new_accumulator()
+    def create_accumulator(self) -> CrowdAccumulator:
+        return CrowdAccumulator(self._mechanism.new_accumulator(), deleted=0)
 
-    def add_input(self, accumulator: Accumulator, batch: ShuffledBatch) -> Accumulator:
-        accumulator.add(batch.reports)
+    def add_input(self, accumulator: CrowdAccumulator, batch: ShuffledBatch) -> CrowdAccumulator:
+        if len(batch.reports):
+            accumulator.counts.add(batch.reports)
+        accumulator.deleted = _add_deleted(accumulator.deleted, batch.deleted)
         return accumulator
 
-    def merge_accumulators(self, accumulators: Iterable[Accumulator]) -> Accumulator:
+    def merge_accumulators(self, accumulators: Iterable[CrowdAccumulator]) -> CrowdAccumulator:
         it = iter(accumulators)
         merged = next(it)
         for other in it:
-            merged.merge(other)
+            merged.counts.merge(other.counts)
+            merged.deleted = _add_deleted(merged.deleted, other.deleted)
         return merged
 
-    def extract_output(self, accumulator: Accumulator) -> Accumulator:
+    def extract_output(self, accumulator: CrowdAccumulator) -> CrowdAccumulator:
         return accumulator
 
 
@@ -60,11 +81,11 @@ def central_epsilon(mechanism: Mechanism, n: int, delta: float) -> float:
     return float(epsilon_central(n, mechanism.mixture_alpha, mechanism.epsilon_local, delta))
 
 
-def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: Accumulator, window_start_ms: int,
+def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: CrowdAccumulator, window_start_ms: int,
                   window_end_ms: int) -> list[dict[str, Any]]:
     """Decode one crowd's accumulator into Estimate records (schemas/Estimate.avsc), one per item."""
     mechanism = spec.randomizer
-    result = accumulator.estimate()
+    result = accumulator.counts.estimate()
     eps_c = central_epsilon(mechanism, result.n, spec.delta)
     parameters = json.dumps(mechanism.parameters(), sort_keys=True)
     common = {
@@ -75,7 +96,7 @@ def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: Accumulator, wi
         "window_end": window_end_ms,
         "channel": channel,
         "n_reports": int(result.n),
-        "n_deleted": None,
+        "n_deleted": accumulator.deleted,
         "eps_local": float(mechanism.epsilon_local),
         "eps_central": eps_c,
         "delta": float(spec.delta),
@@ -96,7 +117,7 @@ class EstimateRowsFn(beam.DoFn):
         self._analyzed = Metrics.counter(NAMESPACE, "reports_analyzed")
         self._windows = Metrics.counter(NAMESPACE, "windows_estimated")
 
-    def process(self, keyed: tuple[tuple[str, int], Accumulator],
+    def process(self, keyed: tuple[tuple[str, int], CrowdAccumulator],
                 win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[dict[str, Any]]:
         (_, channel), accumulator = keyed
         if accumulator.n == 0:

@@ -53,6 +53,7 @@ class ShuffledBatch(NamedTuple):
     channel: int
     window_end_ms: int
     reports: np.ndarray
+    deleted: int | None = None  # reports the threshold deleted from this sub-crowd, if the spec publishes it
 
 
 def dead_letter(stage: str, reason: str, *, original: bytes | None = None, source: SourceRef | None = None,

@@ -175,10 +175,14 @@ class ReleaseFn(beam.DoFn):
         self._deleted.inc(decision)
         self._released.inc(len(order))
         window_end_ms = win.end.micros // 1000
-        for start in range(0, len(order), self._batch_size):
+        deleted = decision if self._spec.crowd.publish_deletions else None
+        if not len(order) and deleted is None:
+            return
+        for start in range(0, max(len(order), 1), self._batch_size):
             batch = rows_to_array(self._spec.randomizer, [rows[i] for i in order[start:start + self._batch_size]])
             yield window.TimestampedValue(
-                ShuffledBatch(self._spec.spec_id, channel, window_end_ms, batch), win.max_timestamp())
+                ShuffledBatch(self._spec.spec_id, channel, window_end_ms, batch, deleted if start == 0 else 0),
+                win.max_timestamp())
 
 
 class Shuffle(beam.PTransform):

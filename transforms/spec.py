@@ -40,6 +40,9 @@ class CrowdSpec:
     epsilon: float = 1.0
     delta: float = 1e-6
     subkeys: int = 16  # a crowd is split over this many random sub-keys so no worker holds all of it
+    # Publishing the deletion count next to n_reports reveals the exact crowd size the noise hides;
+    # only for deployments where the analyst may know it (e.g. the shuffler's operator).
+    publish_deletions: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         epsilon=reader.get("crowd", "epsilon", (int, float), CrowdSpec.epsilon),
         delta=reader.get("crowd", "delta", (int, float), CrowdSpec.delta),
         subkeys=reader.get("crowd", "subkeys", int, CrowdSpec.subkeys),
+        publish_deletions=reader.get("crowd", "publish_deletions", bool, CrowdSpec.publish_deletions),
     )
     spec = AnalysisSpec(
         name=name,
@@ -208,7 +212,7 @@ class _Reader:
                 self.fail(table, key, "is required")
             return default
         value = values[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             self.fail(table, key, f"must be {names} (got {value!r})")
         return value

@@ -24,13 +24,13 @@ N_CLIENTS = 6000
 BAD_PER_KIND = 2
 
 
-def _spec(mechanism: str) -> object:
+def _spec(mechanism: str, publish_deletions: bool = False) -> object:
     return spec_from_dict({
         "analysis": {"name": f"e2e_{mechanism}", "metric": f"e2e_{mechanism}"},
         "domain": {"size": 12},
         "mechanism": {"name": mechanism, "epsilon": 3.0},
         "window": {"size_seconds": 3600},
-        "crowd": {"epsilon": 1.0, "delta": 1e-6},
+        "crowd": {"epsilon": 1.0, "delta": 1e-6, "publish_deletions": publish_deletions},
         "privacy": {"delta": 1e-6},
     }, source="test")
 
@@ -102,3 +102,22 @@ def test_offsets_committed_and_second_run_reads_nothing(first_run, broker, tmp_p
     again = run(EndToEndConfig(**{**config.__dict__, "out_dir": tmp_path}))
     assert again.accounting["read"] == 0
     assert pq.read_table(again.estimates_path).num_rows == 0
+
+
+def test_deletions_published_only_when_the_spec_allows(broker, tmp_path: Path) -> None:
+    """n_deleted is null by default (it would reveal the exact crowd size) and exact when opted in."""
+    spec = _spec("grr", publish_deletions=True)
+    population = synthesize(spec, 2000, windows=2, seed=4)
+    topics = {"raw_topic": f"raw-pub-{tmp_path.name}", "reports_topic": f"rep-pub-{tmp_path.name}"}
+    produce_population(broker.bootstrap, spec, population, **topics)
+    summary = run(EndToEndConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=tmp_path,
+                                 group_id=f"g-pub-{tmp_path.name}", seed=8, **topics))
+    est = pq.read_table(summary.estimates_path).to_pydict()
+    per_window = {w: d for w, d in zip(est["window_start"], est["n_deleted"], strict=True)}
+    assert len(per_window) == 2
+    assert sum(per_window.values()) == summary.count("reports_deleted") > 0
+    n_by_window = {w: n for w, n in zip(est["window_start"], est["n_reports"], strict=True)}
+    truth = truth_table(spec, population).to_pydict()
+    for w, deleted in per_window.items():
+        crowd = sum(c for ws, c in zip(truth["window_start"], truth["count"], strict=True) if ws == w)
+        assert n_by_window[w] + deleted == crowd
