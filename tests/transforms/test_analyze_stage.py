@@ -30,7 +30,8 @@ from fastavro.validation import validate
 from schemas import load_schema
 from transforms.analyze import Analyze, FrequencyCombineFn, estimate_rows
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.records import ShuffledBatch, SourceRef, dead_letter
+from transforms.records import ReportElement, ShuffledBatch, SourceRef, array_to_rows, dead_letter
+from transforms.shuffle import Shuffle
 from transforms.sinks import ESTIMATE_ARROW_SCHEMA, WriteAvroFile, WriteEstimatesParquet
 from transforms.spec import AnalysisSpec, spec_from_dict
 
@@ -140,7 +141,8 @@ def analyzed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
     def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
         one = windowed(p, "One", split(spec, reports, end, []))
-        many = windowed(p, "Many", split(spec, reports, end, [1, 2, 500, 7000, 7001, 15000]))
+        # Uneven cuts, two single-report batches and one empty batch.
+        many = windowed(p, "Many", split(spec, reports, end, [1, 2, 500, 7000, 7001, 7001, 15000]))
         return {"one": one | "AnalyzeOne" >> Analyze(spec), "many": many | "AnalyzeMany" >> Analyze(spec)}
 
     return MechanismRun(spec, reports, run_pipeline(tmp_path_factory.mktemp(request.param), build))
@@ -158,7 +160,7 @@ def test_one_valid_estimate_row_per_item(analyzed: MechanismRun) -> None:
     assert [r["item"] for r in rows] == list(spec.categories)
     assert [r["item_index"] for r in rows] == list(range(spec.d))
     for row in rows:
-        assert list(row) == ESTIMATE_FIELDS
+        assert set(row) == set(ESTIMATE_FIELDS)
         validate(row, load_schema("Estimate").parsed, raise_errors=True)
         assert row["spec_id"] == spec.spec_id and row["analysis"] == spec.name and row["channel"] == 0
         assert row["n_reports"] == N
@@ -188,9 +190,9 @@ def test_estimates_are_within_4_5_standard_errors_of_the_truth(analyzed: Mechani
     rows = by_item(analyzed.run.values("many"))
     z = (np.array([r["estimate"] for r in rows]) - truth) / se_theory
     assert np.abs(z).max() < 4.5, z
-    # The reported (plug-in) stderr is the closed form at the estimated counts: within 10 % of the truth's
-    # (counts are estimated to a few per cent of N, and the variance is linear in them).
-    np.testing.assert_allclose([r["stderr"] for r in rows], se_theory, rtol=0.10)
+    # The reported (plug-in) stderr is the closed form at the estimated counts: within 5 % of the truth's
+    # (counts are off by ~1 % of N and the variance is linear in them; 60 seeds gave at most 1.8 %).
+    np.testing.assert_allclose([r["stderr"] for r in rows], se_theory, rtol=0.05)
 
 
 def test_splitting_into_batches_changes_nothing(analyzed: MechanismRun) -> None:
@@ -232,8 +234,38 @@ def test_each_window_is_estimated_on_its_own(tmp_path: Path) -> None:
     assert run.counters["windows_estimated"] == 2
 
 
+@pytest.mark.parametrize("publish", [False, True])
+def test_shuffle_then_analyze_ledger(tmp_path: Path, publish: bool) -> None:
+    # The two stages chained as in pipelines/end_to_end.py: n_reports is what the shuffler released, and
+    # n_deleted is null unless the spec opts into publishing deletions, in which case it is their exact number.
+    spec = spec_from_dict({"analysis": {"name": "chain"}, "domain": {"size": 8},
+                           "mechanism": {"name": "grr", "epsilon": 1.0}, "window": {"size_seconds": WINDOW_MS // 1000},
+                           "crowd": {"subkeys": 4, "publish_deletions": publish}})
+    rng = np.random.default_rng(5)
+    payloads = array_to_rows(spec.randomizer.encode(rng.integers(0, 8, 1200), rng))
+    reports = [ReportElement(spec.spec_id, 0, f"client-{i}", WIN_A + int(rng.integers(WINDOW_MS)), row)
+               for i, row in enumerate(payloads)]
+
+    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
+        released, _ = p | beam.Create(reports) | Shuffle(spec, seed=8, batch_size=100)
+        return {"rows": released | Analyze(spec)}
+
+    run = run_pipeline(tmp_path, build)
+    rows = run.values("rows")
+    assert len(rows) == spec.d
+    released, deleted = run.counters["reports_released"], run.counters["reports_deleted"]
+    assert released + deleted == 1200
+    for row in rows:
+        assert row["n_reports"] == released == run.counters["reports_analyzed"]
+        assert row["n_deleted"] == (deleted if publish else None)
+        assert (row["window_start"], row["window_end"]) == (WIN_A, WIN_A + WINDOW_MS)
+        validate(row, load_schema("Estimate").parsed, raise_errors=True)
+
+
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_combine_fn_merges_in_any_order(mechanism: str) -> None:
+    # The CombineFn directly (no runner): any grouping of add_input / merge_accumulators, including empty
+    # accumulators, decodes to bit-identical rows.
     spec = make_spec(mechanism)
     reports = encoded_reports(spec, TRUE_COUNTS // 10, seed=7)
     combine = FrequencyCombineFn(spec.randomizer)
@@ -241,33 +273,39 @@ def test_combine_fn_merges_in_any_order(mechanism: str) -> None:
     def accumulate(parts: list[np.ndarray]) -> Any:
         acc = combine.create_accumulator()
         for part in parts:
-            acc = combine.add_input(acc, ShuffledBatch(spec.spec_id, 0, WIN_A, part))
+            acc = combine.add_input(acc, ShuffledBatch(spec.spec_id, 0, WIN_A + WINDOW_MS, part))
         return acc
 
-    whole = combine.extract_output(accumulate([reports])).estimate()
+    def rows(acc: Any) -> list[dict[str, Any]]:
+        return estimate_rows(spec, 0, combine.extract_output(acc), WIN_A, WIN_A + WINDOW_MS)
+
+    whole = rows(accumulate([reports]))
+    assert all(r["n_reports"] == len(reports) for r in whole)
     parts = np.split(reports, [10, 11, 900, 1500])
-    accs = [accumulate([p]) for p in parts]
+    accs = [accumulate([part]) for part in parts]
     merged = combine.merge_accumulators([accs[3], combine.merge_accumulators([accs[0], accs[4]]), accs[1], accs[2]])
-    result = combine.extract_output(merged).estimate()
-    assert result.n == whole.n == len(reports)
-    np.testing.assert_array_equal(result.frequency, whole.frequency)
-    np.testing.assert_array_equal(result.stderr, whole.stderr)
-    empty = combine.merge_accumulators([combine.create_accumulator(), accumulate([reports])])
-    np.testing.assert_array_equal(empty.estimate().frequency, whole.frequency)
+    assert rows(merged) == whole
+    assert rows(accumulate(parts)) == whole
+    assert rows(combine.merge_accumulators([combine.create_accumulator(), accumulate([reports])])) == whole
 
 
 # --- sinks ------------------------------------------------------------------------------------------------------
 
 def sample_estimate_rows() -> list[dict[str, Any]]:
-    """Real rows of two specs and two windows, plus one row that publishes n_deleted."""
+    """Estimate records of two specs and two windows (one publishing n_deleted), valid for the Avro schema."""
+    rng = np.random.default_rng(77)
     rows: list[dict[str, Any]] = []
-    for i, mechanism in enumerate(("grr", "olh")):
-        spec = make_spec(mechanism, name=f"sink_{mechanism}")
+    for spec_id, mechanism, n_deleted in (("sink_grr@0123456789ab", "grr", None), ("sink_olh@ba9876543210", "olh", 31)):
         for start in (WIN_A, WIN_B):
-            acc = spec.randomizer.new_accumulator()
-            acc.add(encoded_reports(spec, TRUE_COUNTS // 20, seed=i * 10 + start % 7))
-            rows += estimate_rows(spec, 0, acc, start, start + WINDOW_MS)
-    rows[0] = {**rows[0], "n_deleted": 31}
+            for i, item in enumerate(("en", "de", "fr")):
+                rows.append({
+                    "schema_version": 1, "spec_id": spec_id, "analysis": spec_id.split("@")[0],
+                    "window_start": start, "window_end": start + WINDOW_MS, "channel": 0, "item": item,
+                    "item_index": i, "estimate": float(rng.normal(0.3, 0.1)), "stderr": float(rng.uniform(0.001, 0.01)),
+                    "n_reports": 20_000 + i, "n_deleted": n_deleted, "eps_local": 1.0,
+                    "eps_central": float(rng.uniform(0.01, 0.1)), "delta": 1e-6, "mechanism": mechanism,
+                    "parameters": json.dumps({"d": 3, "epsilon": 1.0}),
+                })
     return rows
 
 
@@ -288,7 +326,7 @@ def test_arrow_schema_mirrors_the_avro_estimate_schema() -> None:
     for field in fields:
         avro_type = field["type"]
         nullable = isinstance(avro_type, list)
-        base = [t for t in avro_type if t != "null"][0] if nullable else avro_type
+        base = next(t for t in avro_type if t != "null") if nullable else avro_type
         assert ESTIMATE_ARROW_SCHEMA.field(field["name"]).type == avro_to_arrow[base], field["name"]
 
 

@@ -36,7 +36,8 @@ from transforms.spec import AnalysisSpec, spec_from_dict
 class Observed(NamedTuple):
     value: Any
     timestamp_us: int
-    window: str
+    window_start_us: int | None  # None: the global window
+    window_end_us: int | None
 
 
 class PipelineRun(NamedTuple):
@@ -50,7 +51,10 @@ class PipelineRun(NamedTuple):
 class _Observe(beam.DoFn):
     def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
                 win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
-        yield Observed(element, ts.micros, repr(win))
+        if isinstance(win, window.GlobalWindow):
+            yield Observed(element, ts.micros, None, None)
+        else:
+            yield Observed(element, ts.micros, win.start.micros, win.end.micros)
 
 
 def _dump(elements: list[Observed], path: str) -> None:
@@ -204,7 +208,7 @@ def test_randomized_reports_are_not_the_raw_values(encode_run: tuple[PipelineRun
 
 
 def test_bad_events_are_dead_lettered_with_a_reason(encode_run: tuple[PipelineRun, list, list[KafkaRecord]]) -> None:
-    run, good, bad = encode_run
+    run, _, bad = encode_run
     letters = {d["offset"]: d for d in run.values("dead")}
     assert set(letters) == {r.offset for r in bad}
     problems = []

@@ -23,9 +23,13 @@ import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.runners.runner import PipelineState
-from apache_beam.transforms import window
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms import trigger, window
+from apache_beam.utils.timestamp import Timestamp
 from fastavro.validation import validate
 
 from schemas import SCHEMA_VERSION, encode_record, load_schema
@@ -71,17 +75,24 @@ def _dump(elements: list[Observed], path: str) -> None:
 _RUNS = itertools.count()
 
 
-def run_pipeline(tmp_path: Path, build: Callable[[beam.Pipeline], Mapping[str, beam.PCollection]]) -> PipelineRun:
-    """Build with ``build``, run on the FnApiRunner, return every named output and the ``esa`` counters
-    (summed by name over steps)."""
+def run_pipeline(tmp_path: Path, build: Callable[[beam.Pipeline], Mapping[str, beam.PCollection]], *,
+                 streaming: bool = False) -> PipelineRun:
+    """Build with ``build``, run, return every named output and the ``esa`` counters (summed by name over
+    steps). Batch runs use the FnApiRunner; ``streaming`` (TestStream) the BundleBasedDirectRunner."""
     out_dir = tmp_path / f"run{next(_RUNS)}"
     out_dir.mkdir()
-    pipeline = beam.Pipeline(runner=FnApiRunner())
+    if streaming:
+        options = PipelineOptions()
+        options.view_as(StandardOptions).streaming = True
+        pipeline = beam.Pipeline(runner=BundleBasedDirectRunner(), options=options)
+    else:
+        pipeline = beam.Pipeline(runner=FnApiRunner())
     outputs = build(pipeline)
     for name, pcoll in outputs.items():
         (pcoll
          | f"Observe_{name}" >> beam.ParDo(_Observe())
-         | f"Global_{name}" >> beam.WindowInto(window.GlobalWindows())
+         | f"Global_{name}" >> beam.WindowInto(window.GlobalWindows(), trigger=trigger.AfterWatermark(),
+                                               accumulation_mode=trigger.AccumulationMode.DISCARDING)
          | f"ToList_{name}" >> beam.combiners.ToList()
          | f"Dump_{name}" >> beam.Map(_dump, str(out_dir / f"{name}.pkl")))
     result = pipeline.run()
@@ -193,8 +204,10 @@ def test_outputs_are_shuffled_batches_without_identity(two_windows: tuple[Pipeli
     client_ids = [r.client_id.encode() for r in pop.reports]
     for batch in batches:
         assert type(batch) is ShuffledBatch
-        assert ShuffledBatch._fields == ("spec_id", "channel", "window_end_ms", "reports")
+        # Payloads and the crowd's coordinates only; ``deleted`` is a count the spec may opt into publishing.
+        assert ShuffledBatch._fields == ("spec_id", "channel", "window_end_ms", "reports", "deleted")
         assert batch.spec_id == SPEC.spec_id and batch.channel == 0
+        assert batch.deleted is None  # SPEC does not publish deletions
         assert batch.reports.dtype == SPEC.randomizer.report_dtype  # payload fields only
         data = pickle.dumps(batch)
         leaked = [c for c in client_ids if c in data]
@@ -241,7 +254,7 @@ def test_each_window_releases_a_sub_multiset_of_n_hat_reports(
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_crowd_below_the_threshold_releases_nothing(tmp_path: Path, seed: int) -> None:
-    # n = 10 << T = 29: a release needs L >= 20, probability q^20/(1+q) = 2.8e-5.
+    # n = 10 << T = 29: a release needs floor(10 + L - T) >= 1, i.e. L >= 21: probability q^21/(1+q) = 1.7e-5.
     pop = Population(SPEC, seed=seed)
     pop.crowd(10, WIN_A)
     run = shuffle_run(tmp_path, SPEC, pop.reports, seed=seed)
@@ -285,24 +298,106 @@ def test_released_payloads_are_a_sub_multiset_for_every_payload_kind(tmp_path: P
 
 def test_aborted_crowds_release_nothing_and_are_never_clamped(tmp_path: Path) -> None:
     # delta_cr = 0.9 gives T = 2 ln(2/0.9) = 1.597, so a crowd of 20 aborts (n_hat > n) when L >= 3: probability
-    # q^3/(1+q) = 0.139 per crowd; over 30 crowds P[no abort] = 0.861^30 = 1.1 %, and the seed is fixed (the
-    # test asserts that the branch was exercised). Suppression needs L <= -19: 4e-5 per crowd.
+    # q^3/(1+q) = 0.139 per crowd; over 50 crowds P[no abort] = 0.861^50 = 6e-4, and the seed is fixed (the
+    # test asserts that the branch was exercised). Suppression needs L <= -18: 8e-5 per crowd.
     spec = make_spec(crowd_delta=0.9)
     pop = Population(spec, seed=17)
-    starts = [WIN_A + k * WINDOW_MS for k in range(30)]
+    starts = [WIN_A + k * WINDOW_MS for k in range(50)]
     for start in starts:
         pop.crowd(20, start)
     run = shuffle_run(tmp_path, spec, pop.reports, seed=17)
     released_windows = Counter(b.window_end_ms for b in run.values("released") for _ in range(len(b.reports)))
     assert run.count("crowds_aborted") >= 1
-    assert run.count("crowds_released") + run.count("crowds_aborted") + run.count("crowds_suppressed") == 30
+    assert run.count("crowds_released") + run.count("crowds_aborted") + run.count("crowds_suppressed") == 50
     assert len(released_windows) == run.count("crowds_released")
     for end, n_released in released_windows.items():
         assert end - WINDOW_MS in starts
         assert n_released <= 20  # never more than the crowd: an abort is not clamped to n
-    assert run.count("reports_valid") == 600
-    assert run.count("reports_deleted") + run.count("reports_released") == 600
+    assert run.count("reports_valid") == 1000
+    assert run.count("reports_deleted") + run.count("reports_released") == 1000
     assert run.count("reports_released") == sum(released_windows.values())
+
+
+def test_unpublished_deletions_are_none_on_every_batch(tmp_path: Path) -> None:
+    # SPEC does not publish deletions: no batch may claim a deletion count (not even 0), whichever batch of its
+    # sub-crowd it is (batch_size = 50 cuts each of the ~4 sub-crowds of ~90 reports into two batches).
+    pop = Population(SPEC, seed=62)
+    pop.crowd(400, WIN_A)
+    run = shuffle_run(tmp_path, SPEC, pop.reports, seed=3, batch_size=50)
+    assert len(run.values("released")) > SPEC.crowd.subkeys
+    assert [b.deleted for b in run.values("released")] == [None] * len(run.values("released"))
+
+
+@pytest.mark.parametrize("batch_size", [4096, 50])
+def test_published_deletions_add_up_to_the_deleted_reports(tmp_path: Path, batch_size: int) -> None:
+    spec = spec_from_dict({"analysis": {"name": "published"}, "domain": {"size": 8},
+                           "mechanism": {"name": "grr", "epsilon": 1.0},
+                           "crowd": {"epsilon": EPS_CR, "delta": DELTA_CR, "subkeys": 4, "publish_deletions": True}})
+    pop = Population(spec, seed=61)
+    inputs = pop.crowd(400, WIN_A)
+    run = shuffle_run(tmp_path, spec, pop.reports, seed=3, batch_size=batch_size)
+    batches = run.values("released")
+    assert all(b.deleted is not None for b in batches)
+    deleted = len(inputs) - sum(len(b.reports) for b in batches)
+    assert sum(b.deleted for b in batches) == deleted == run.count("reports_deleted")
+    assert_deletions_plausible(deleted)
+
+
+# --- streaming semantics (TestStream): one pane per crowd, late reports never released -----------------------
+
+def timestamped(reports: list[ReportElement]) -> list[window.TimestampedValue]:
+    return [window.TimestampedValue(r, Timestamp(micros=r.event_time_ms * 1000)) for r in reports]
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory: pytest.TempPathFactory) -> tuple[PipelineRun, list[ReportElement], ReportElement]:
+    """400 on-time reports of window A in two bursts (the watermark advances in between), then the watermark
+    passes the end of window A, then one late report for window A from a new client."""
+    pop = Population(SPEC, seed=71)
+    first, second = pop.crowd(200, WIN_A), pop.crowd(200, WIN_A)
+    late = pop.add(pop.new_client(), WIN_A + 5, (3,), offset=999_999)
+    stream = (TestStream()
+              .add_elements(timestamped(first))
+              .advance_watermark_to(Timestamp(micros=(WIN_A + WINDOW_MS // 2) * 1000))
+              .add_elements(timestamped(second))
+              .advance_watermark_to(Timestamp(micros=(WIN_B + 60_000) * 1000))
+              .add_elements(timestamped([late]))
+              .advance_watermark_to_infinity())
+
+    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
+        released, dead = p | stream | Shuffle(SPEC, seed=12)
+        return {"released": released, "dead": dead}
+
+    return run_pipeline(tmp_path_factory.mktemp("stream"), build, streaming=True), first + second, late
+
+
+def test_a_crowd_is_released_once_not_per_burst(streamed: tuple[PipelineRun, list[ReportElement],
+                                                                ReportElement]) -> None:
+    # An early firing would release the first burst as a crowd of its own (and threshold it twice).
+    run, on_time, _ = streamed
+    assert run.count("crowds_released") == 1
+    assert run.count("crowds_suppressed") == run.count("crowds_aborted") == 0
+    rows = released_rows(run)
+    assert_sub_multiset(rows, [r.payload for r in on_time])
+    assert_deletions_plausible(len(on_time) - len(rows))
+    assert {b.window_end_ms for b in run.values("released")} == {WIN_A + WINDOW_MS}
+
+
+def test_a_late_report_is_never_released(streamed: tuple[PipelineRun, list[ReportElement], ReportElement]) -> None:
+    run, on_time, _ = streamed
+    assert run.count("reports_valid") == len(on_time)
+    assert run.count("reports_released") + run.count("reports_deleted") == len(on_time)
+    assert run.count("reports_released") == len(released_rows(run))
+
+
+def test_a_late_report_is_dead_lettered_as_late(streamed: tuple[PipelineRun, list[ReportElement],
+                                                                ReportElement]) -> None:
+    # DESIGN.md §5: "Late reports are counted and dead-lettered as late, never released." (DeadLetter.avsc:
+    # "Nothing is dropped silently.")
+    run, _, late = streamed
+    letters = [d for d in run.values("dead") if d["offset"] == late.source.offset]
+    assert len(letters) == 1, f"the late report vanished: dead letters {run.values('dead')}"
+    assert "late" in letters[0]["reason"] and letters[0]["stage"] == "shuffle"
 
 
 # --- deduplication ----------------------------------------------------------------------------------------------
@@ -310,7 +405,7 @@ def test_aborted_crowds_release_nothing_and_are_never_clamped(tmp_path: Path) ->
 def test_one_report_per_client_and_window(tmp_path: Path) -> None:
     pop = Population(SPEC, seed=31)
     base = pop.crowd(200, WIN_A)
-    other = pop.crowd(150, WIN_B)
+    pop.crowd(150, WIN_B)
     c0, c1, c2 = base[5], base[6], base[7]
     # c0 sends a second report at the window start (earlier than its first, but arriving later with a higher
     # offset): the earlier one is kept and the first one is the duplicate.
@@ -338,7 +433,6 @@ def test_one_report_per_client_and_window(tmp_path: Path) -> None:
     assert run.count("reports_valid") == run.count("reports_deleted") + run.count("reports_released")
     window_b_rows = sum(len(b.reports) for b in run.values("released") if b.window_end_ms == WIN_B + WINDOW_MS)
     assert_deletions_plausible(151 - window_b_rows)
-    assert len(other) == 150
 
 
 def test_quota_of_two_keeps_the_two_earliest(tmp_path: Path) -> None:

@@ -132,6 +132,7 @@ def test_spec_id_changes_with_epsilon_and_mechanism() -> None:
     ("size_seconds = 600", "size_seconds = 601"),
     ("delta = 1e-7", "delta = 2e-7"),
     ("subkeys = 8", "subkeys = 9"),
+    ("subkeys = 8", "subkeys = 8\npublish_deletions = true"),
     ("delta = 1e-8", "delta = 1e-9"),
     ("max_reports_per_window = 2", "max_reports_per_window = 1"),
 ])
@@ -172,6 +173,8 @@ BAD_FIELDS = [
     ("crowd delta zero", "delta = 1e-7", "delta = 0.0", "[crowd] delta", "(0, 1)"),
     ("crowd epsilon zero", "epsilon = 0.5", "epsilon = 0.0", "[crowd] epsilon", "(0, 30]"),
     ("crowd subkeys zero", "subkeys = 8", "subkeys = 0", "[crowd] subkeys", "[1, 4096]"),
+    ("publish_deletions not bool", "subkeys = 8", "subkeys = 8\npublish_deletions = 1", "[crowd] publish_deletions",
+     "bool"),
     ("privacy delta one", "delta = 1e-8", "delta = 1", "[privacy] delta", "(0, 1)"),
     ("window zero", "size_seconds = 600", "size_seconds = 0", "[window] size_seconds", ">= 1"),
     ("window string", "size_seconds = 600", 'size_seconds = "1h"', "[window] size_seconds", "int"),
