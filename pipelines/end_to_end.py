@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from transforms.analyze import Analyze
 from transforms.encode import DecodeReports, EncodeEvents
 from transforms.kafkaio import ReadFromKafkaBounded, read_from_kafka
 from transforms.mechanisms.randomness import job_key_from_entropy, job_key_from_seed
+from transforms.records import ReportElement
 from transforms.shuffle import Shuffle
 from transforms.sinks import WriteAvroFile, WriteEstimatesParquet, WriteRecordsToKafka
 from transforms.spec import AnalysisSpec, load_spec
@@ -117,7 +118,7 @@ def build(pipeline: beam.Pipeline, config: EndToEndConfig) -> list[ReadFromKafka
 
     def source(topic: str, label: str) -> beam.PCollection:
         if config.kafka_io == "python":
-            reader = ReadFromKafkaBounded(config.bootstrap, topic, config.group_id)
+            reader = ReadFromKafkaBounded(config.bootstrap, topic, config.group_id, batched=True)
             readers.append(reader)
             return pipeline | label >> reader
         return read_from_kafka(pipeline, bootstrap=config.bootstrap, topic=topic, group_id=config.group_id,
@@ -126,7 +127,7 @@ def build(pipeline: beam.Pipeline, config: EndToEndConfig) -> list[ReadFromKafka
     job_key = job_key_from_seed(config.seed) if config.seed is not None else job_key_from_entropy()
     specs = list(config.specs)
     raw = source(config.raw_topic, "ReadRaw")
-    reports, dead_encode = raw | "Encode" >> EncodeEvents(specs, job_key)
+    reports, dead_encode = raw | "Encode" >> EncodeEvents(specs, job_key, batched_input=config.kafka_io == "python")
     dead = [dead_encode]
     if config.reports_topic:
         device_reports, dead_reports = source(config.reports_topic, "ReadReports") | "DecodeDevice" >> \
@@ -135,7 +136,7 @@ def build(pipeline: beam.Pipeline, config: EndToEndConfig) -> list[ReadFromKafka
         dead.append(dead_reports)
     estimates = []
     for i, spec in enumerate(specs):
-        mine = reports | f"Select{i}" >> beam.Filter(lambda r, sid=spec.spec_id: r.spec_id == sid)
+        mine = reports | f"Select{i}" >> beam.FlatMap(_reports_of, spec.spec_id)
         shuffled, dead_shuffle = mine | f"Shuffle{i}" >> Shuffle(spec, seed=config.seed)
         dead.append(dead_shuffle)
         estimates.append(shuffled | f"Analyze{i}" >> Analyze(spec)
@@ -151,6 +152,13 @@ def build(pipeline: beam.Pipeline, config: EndToEndConfig) -> list[ReadFromKafka
         all_dead | "DeadLetterTopic" >> WriteRecordsToKafka(config.bootstrap, config.dead_letter_topic,
                                                             "DeadLetter")
     return readers
+
+
+def _reports_of(batch: list[ReportElement], spec_id: str) -> Iterator[list[ReportElement]]:
+    """The part of a batch of reports that belongs to one spec (batches stay batches)."""
+    mine = [r for r in batch if r.spec_id == spec_id]
+    if mine:
+        yield mine
 
 
 def run(config: EndToEndConfig, options: PipelineOptions | None = None) -> RunSummary:

@@ -77,20 +77,27 @@ class DecodeEventsFn(beam.DoFn):
     def setup(self) -> None:
         self._by_metric = specs_by_metric(self._specs)
 
-    def process(self, record: KafkaRecord) -> Iterator[Any]:
-        source = SourceRef(record.topic, record.partition, record.offset)
-        try:
-            event = decode_record("TelemetryEvent", record.value)
-            spec = self._by_metric.get(event["metric"])
-            if spec is None:
-                raise ValueError(f"no analysis spec consumes metric {event['metric']!r}")
-            value = category_of(spec, event["value"])
-        except (WireFormatError, ValueError) as err:
-            self._dead.inc()
-            yield TaggedOutput(DEAD, dead_letter("decode", str(err), original=record.value, source=source))
-            return
-        self._decoded.inc()
-        yield EventElement(spec.spec_id, event["client_id"], event["event_time"], value, source, record.value)
+    def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
+        events: list[EventElement] = []
+        for record in element if isinstance(element, list) else [element]:
+            source = SourceRef(record.topic, record.partition, record.offset)
+            try:
+                event = decode_record("TelemetryEvent", record.value)
+                spec = self._by_metric.get(event["metric"])
+                if spec is None:
+                    raise ValueError(f"no analysis spec consumes metric {event['metric']!r}")
+                if not event["client_id"]:
+                    raise ValueError("event without client_id: the shuffler cannot authenticate it")
+                value = category_of(spec, event["value"])
+            except (WireFormatError, ValueError) as err:
+                self._dead.inc()
+                yield TaggedOutput(DEAD, dead_letter("decode", str(err), original=record.value, source=source))
+                continue
+            events.append(EventElement(spec.spec_id, event["client_id"], event["event_time"], value, source,
+                                       record.value))
+        self._decoded.inc(len(events))
+        if events:
+            yield events
 
 
 class EncodeBatchFn(beam.DoFn):
@@ -103,12 +110,12 @@ class EncodeBatchFn(beam.DoFn):
         self._job_key = job_key
         self._encoded = Metrics.counter(NAMESPACE, "reports_encoded")
 
-    def process(self, batch: list[EventElement]) -> Iterator[ReportElement]:
+    def process(self, batch: list[EventElement]) -> Iterator[list[ReportElement]]:
         by_spec: dict[str, list[EventElement]] = {}
         for event in batch:
             by_spec.setdefault(event.spec_id, []).append(event)
         for spec_id, events in by_spec.items():
-            yield from self._encode(self._specs[spec_id], events)
+            yield list(self._encode(self._specs[spec_id], events))
 
     def _encode(self, spec: AnalysisSpec, events: list[EventElement]) -> Iterable[ReportElement]:
         values = np.fromiter((e.value for e in events), dtype=np.int64, count=len(events))
@@ -131,20 +138,31 @@ def _element_ids(events: list[EventElement]) -> np.ndarray:
 
 
 class EncodeEvents(beam.PTransform):
-    """KafkaRecords of TelemetryEvents -> (ReportElements, dead letters)."""
+    """KafkaRecords (single or batched lists) of TelemetryEvents -> (lists of ReportElements, dead letters).
 
-    def __init__(self, specs: Sequence[AnalysisSpec], job_key: bytes, max_batch_size: int = 4096):
+    Each output element is one batch of reports of one spec. With ``batched_input`` (lists of records from
+    ``ReadFromKafkaBounded(batched=True)``) each decoded batch is randomized as it is; single records are
+    first gathered with ``BatchElements`` so that randomization still runs on numpy batches.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], job_key: bytes, max_batch_size: int = 4096,
+                 batched_input: bool = False):
         super().__init__()
         self._specs, self._job_key, self._max_batch = list(specs), job_key, max_batch_size
+        self._batched_input = batched_input
 
     def expand(self, records: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         decoded = records | "DecodeEvents" >> beam.ParDo(DecodeEventsFn(self._specs)).with_outputs(
             DEAD, main="events")
-        reports = (
-            decoded.events
-            | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=self._max_batch)
-            | "Randomize" >> beam.ParDo(EncodeBatchFn(self._specs, self._job_key))
-        )
+        batches = decoded.events
+        if not self._batched_input:
+            batches = (
+                batches
+                | "Unbatch" >> beam.FlatMap(lambda events: events)
+                | "Batch" >> beam.BatchElements(min_batch_size=min(64, self._max_batch),
+                                                max_batch_size=self._max_batch)
+            )
+        reports = batches | "Randomize" >> beam.ParDo(EncodeBatchFn(self._specs, self._job_key))
         return reports, decoded[DEAD]
 
 
@@ -156,32 +174,36 @@ class DecodeReportsFn(beam.DoFn):
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._decoded = Metrics.counter(NAMESPACE, "reports_decoded")
 
-    def process(self, record: KafkaRecord) -> Iterator[Any]:
-        source = SourceRef(record.topic, record.partition, record.offset)
-        spec_id = None
-        try:
-            report = decode_record("Report", record.value)
-            spec_id = report["spec_id"]
-            spec = self._specs.get(spec_id)
-            if spec is None:
-                raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
-            if report["channel"] != 0:
-                raise ValueError(f"channel {report['channel']} does not exist for {spec.mechanism}")
-            if not report["client_id"]:
-                raise ValueError("report without client_id: the shuffler cannot authenticate it")
-            row = payload_from_avro(spec.randomizer, report["payload"])
-        except (WireFormatError, ValueError) as err:
-            self._dead.inc()
-            yield TaggedOutput(DEAD, dead_letter("shuffle", str(err), original=record.value, source=source,
-                                                 spec_id=spec_id))
-            return
-        self._decoded.inc()
-        yield ReportElement(spec_id, report["channel"], report["client_id"], report["event_time"], row, source,
-                            record.value)
+    def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
+        reports: list[ReportElement] = []
+        for record in element if isinstance(element, list) else [element]:
+            source = SourceRef(record.topic, record.partition, record.offset)
+            spec_id = None
+            try:
+                report = decode_record("Report", record.value)
+                spec_id = report["spec_id"]
+                spec = self._specs.get(spec_id)
+                if spec is None:
+                    raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
+                if report["channel"] != 0:
+                    raise ValueError(f"channel {report['channel']} does not exist for {spec.mechanism}")
+                if not report["client_id"]:
+                    raise ValueError("report without client_id: the shuffler cannot authenticate it")
+                row = payload_from_avro(spec.randomizer, report["payload"])
+            except (WireFormatError, ValueError) as err:
+                self._dead.inc()
+                yield TaggedOutput(DEAD, dead_letter("shuffle", str(err), original=record.value, source=source,
+                                                     spec_id=spec_id))
+                continue
+            reports.append(ReportElement(spec_id, report["channel"], report["client_id"], report["event_time"], row,
+                                         source, record.value))
+        self._decoded.inc(len(reports))
+        if reports:
+            yield reports
 
 
 class DecodeReports(beam.PTransform):
-    """KafkaRecords of Reports -> (ReportElements, dead letters)."""
+    """KafkaRecords (single or batched lists) of Reports -> (lists of ReportElements, dead letters)."""
 
     def __init__(self, specs: Sequence[AnalysisSpec]):
         super().__init__()

@@ -32,6 +32,7 @@ _log = logging.getLogger(__name__)
 
 CLIENT_ID = "esa-telemetry"
 _MAX_RECORDS = 100_000  # per poll: few large polls, not kafka-python's default of 500
+_BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
 Element = bytes | tuple[bytes | None, bytes]
 
 
@@ -189,21 +190,26 @@ def _read_range(consumer: KafkaConsumer, r: PartitionRange, stall_timeout_s: flo
 
 
 class _ReadPartitionRangeFn(beam.DoFn):
-    def __init__(self, bootstrap: str, consumer_config: Mapping[str, Any], stall_timeout_s: float) -> None:
+    def __init__(self, bootstrap: str, consumer_config: Mapping[str, Any], stall_timeout_s: float,
+                 batched: bool = False) -> None:
         self._bootstrap, self._config, self._stall_s = bootstrap, dict(consumer_config), stall_timeout_s
+        self._batched = batched
         self._read = Metrics.counter("esa", "kafka_records_read")
         self._consumer: KafkaConsumer | None = None
 
     def setup(self) -> None:
         self._consumer = _consumer(self._bootstrap, **self._config)
 
-    def process(self, r: PartitionRange) -> Iterator[KafkaRecord]:
+    def process(self, r: PartitionRange) -> Iterator[KafkaRecord | list[KafkaRecord]]:
         assert self._consumer is not None
         t0, n = time.monotonic(), 0
         for batch in _read_range(self._consumer, r, self._stall_s):
             n += len(batch)
             self._read.inc(len(batch))
-            yield from batch
+            for start in range(0, len(batch), _BATCH_ELEMENT) if self._batched else ():
+                yield batch[start:start + _BATCH_ELEMENT]
+            if not self._batched:
+                yield from batch
         if n:
             _log.info("read %d records of %s[%d] in %.2fs", n, r.topic, r.partition, time.monotonic() - t0)
 
@@ -217,13 +223,16 @@ class ReadFromKafkaBounded(beam.PTransform):
     """Reads a topic from the group's committed offsets to the end of log seen when the pipeline is built.
 
     Planning happens in `expand` (one instance = one application). Elements are `KafkaRecord`s with the
-    default timestamp; event time is assigned downstream. Call `commit_offsets()` (or `run_and_commit`)
+    default timestamp, or lists of up to 2,000 of them with ``batched=True`` (downstream stages then
+    work on whole batches); event time is assigned downstream. Call `commit_offsets()` (or `run_and_commit`)
     only after the pipeline succeeded.
     """
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, *,
-                 consumer_config: Mapping[str, Any] | None = None, stall_timeout_s: float = 30.0) -> None:
+                 consumer_config: Mapping[str, Any] | None = None, stall_timeout_s: float = 30.0,
+                 batched: bool = False) -> None:
         super().__init__()
+        self.batched = batched
         self.bootstrap, self.topic, self.group_id = bootstrap, topic, group_id
         self.consumer_config = dict(consumer_config or {})
         self.stall_timeout_s = stall_timeout_s
@@ -236,7 +245,7 @@ class ReadFromKafkaBounded(beam.PTransform):
                 | "Plan" >> beam.Create(self.plan)
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadPartitionRangeFn(self.bootstrap, self.consumer_config,
-                                                             self.stall_timeout_s)))
+                                                             self.stall_timeout_s, self.batched)))
 
     def commit_offsets(self) -> None:
         if self.plan is None:

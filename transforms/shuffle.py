@@ -2,11 +2,12 @@
 
 Per (window, spec, channel) crowd:
 
-1. reports are windowed on event time (FixedWindows, fire once at the watermark, no late or early
-   panes: a late pane would release a report alone, an early one a partial crowd);
-2. one report per (client, channel, window) is kept -- the earliest, by event time then Kafka offset,
-   so a retry keeps the same one -- and the rest are dead-lettered as duplicates (clients are grouped
-   by a stable hash bucket, so this costs a few keys per window, not one key per client);
+1. reports are windowed on event time (FixedWindows; one on-time pane at the watermark; no early panes,
+   which would release partial crowds). Late panes are never released: their reports are counted and
+   dead-lettered as late (reports later than the allowed lateness are dropped by Beam itself);
+2. one report per (client, channel, window) is kept -- the earliest, by event time then Kafka position,
+   so a retry keeps the same one -- and the rest are dead-lettered as duplicates. Clients are grouped
+   by a stable hash bucket, so this costs a few keys per window, not one key per client;
 3. identity is stripped: from here on a report is its payload alone, in lists under random sub-keys;
 4. the crowd threshold of 001 Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
    (two-sided geometric) Laplace; n - n_hat uniformly chosen reports are deleted, allotted to the
@@ -15,8 +16,11 @@ Per (window, spec, channel) crowd:
    change delta);
 5. each sub-crowd is permuted and emitted as ``ShuffledBatch``es stamped with the window end.
 
-``beam.Reshuffle`` is not used: it keeps timestamps and draws keys from ``random``. Counters in the
-``esa`` namespace account for every report: ``reports_valid`` = ``reports_deleted`` + released.
+All shuffler randomness (sub-keys, threshold noise, deletions, permutation) is a keyed PRF of the crowd
+under a secret shuffler key (OS entropy, or a seed in tests), so a retried or replayed bundle reproduces
+exactly the same release (DESIGN.md §6). ``beam.Reshuffle`` is not used: it keeps timestamps and draws
+keys from ``random``. Counters in the ``esa`` namespace account for every report:
+``reports_valid`` = ``reports_deleted`` + ``reports_released``.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import trigger, window
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import PaneInfoTiming
 
-from transforms.mechanisms.randomness import os_entropy_rng, seeded_rng
+from transforms.mechanisms.randomness import job_key_from_entropy, job_key_from_seed, keyed_generator, keyed_index
 from transforms.privacy.crowd import crowd_threshold
 from transforms.records import ReportElement, ShuffledBatch, dead_letter, rows_to_array
 from transforms.spec import AnalysisSpec
@@ -43,11 +49,6 @@ NAMESPACE = "esa"
 DEAD = "dead_letters"
 WITHHELD = -1  # decision for a crowd that releases nothing
 DEDUPE_BUCKETS = 64  # client-hash buckets per (window, channel) for deduplication
-
-
-def _rng(seed: int | None, salt: int) -> np.random.Generator:
-    """OS entropy in production; a seed (tests only) is mixed with a per-stage salt."""
-    return os_entropy_rng() if seed is None else seeded_rng(seed * 1_000_003 + salt)
 
 
 def discrete_laplace(rng: np.random.Generator, epsilon: float) -> int:
@@ -74,65 +75,99 @@ def client_bucket(client_id: str, buckets: int) -> int:
     return zlib.crc32(client_id.encode("utf-8")) % buckets
 
 
+def as_reports(element: ReportElement | list[ReportElement]) -> list[ReportElement]:
+    """Stages accept a batch (list) of reports or a single report."""
+    return element if isinstance(element, list) else [element]
+
+
+class BucketByWindowFn(beam.DoFn):
+    """A batch of reports -> one timestamped list per (window, channel, client bucket).
+
+    Grouping before the windowed GroupByKey keeps elements batched: every list lies in a single window
+    (it carries the earliest event time of its reports), so Beam's window assignment and lateness rules
+    apply to it exactly as to its reports.
+    """
+
+    def __init__(self, window_ms: int):
+        self._window_ms = window_ms
+
+    def process(self, element: ReportElement | list[ReportElement]) -> Iterator[window.TimestampedValue]:
+        groups: dict[tuple[int, int, int], list[ReportElement]] = {}
+        for report in as_reports(element):
+            start = report.event_time_ms - report.event_time_ms % self._window_ms
+            key = (start, report.channel, client_bucket(report.client_id, DEDUPE_BUCKETS))
+            groups.setdefault(key, []).append(report)
+        for (_, channel, bucket), reports in groups.items():
+            first = min(r.event_time_ms for r in reports)
+            yield window.TimestampedValue(((channel, bucket), reports), Timestamp(micros=first * 1000))
+
+
 class DedupeAndStripFn(beam.DoFn):
-    """((channel, bucket), reports) -> ((channel, random sub-key), [payload rows]) + duplicate dead letters.
+    """((channel, bucket), [report lists]) -> ((channel, sub-key), [payload rows]) + dead letters.
 
     Keeps each client's first ``quota`` reports (earliest event time, then Kafka position, so a retry
     keeps the same ones), counts distinct clients, and strips identity: what leaves is payloads only,
-    scattered over random sub-keys.
+    scattered over sub-keys drawn by a keyed PRF of (client, window). Late panes release nothing.
     """
 
-    def __init__(self, quota: int, subkeys: int, seed: int | None):
-        self._quota, self._subkeys, self._seed = quota, subkeys, seed
-        self._rng: np.random.Generator | None = None
+    def __init__(self, spec: AnalysisSpec, key: bytes):
+        self._spec_id, self._quota = spec.spec_id, spec.max_reports_per_client
+        self._subkeys, self._key = spec.crowd.subkeys, key
         self._valid = Metrics.counter(NAMESPACE, "reports_valid")
         self._clients = Metrics.counter(NAMESPACE, "distinct_clients")
+        self._late = Metrics.counter(NAMESPACE, "reports_late")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
 
-    def setup(self) -> None:
-        self._rng = _rng(self._seed, 1)
+    def _reject(self, report: ReportElement, reason: str) -> TaggedOutput:
+        self._dead.inc()
+        return TaggedOutput(DEAD, dead_letter("shuffle", reason, original=report.original, source=report.source,
+                                              spec_id=report.spec_id))
 
-    def process(self, keyed: tuple[tuple[int, int], Iterable[ReportElement]]) -> Iterator[Any]:
-        (channel, _), reports = keyed
+    def process(self, keyed: tuple[tuple[int, int], Iterable[list[ReportElement]]],
+                win: window.BoundedWindow = beam.DoFn.WindowParam,
+                pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
+        (channel, _), lists = keyed
+        late = pane.timing == PaneInfoTiming.LATE
         by_client: dict[str, list[ReportElement]] = {}
-        for report in reports:
-            by_client.setdefault(report.client_id, []).append(report)
-        kept: list[tuple] = []
+        for report in (r for batch in lists for r in batch):
+            if late:
+                self._late.inc()
+                yield self._reject(report, f"late: arrived after its window (ending {win.end.micros // 1000}) closed")
+            elif report.spec_id != self._spec_id:
+                yield self._reject(report, f"report for spec {report.spec_id} reached the shuffler of {self._spec_id}")
+            else:
+                by_client.setdefault(report.client_id, []).append(report)
+        kept: dict[int, list[tuple]] = {}
         for client, mine in by_client.items():
             if len(mine) > 1:
                 mine.sort(key=lambda r: (r.event_time_ms, r.source or ("", -1, -1)))
-            kept.extend(r.payload for r in mine[:self._quota])
+            subkey = keyed_index(self._key, f"{win.start.micros}/{channel}/{client}", self._subkeys)
+            kept.setdefault(subkey, []).extend(r.payload for r in mine[:self._quota])
             for dup in mine[self._quota:]:
-                self._dead.inc()
-                yield TaggedOutput(DEAD, dead_letter(
-                    "shuffle", f"duplicate: client {client} already sent {self._quota} report(s) on channel "
-                    f"{channel} in this window", original=dup.original, source=dup.source, spec_id=dup.spec_id))
+                yield self._reject(dup, f"duplicate: client {client} already sent {self._quota} report(s) on "
+                                        f"channel {channel} in this window")
         self._clients.inc(len(by_client))
-        self._valid.inc(len(kept))
-        subkeys = self._rng.integers(self._subkeys, size=len(kept))
-        for key in np.unique(subkeys).tolist():
-            yield (channel, key), [kept[i] for i in np.flatnonzero(subkeys == key)]
+        self._valid.inc(sum(len(rows) for rows in kept.values()))
+        for subkey, rows in kept.items():
+            yield (channel, subkey), rows
 
 
 class CrowdThresholdFn(beam.DoFn):
     """(channel, [(sub-key, count)]) -> ((channel, sub-key), reports to delete, or WITHHELD)."""
 
-    def __init__(self, spec: AnalysisSpec, seed: int | None):
-        self._crowd, self._spec_id, self._seed = spec.crowd, spec.spec_id, seed
-        self._rng: np.random.Generator | None = None
+    def __init__(self, spec: AnalysisSpec, key: bytes):
+        self._crowd, self._spec_id, self._key = spec.crowd, spec.spec_id, key
         self._released = Metrics.counter(NAMESPACE, "crowds_released")
         self._suppressed = Metrics.counter(NAMESPACE, "crowds_suppressed")
         self._aborted = Metrics.counter(NAMESPACE, "crowds_aborted")
-
-    def setup(self) -> None:
-        self._rng = _rng(self._seed, 2)
 
     def process(self, keyed: tuple[int, Iterable[tuple[int, int]]],
                 win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[tuple[tuple[int, int], int]]:
         channel, parts = keyed
         subkeys, counts = zip(*sorted(parts), strict=True)
         n = int(sum(counts))
-        n_hat = noisy_crowd_target(n, discrete_laplace(self._rng, self._crowd.epsilon),
+        rng = keyed_generator(self._key, "threshold", self._spec_id, channel, win.start.micros)
+        n_hat = noisy_crowd_target(n, discrete_laplace(rng, self._crowd.epsilon),
                                    crowd_threshold(self._crowd.epsilon, self._crowd.delta))
         if n_hat > n or n_hat == 0:
             # Both outcomes release nothing; only the shuffler's own log and counters know why.
@@ -143,7 +178,7 @@ class CrowdThresholdFn(beam.DoFn):
                 yield (channel, key), WITHHELD
             return
         self._released.inc()
-        deletions = self._rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), n - n_hat)
+        deletions = rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), n - n_hat)
         for key, d in zip(subkeys, deletions.tolist(), strict=True):
             yield (channel, key), int(d)
 
@@ -151,19 +186,15 @@ class CrowdThresholdFn(beam.DoFn):
 class ReleaseFn(beam.DoFn):
     """Join a sub-crowd with its decision: delete, permute, emit batches stamped with the window end."""
 
-    def __init__(self, spec: AnalysisSpec, batch_size: int, seed: int | None):
-        self._spec, self._batch_size, self._seed = spec, batch_size, seed
-        self._rng: np.random.Generator | None = None
+    def __init__(self, spec: AnalysisSpec, batch_size: int, key: bytes):
+        self._spec, self._batch_size, self._key = spec, batch_size, key
         self._deleted = Metrics.counter(NAMESPACE, "reports_deleted")
         self._released = Metrics.counter(NAMESPACE, "reports_released")
 
-    def setup(self) -> None:
-        self._rng = _rng(self._seed, 3)
-
     def process(self, keyed: tuple[tuple[int, int], dict[str, list]],
                 win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[window.TimestampedValue]:
-        (channel, _), joined = keyed
-        rows = [row for part in joined["reports"] for row in part]
+        (channel, subkey), joined = keyed
+        rows = sorted(row for part in joined["reports"] for row in part)  # canonical order: GBK order is not
         decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
@@ -171,46 +202,46 @@ class ReleaseFn(beam.DoFn):
         if decision == WITHHELD:
             self._deleted.inc(len(rows))
             return
-        order = self._rng.permutation(len(rows))[decision:]  # one draw: which survive, and their order
+        rng = keyed_generator(self._key, "release", self._spec.spec_id, channel, subkey, win.start.micros)
+        order = rng.permutation(len(rows))[decision:]  # one draw: which survive, and their order
         self._deleted.inc(decision)
         self._released.inc(len(order))
         window_end_ms = win.end.micros // 1000
-        deleted = decision if self._spec.crowd.publish_deletions else None
-        if not len(order) and deleted is None:
+        published = self._spec.crowd.publish_deletions
+        if not len(order) and not published:
             return
         for start in range(0, max(len(order), 1), self._batch_size):
             batch = rows_to_array(self._spec.randomizer, [rows[i] for i in order[start:start + self._batch_size]])
-            yield window.TimestampedValue(
-                ShuffledBatch(self._spec.spec_id, channel, window_end_ms, batch, deleted if start == 0 else 0),
-                win.max_timestamp())
+            deleted = (decision if start == 0 else 0) if published else None
+            yield window.TimestampedValue(ShuffledBatch(self._spec.spec_id, channel, window_end_ms, batch, deleted),
+                                          win.max_timestamp())
 
 
 class Shuffle(beam.PTransform):
-    """ReportElements of one spec -> (ShuffledBatches, dead letters). See the module docstring."""
+    """ReportElements (or lists of them) of one spec -> (ShuffledBatches, dead letters). See the module doc."""
 
     def __init__(self, spec: AnalysisSpec, *, batch_size: int = 4096, seed: int | None = None):
         super().__init__()
-        self._spec, self._batch_size, self._seed = spec, batch_size, seed
+        self._spec, self._batch_size = spec, batch_size
         if seed is not None:
             LOG.warning("shuffler randomness seeded (%d): for tests and simulations only", seed)
+        self._key = job_key_from_seed(seed + 0x5EED) if seed is not None else job_key_from_entropy()
 
     def expand(self, reports: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         spec = self._spec
         windowed = (
             reports
-            | "EventTime" >> beam.Map(lambda r: window.TimestampedValue(r, r.event_time_ms / 1000.0))
+            | "BucketByWindow" >> beam.ParDo(BucketByWindowFn(spec.window_seconds * 1000))
             | "FixedWindows" >> beam.WindowInto(
                 window.FixedWindows(spec.window_seconds),
-                trigger=trigger.AfterWatermark(),
-                allowed_lateness=0,
+                trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+                allowed_lateness=spec.allowed_lateness_seconds,
                 accumulation_mode=trigger.AccumulationMode.DISCARDING)
         )
         deduped = (
             windowed
-            | "KeyByClientBucket" >> beam.Map(lambda r: ((r.channel, client_bucket(r.client_id, DEDUPE_BUCKETS)), r))
             | "GroupByClientBucket" >> beam.GroupByKey()
-            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(spec.max_reports_per_client, spec.crowd.subkeys,
-                                                              self._seed)).with_outputs(DEAD, main="kept")
+            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(spec, self._key)).with_outputs(DEAD, main="kept")
         )
         stripped = deduped.kept
         decisions = (
@@ -219,12 +250,12 @@ class Shuffle(beam.PTransform):
             | "SubcrowdSizes" >> beam.CombinePerKey(sum)
             | "KeyByCrowd" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupCrowd" >> beam.GroupByKey()
-            | "Threshold" >> beam.ParDo(CrowdThresholdFn(spec, self._seed))
+            | "Threshold" >> beam.ParDo(CrowdThresholdFn(spec, self._key))
         )
         released = (
             {"reports": stripped, "decision": decisions}
             | "JoinDecisions" >> beam.CoGroupByKey()
-            | "DeleteAndPermute" >> beam.ParDo(ReleaseFn(spec, self._batch_size, self._seed))
+            | "DeleteAndPermute" >> beam.ParDo(ReleaseFn(spec, self._batch_size, self._key))
         )
         # Dead letters leave the event-time windows so they can be merged with those of other stages.
         dead = deduped[DEAD] | "DeadLettersGlobal" >> beam.WindowInto(window.GlobalWindows())

@@ -25,8 +25,19 @@ from transforms.mechanisms.base import Mechanism
 from transforms.mechanisms.frequency import FREQUENCY_MECHANISMS, make_frequency_mechanism
 
 KINDS = ("histogram",)
-DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "app_language.toml"
 _MECHANISM_PARAMS = {"grr": set(), "oue": set(), "olh": {"g", "seed_family"}}
+# Every table and key a spec may hold: anything else is a typo that must stop the job, not be ignored.
+# ([mechanism] keys are checked against the chosen mechanism's own parameters in _check_mechanism.)
+KNOWN_FIELDS: dict[str, set[str] | None] = {
+    "analysis": {"name", "kind", "metric"},
+    "domain": {"categories", "size"},
+    "mechanism": None,
+    "window": {"size_seconds", "allowed_lateness_seconds"},
+    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions"},
+    "privacy": {"delta"},
+    "clients": {"max_reports_per_window"},
+}
+DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "app_language.toml"
 
 
 class SpecError(ValueError):
@@ -56,6 +67,8 @@ class AnalysisSpec:
     epsilon: float
     mechanism_params: tuple[tuple[str, Any], ...] = ()
     window_seconds: int = 3600
+    # Reports up to this late are dead-lettered as "late" (never released); later ones are dropped by Beam.
+    allowed_lateness_seconds: int = 86400
     crowd: CrowdSpec = field(default_factory=CrowdSpec)
     delta: float = 1e-6
     max_reports_per_client: int = 1
@@ -88,6 +101,7 @@ class AnalysisSpec:
         if epsilon is not None:
             changes["epsilon"] = float(epsilon)
         spec = dataclasses.replace(self, **changes)
+        _check_numbers(spec, _Reader({}, "<override>"))
         _check_mechanism(spec, "<override>")
         return spec
 
@@ -107,6 +121,7 @@ def load_spec(path: str | Path) -> AnalysisSpec:
 def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
     """Validate a parsed TOML document (tables analysis, domain, mechanism, window, crowd, privacy)."""
     reader = _Reader(raw, source)
+    _check_known_fields(raw, source)
     kind = reader.get("analysis", "kind", str, "histogram")
     if kind not in KINDS:
         reader.fail("analysis", "kind", f"must be one of {', '.join(KINDS)} (got {kind!r})")
@@ -133,6 +148,7 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         epsilon=float(epsilon),
         mechanism_params=params,
         window_seconds=reader.get("window", "size_seconds", int, 3600),
+        allowed_lateness_seconds=reader.get("window", "allowed_lateness_seconds", int, 86400),
         crowd=dataclasses.replace(crowd, epsilon=float(crowd.epsilon), delta=float(crowd.delta)),
         delta=float(reader.get("privacy", "delta", (int, float), 1e-6)),
         max_reports_per_client=reader.get("clients", "max_reports_per_window", int, 1),
@@ -140,6 +156,18 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
     _check_numbers(spec, reader)
     _check_mechanism(spec, source)
     return spec
+
+
+def _check_known_fields(raw: dict[str, Any], source: str) -> None:
+    for table, values in raw.items():
+        if table not in KNOWN_FIELDS:
+            raise SpecError(f"{source}: [{table}] is not a known table (known: {', '.join(KNOWN_FIELDS)})")
+        allowed = KNOWN_FIELDS[table]
+        if allowed is None or not isinstance(values, dict):
+            continue
+        for key in values:
+            if key not in allowed:
+                raise SpecError(f"{source}: [{table}] {key} is not a known field (known: {', '.join(sorted(allowed))})")
 
 
 def _categories(reader: _Reader) -> tuple[str, ...]:
@@ -163,6 +191,8 @@ def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
     checks = [
         ("mechanism", "epsilon", spec.epsilon, 0 < spec.epsilon <= 30, "must be in (0, 30]"),
         ("window", "size_seconds", spec.window_seconds, spec.window_seconds >= 1, "must be >= 1"),
+        ("window", "allowed_lateness_seconds", spec.allowed_lateness_seconds, spec.allowed_lateness_seconds >= 0,
+         "must be >= 0"),
         ("crowd", "epsilon", spec.crowd.epsilon, 0 < spec.crowd.epsilon <= 30, "must be in (0, 30]"),
         ("crowd", "delta", spec.crowd.delta, 0 < spec.crowd.delta < 1, "must be in (0, 1)"),
         ("crowd", "subkeys", spec.crowd.subkeys, 1 <= spec.crowd.subkeys <= 4096, "must be in [1, 4096]"),

@@ -49,12 +49,15 @@ class PipelineRun(NamedTuple):
 
 
 class _Observe(beam.DoFn):
+    """Records every output value; the encode stages emit batches (lists), observed report by report."""
+
     def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
                 win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
-        if isinstance(win, window.GlobalWindow):
-            yield Observed(element, ts.micros, None, None)
-        else:
-            yield Observed(element, ts.micros, win.start.micros, win.end.micros)
+        for value in element if isinstance(element, list) else [element]:
+            if isinstance(win, window.GlobalWindow):
+                yield Observed(value, ts.micros, None, None)
+            else:
+                yield Observed(value, ts.micros, win.start.micros, win.end.micros)
 
 
 def _dump(elements: list[Observed], path: str) -> None:
@@ -278,14 +281,15 @@ def test_batch_boundaries_do_not_change_payloads_in_the_dofn() -> None:
     # The DoFn itself, called directly on differently cut batches of the same events (no runner involved).
     decode = DecodeEventsFn(SPECS)
     decode.setup()
-    events = [e for r in REPRO_EVENTS for e in decode.process(r)]
+    events = [e for r in REPRO_EVENTS for batch in decode.process(r) for e in batch]
     encode = EncodeBatchFn(SPECS, JOB_KEY)
 
     def payloads(cuts: list[int]) -> dict[int, tuple]:
         out: dict[int, tuple] = {}
         for lo, hi in itertools.pairwise([0, *cuts, len(events)]):
-            for report in encode.process(events[lo:hi]):
-                out[report.source.offset] = report.payload
+            for batch in encode.process(events[lo:hi]):
+                for report in batch:
+                    out[report.source.offset] = report.payload
         return out
 
     whole = payloads([])

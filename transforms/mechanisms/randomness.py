@@ -73,6 +73,23 @@ def job_key_from_seed(seed: int) -> bytes:
     return hashlib.blake2b(data, digest_size=16, person=b"esa-job-key").digest()
 
 
+def keyed_generator(key: bytes, *parts: str | int) -> np.random.Generator:
+    """A numpy Generator (Philox) whose stream is a keyed PRF (BLAKE2b) of ``parts``.
+
+    The shuffler draws from these: the same crowd or sub-crowd gets the same stream on a Beam retry or a
+    Flink replay (so a replay cannot release a second, differently noised version of a crowd), while
+    nobody without the secret key can predict it.
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), key=key, digest_size=16, person=b"esa-keyed-gen").digest()
+    return np.random.Generator(np.random.Philox(key=int.from_bytes(digest, "little")))
+
+
+def keyed_index(key: bytes, text: str, modulus: int) -> int:
+    """A keyed-PRF index of ``text`` in [0, modulus): a stable, unpredictable assignment."""
+    digest = hashlib.blake2b(text.encode(), key=key, digest_size=8, person=b"esa-keyed-idx").digest()
+    return int.from_bytes(digest, "little") % modulus
+
+
 def _rotl(x: np.ndarray, b: int) -> np.ndarray:
     return (x << _U64(b)) | (x >> _U64(64 - b))
 
