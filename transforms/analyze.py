@@ -14,6 +14,7 @@ publishing it next to ``n_reports`` would reveal the exact crowd size that the r
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -74,11 +75,24 @@ class FrequencyCombineFn(beam.CombineFn):
         return accumulator
 
 
-def central_epsilon(mechanism: Mechanism, n: int, delta: float) -> float:
-    """Tight shuffle bound (MECHANISMS.md §1.6) for n shuffled reports; no amplification below 2."""
+def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1) -> float:
+    """Central epsilon of n shuffled reports at total ``delta`` (MECHANISMS.md §1.6; no amplification below 2).
+
+    With up to k reports per client, a neighbouring dataset changes k reports: the single-report bound
+    is computed at delta' = delta / sum_{i<k} e^{i eps_local} and chained over k (§1.8), which keeps the
+    total delta within ``delta`` because the per-report central epsilon never exceeds eps_local.
+    """
+    k = reports_per_client
+    eps_local = float(mechanism.epsilon_local)
     if n < 2:
-        return float(mechanism.epsilon_local)
-    return float(epsilon_central(n, mechanism.mixture_alpha, mechanism.epsilon_local, delta))
+        return k * eps_local
+    if k == 1:
+        return float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta))
+    spread = math.expm1(k * eps_local) / math.expm1(eps_local) if k * eps_local < 700 else math.inf
+    delta_per_report = delta / spread  # sum_{i<k} e^{i eps_local} >= sum_{i<k} e^{i eps_c}
+    if delta_per_report < 1e-300:
+        return k * eps_local  # nothing certifiable: the plain composition of the local guarantees
+    return k * float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta_per_report))
 
 
 def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: CrowdAccumulator, window_start_ms: int,
@@ -86,7 +100,8 @@ def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: CrowdAccumulato
     """Decode one crowd's accumulator into Estimate records (schemas/Estimate.avsc), one per item."""
     mechanism = spec.randomizer
     result = accumulator.counts.estimate()
-    eps_c = central_epsilon(mechanism, result.n, spec.delta)
+    k = spec.max_reports_per_client
+    eps_c = central_epsilon(mechanism, result.n, spec.delta, k)
     parameters = json.dumps(mechanism.parameters(), sort_keys=True)
     common = {
         "schema_version": SCHEMA_VERSION,
@@ -97,7 +112,7 @@ def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: CrowdAccumulato
         "channel": channel,
         "n_reports": int(result.n),
         "n_deleted": accumulator.deleted,
-        "eps_local": float(mechanism.epsilon_local),
+        "eps_local": k * float(mechanism.epsilon_local),  # a client's k reports compose
         "eps_central": eps_c,
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
@@ -128,6 +143,13 @@ class EstimateRowsFn(beam.DoFn):
                                  win.end.micros // 1000)
 
 
+def _key_by_crowd(batch: ShuffledBatch, spec_id: str) -> tuple[tuple[str, int], ShuffledBatch]:
+    """Key a batch by its crowd, refusing batches of another spec (they would be decoded with wrong params)."""
+    if batch.spec_id != spec_id:
+        raise ValueError(f"a batch of spec {batch.spec_id} reached the analyzer of {spec_id}")
+    return (batch.spec_id, batch.channel), batch
+
+
 class Analyze(beam.PTransform):
     """ShuffledBatches of one spec -> Estimate records, per window and channel."""
 
@@ -138,7 +160,7 @@ class Analyze(beam.PTransform):
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
         return (
             batches
-            | "KeyByCrowd" >> beam.Map(lambda b: ((b.spec_id, b.channel), b))
+            | "KeyByCrowd" >> beam.Map(_key_by_crowd, self._spec.spec_id)
             | "Accumulate" >> beam.CombinePerKey(FrequencyCombineFn(self._spec.randomizer))
             | "Estimates" >> beam.ParDo(EstimateRowsFn(self._spec))
         )

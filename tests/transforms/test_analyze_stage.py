@@ -28,7 +28,9 @@ from apache_beam.utils.timestamp import Timestamp
 from fastavro.validation import validate
 
 from schemas import load_schema
-from transforms.analyze import Analyze, FrequencyCombineFn, estimate_rows
+from transforms.analyze import Analyze, FrequencyCombineFn, _key_by_crowd, central_epsilon, estimate_rows
+from transforms.mechanisms.frequency import GRR
+from transforms.privacy.composition import chain_composition
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.records import ReportElement, ShuffledBatch, SourceRef, array_to_rows, dead_letter
 from transforms.shuffle import Shuffle
@@ -376,3 +378,26 @@ def test_write_avro_file_writes_dead_letters_fastavro_can_read(tmp_path: Path) -
         assert reader.writer_schema["name"] == "esa.telemetry.DeadLetter"
         back = list(reader)
     assert sorted(back, key=lambda d: d["reason"]) == sorted(letters, key=lambda d: d["reason"])
+
+
+# --- ledger with several reports per client ---------------------------------------------------------------
+
+def test_several_reports_per_client_compose_in_the_ledger() -> None:
+    """k reports per client: k times the single-report bound at delta / sum_{i<k} e^{i eps}, total delta kept."""
+    mech, n, delta = GRR(16, 1.5), 20_000, 1e-6
+    one = central_epsilon(mech, n, delta, 1)
+    assert one == pytest.approx(epsilon_central(n, mech.mixture_alpha, 1.5, delta))
+    for k in (2, 3):
+        spread = sum(math.exp(i * 1.5) for i in range(k))
+        per_report = epsilon_central(n, mech.mixture_alpha, 1.5, delta / spread)
+        eps_k, delta_k = chain_composition(per_report, delta / spread, k)
+        assert central_epsilon(mech, n, delta, k) == pytest.approx(eps_k)
+        assert delta_k <= delta
+        assert one < central_epsilon(mech, n, delta, k) <= k * 1.5
+    assert central_epsilon(mech, 1, delta, 3) == 3 * 1.5
+
+
+def test_analyze_refuses_a_batch_of_another_spec() -> None:
+    batch = ShuffledBatch("other@000000000000", 0, 0, np.zeros(0, dtype=[("value", "<i8")]))
+    with pytest.raises(ValueError, match="reached the analyzer"):
+        _key_by_crowd(batch, "mine@111111111111")
