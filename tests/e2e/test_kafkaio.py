@@ -189,3 +189,19 @@ def test_run_broker_forever_serves_until_sigint() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_batched_read_yields_lists_covering_every_record_once(broker: LocalBroker, topic_name: str) -> None:
+    """batched=True (what the end-to-end pipeline uses): lists of at most 2,000 records, none lost or repeated."""
+    bootstrap = broker.bootstrap
+    ensure_topics(bootstrap, [topic_name], partitions=2)
+    produce_records(bootstrap, topic_name, [b"b%05d" % i for i in range(5_000)])
+    truth = _triples(read_topic(bootstrap, topic_name))
+    reader = ReadFromKafkaBounded(bootstrap, topic_name, f"{topic_name}-job", batched=True)
+    p = _pipeline()
+    batches = p | reader
+    sizes_ok = batches | "SizesOk" >> beam.Map(lambda b: isinstance(b, list) and 0 < len(b) <= 2_000)
+    assert_that(sizes_ok | beam.Distinct(), equal_to([True]), label="AllLists")
+    flat = batches | beam.FlatMap(lambda b: [(r.partition, r.offset, r.value) for r in b])
+    assert_that(flat, equal_to(truth), label="EveryRecordOnce")
+    assert _counter(run_and_commit(p, reader), "kafka_records_read") == 5_000
