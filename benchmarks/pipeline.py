@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipelines.broker import LocalBroker
-from pipelines.end_to_end import EndToEndConfig, run
+from pipelines.end_to_end import run
+from pipelines.job import JobConfig
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
 from transforms.spec import DEFAULT_SPEC, load_spec
@@ -45,7 +46,7 @@ def main() -> None:
                 produce_population(broker.bootstrap, spec, population, **topics)
                 produce_rates.append(args.clients / (time.perf_counter() - t0))
                 out = Path(tmp) / f"{mechanism}-{r}"
-                summary = run(EndToEndConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out,
+                summary = run(JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out,
                                              group_id=f"bench-{mechanism}-{r}", **topics))
                 run_rates.append(args.clients / summary.seconds)
                 seconds.append(summary.seconds)

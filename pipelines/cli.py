@@ -12,6 +12,12 @@ from pathlib import Path
 LOG = logging.getLogger("esa")
 # Kept literal so that `esa privacy` does not pay for importing Beam, pyarrow or the mechanisms.
 DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "app_language.toml"
+BEAM_JOBS = {
+    "run": "the whole chain in one pipeline: raw (and reports) topic -> estimates",
+    "encode": "encode job: raw topic -> reports topic",
+    "shuffle": "shuffle job: reports topic -> shuffled topic",
+    "analyze": "analyze job: shuffled topic -> estimates",
+}
 
 
 def _positive_int(text: str) -> int:
@@ -52,8 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
     sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
-    sub.add_parser("run", help="end-to-end pipeline (Beam flags: --spec F --kafka_bootstrap H:P "
-                   "--output_dir D ...)", add_help=False)
+    for name, what in BEAM_JOBS.items():
+        sub.add_parser(name, help=f"{what} (Beam-style flags: --spec F --kafka_bootstrap H:P --output_dir D ...)",
+                       add_help=False)
 
     demo = sub.add_parser("demo", help="embedded broker + simulation + pipeline + summary + plot")
     demo.add_argument("--clients", type=_positive_int, default=50_000)
@@ -98,11 +105,12 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(argv: Sequence[str]) -> int:
-    from pipelines.end_to_end import run_from_argv
+def _run_job(command: str, argv: Sequence[str]) -> int:
+    import importlib
 
-    summary = run_from_argv(argv)
-    print(json.dumps({"accounting": summary.accounting, "balanced": summary.balanced,
+    module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
+    summary = module.run_from_argv(argv)
+    print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
                       "estimates": str(summary.estimates_path), "dead_letters": str(summary.dead_letters_path)}))
     return 0 if summary.balanced else 3
 
@@ -117,8 +125,8 @@ def _privacy(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:  # Beam owns the flags of `esa run`
-        args = argparse.Namespace(command="run", verbose="-v" in argv)
+    if argv[:1] and argv[0] in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs
+        args = argparse.Namespace(command=argv[0], verbose="-v" in argv)
     else:
         args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -132,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_broker_forever(args.port)
         if args.command == "simulate":
             return _simulate(args)
-        if args.command == "run":
-            return _run([a for a in argv[1:] if a != "-v"])
+        if args.command in BEAM_JOBS:
+            return _run_job(args.command, [a for a in argv[1:] if a != "-v"])
         if args.command == "privacy":
             return _privacy(args)
         from pipelines.demo import run_demo

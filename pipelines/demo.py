@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.broker import LocalBroker
-from pipelines.end_to_end import EndToEndConfig, RunSummary, run
+from pipelines.end_to_end import run
+from pipelines.job import JobConfig, RunSummary
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
 from transforms.spec import DEFAULT_SPEC, AnalysisSpec, load_spec
@@ -179,7 +180,7 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
                            bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"))
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",
               file=sys.stderr, flush=True)
-        config = EndToEndConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out, raw_topic=raw_topic,
+        config = JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out, raw_topic=raw_topic,
                                 reports_topic=reports_topic, group_id=f"esa-demo-{run_id}", seed=seed)
         with heartbeat("pipeline running"):
             summary = run(config)

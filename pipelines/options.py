@@ -15,6 +15,8 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--raw_topic", default="telemetry", help="topic of TelemetryEvent records")
         parser.add_argument("--reports_topic", default="reports",
                             help="topic of device-encoded Report records ('' to skip)")
+        parser.add_argument("--shuffled_topic", default="shuffled",
+                            help="topic of ShuffledReport records between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",
                             help="consumer group whose committed offsets bound the read")
         parser.add_argument("--dead_letter_topic", default="", help="also publish dead letters here ('' = off)")

@@ -15,21 +15,25 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import window
+from apache_beam.utils.timestamp import Timestamp
 
-from schemas import SCHEMA_VERSION
+from schemas import SCHEMA_VERSION, WireFormatError, decode_record
+from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import Accumulator, Mechanism
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.records import ShuffledBatch
+from transforms.records import ShuffledBatch, SourceRef, dead_letter, payload_from_avro, rows_to_array
 from transforms.spec import AnalysisSpec
 
 NAMESPACE = "esa"
+DEAD = "dead_letters"
 
 
 @dataclass
@@ -164,3 +168,42 @@ class Analyze(beam.PTransform):
             | "Accumulate" >> beam.CombinePerKey(FrequencyCombineFn(self._spec.randomizer))
             | "Estimates" >> beam.ParDo(EstimateRowsFn(self._spec))
         )
+
+
+class DecodeShuffledFn(beam.DoFn):
+    """KafkaRecords of ShuffledReports -> one ShuffledBatch per (spec, channel, window) of each input batch.
+
+    For the standalone analyze job, which reads what the shuffle job released. Each batch is stamped
+    just inside its window, so re-windowing puts it back in the crowd it was released from; a record of
+    an unknown spec, a window end that is not a window boundary of its spec, or a payload outside the
+    mechanism's domain is dead-lettered.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec]):
+        self._specs = {s.spec_id: s for s in specs}
+        self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
+
+    def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
+        groups: dict[tuple[str, int, int], list[tuple]] = {}
+        for record in element if isinstance(element, list) else [element]:
+            spec_id = None
+            try:
+                shuffled = decode_record("ShuffledReport", record.value)
+                spec_id, channel, end = shuffled["spec_id"], shuffled["channel"], shuffled["window_end"]
+                spec = self._specs.get(spec_id)
+                if spec is None:
+                    raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
+                if end % (spec.window_seconds * 1000):
+                    raise ValueError(f"window_end {end} is not the end of a {spec.window_seconds} s window")
+                if channel != 0:
+                    raise ValueError(f"channel {channel} does not exist for {spec.mechanism}")
+                row = payload_from_avro(spec.randomizer, shuffled["payload"])
+            except (WireFormatError, ValueError) as err:
+                self._dead.inc()
+                yield TaggedOutput(DEAD, dead_letter("analyze", str(err), original=record.value, spec_id=spec_id,
+                                                     source=SourceRef(record.topic, record.partition, record.offset)))
+                continue
+            groups.setdefault((spec_id, channel, end), []).append(row)
+        for (spec_id, channel, end), rows in groups.items():
+            batch = ShuffledBatch(spec_id, channel, end, rows_to_array(self._specs[spec_id].randomizer, rows))
+            yield window.TimestampedValue(batch, Timestamp(micros=end * 1000 - 1))

@@ -141,3 +141,17 @@ def array_to_rows(reports: np.ndarray) -> list[PayloadRow]:
         else:
             columns.append(col.tolist())
     return list(zip(*columns, strict=True))
+
+
+def report_record(mechanism: Mechanism, report: ReportElement) -> dict[str, Any]:
+    """A Report record (schemas/Report.avsc) of a randomized report, as a device would send it."""
+    return {"schema_version": SCHEMA_VERSION, "spec_id": report.spec_id, "channel": report.channel,
+            "client_id": report.client_id, "event_time": report.event_time_ms,
+            "payload": payload_to_avro(mechanism, report.payload)}
+
+
+def shuffled_records(mechanism: Mechanism, batch: ShuffledBatch) -> list[dict[str, Any]]:
+    """ShuffledReport records of a released batch, in its (random) order: no client, no key, no time."""
+    common = {"schema_version": SCHEMA_VERSION, "spec_id": batch.spec_id, "channel": batch.channel,
+              "window_end": batch.window_end_ms}
+    return [{**common, "payload": payload_to_avro(mechanism, row)} for row in array_to_rows(batch.reports)]

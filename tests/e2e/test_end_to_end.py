@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.end_to_end import EndToEndConfig, run
+from pipelines.end_to_end import run
+from pipelines.job import JobConfig
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
 from transforms.kafkaio import plan_bounded_read
@@ -42,7 +43,7 @@ def first_run(request: pytest.FixtureRequest, broker, tmp_path_factory: pytest.T
     population = synthesize(spec, N_CLIENTS, seed=11)
     topics = {"raw_topic": f"raw-{request.param}-{id(spec)}", "reports_topic": f"rep-{request.param}-{id(spec)}"}
     produced = produce_population(broker.bootstrap, spec, population, bad_per_kind=BAD_PER_KIND, seed=11, **topics)
-    config = EndToEndConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=tmp_path_factory.mktemp("run1"),
+    config = JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=tmp_path_factory.mktemp("run1"),
                             group_id=f"g-{request.param}-{id(spec)}", seed=5, **topics)
     return spec, population, produced, config, run(config)
 
@@ -99,7 +100,7 @@ def test_offsets_committed_and_second_run_reads_nothing(first_run, broker, tmp_p
     for topic in (config.raw_topic, config.reports_topic):
         plan = plan_bounded_read(broker.bootstrap, topic, config.group_id)
         assert plan and all(r.start == r.stop for r in plan), plan
-    again = run(EndToEndConfig(**{**config.__dict__, "out_dir": tmp_path}))
+    again = run(JobConfig(**{**config.__dict__, "out_dir": tmp_path}))
     assert again.accounting["read"] == 0
     assert pq.read_table(again.estimates_path).num_rows == 0
 
@@ -110,7 +111,7 @@ def test_deletions_published_only_when_the_spec_allows(broker, tmp_path: Path) -
     population = synthesize(spec, 2000, windows=2, seed=4)
     topics = {"raw_topic": f"raw-pub-{tmp_path.name}", "reports_topic": f"rep-pub-{tmp_path.name}"}
     produce_population(broker.bootstrap, spec, population, **topics)
-    summary = run(EndToEndConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=tmp_path,
+    summary = run(JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=tmp_path,
                                  group_id=f"g-pub-{tmp_path.name}", seed=8, **topics))
     est = pq.read_table(summary.estimates_path).to_pydict()
     per_window = {w: d for w, d in zip(est["window_start"], est["n_deleted"], strict=True)}
