@@ -12,6 +12,8 @@ import fastavro
 import pyarrow.parquet as pq
 import pytest
 
+from schemas import decode_record
+from transforms.kafkaio import read_topic
 from transforms.privacy.report import privacy_report
 
 ESA = [sys.executable, "-m", "pipelines.cli"]
@@ -66,7 +68,8 @@ def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     produced = json.loads(sim.stdout)["produced"]
     out = tmp_path / "out"
     done = esa("run", "--spec", str(spec), "--kafka_bootstrap", broker.bootstrap, "--raw_topic", raw,
-               "--reports_topic", reports, "--consumer_group", group, "--output_dir", str(out))
+               "--reports_topic", reports, "--consumer_group", group, "--output_dir", str(out),
+               "--estimates_topic", f"{raw}-estimates", "--dead_letter_topic", f"{raw}-dead")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["balanced"] and result["accounting"]["read"] == sum(produced.values())
@@ -74,6 +77,10 @@ def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     assert pq.read_table(out / "estimates.parquet").num_rows == 64
     with open(out / "dead_letters.avro", "rb") as f:
         assert len(list(fastavro.reader(f))) == 6
+    published = [decode_record("Estimate", r.value) for r in read_topic(broker.bootstrap, f"{raw}-estimates")]
+    assert sorted(e["item"] for e in published) == sorted(pq.read_table(out / "estimates.parquet")["item"].to_pylist())
+    dead = [decode_record("DeadLetter", r.value) for r in read_topic(broker.bootstrap, f"{raw}-dead")]
+    assert len(dead) == 6 and all(d["reason"] for d in dead)
 
 
 def test_demo_writes_its_outputs(tmp_path: Path) -> None:
