@@ -6,11 +6,8 @@ Generator), stamped with their window's max timestamp and windowed as the shuffl
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import pickle
-from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,14 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 from fastavro.validation import validate
 
 from schemas import load_schema
+from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.analyze import Analyze, FrequencyCombineFn, _key_by_crowd, central_epsilon, estimate_rows
 from transforms.mechanisms.frequency import GRR
 from transforms.privacy.composition import chain_composition
@@ -36,61 +31,6 @@ from transforms.records import ReportElement, ShuffledBatch, SourceRef, array_to
 from transforms.shuffle import Shuffle
 from transforms.sinks import ESTIMATE_ARROW_SCHEMA, WriteAvroFile, WriteEstimatesParquet
 from transforms.spec import AnalysisSpec, spec_from_dict
-
-# --- pipeline harness (FnApiRunner; outputs captured with timestamp and window) --------------------------------
-
-
-class Observed(NamedTuple):
-    value: Any
-    timestamp_us: int
-    window_start_us: int | None  # None: the global window
-    window_end_us: int | None
-
-
-class PipelineRun(NamedTuple):
-    outputs: dict[str, list[Observed]]
-    counters: dict[str, int]
-
-    def values(self, name: str) -> list[Any]:
-        return [o.value for o in self.outputs[name]]
-
-
-class _Observe(beam.DoFn):
-    def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
-                win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
-        if isinstance(win, window.GlobalWindow):
-            yield Observed(element, ts.micros, None, None)
-        else:
-            yield Observed(element, ts.micros, win.start.micros, win.end.micros)
-
-
-def _dump(elements: list[Observed], path: str) -> None:
-    Path(path).write_bytes(pickle.dumps(elements))
-
-
-_RUNS = itertools.count()
-
-
-def run_pipeline(tmp_path: Path, build: Callable[[beam.Pipeline], Mapping[str, beam.PCollection]]) -> PipelineRun:
-    """Build with ``build``, run on the FnApiRunner, return every named output and the ``esa`` counters."""
-    out_dir = tmp_path / f"run{next(_RUNS)}"
-    out_dir.mkdir()
-    pipeline = beam.Pipeline(runner=FnApiRunner())
-    outputs = build(pipeline)
-    for name, pcoll in outputs.items():
-        (pcoll
-         | f"Observe_{name}" >> beam.ParDo(_Observe())
-         | f"Global_{name}" >> beam.WindowInto(window.GlobalWindows())
-         | f"ToList_{name}" >> beam.combiners.ToList()
-         | f"Dump_{name}" >> beam.Map(_dump, str(out_dir / f"{name}.pkl")))
-    result = pipeline.run()
-    assert result.wait_until_finish() == PipelineState.DONE
-    counters: dict[str, int] = {}
-    for counter in result.metrics().query(MetricsFilter().with_namespace("esa"))["counters"]:
-        value = counter.committed if counter.committed is not None else counter.attempted
-        counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + int(value)
-    return PipelineRun({name: pickle.loads((out_dir / f"{name}.pkl").read_bytes()) for name in outputs}, counters)
-
 
 # --- specs, truth, batches ------------------------------------------------------------------------------------
 

@@ -8,85 +8,22 @@ timestamps and windows and checked in plain Python so a failure names the offend
 from __future__ import annotations
 
 import itertools
-import pickle
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.runners.runner import PipelineState
-from apache_beam.transforms import window
 from fastavro.validation import validate
 
 from schemas import SCHEMA_VERSION, encode_record, load_schema
+from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.encode import DecodeEventsFn, DecodeReports, EncodeBatchFn, EncodeEvents
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.records import ReportElement, SourceRef, rows_to_array
 from transforms.spec import AnalysisSpec, spec_from_dict
-
-# --- pipeline harness (FnApiRunner; outputs captured to a pickle per PCollection) ---------------------------
-
-
-class Observed(NamedTuple):
-    value: Any
-    timestamp_us: int
-    window_start_us: int | None  # None: the global window
-    window_end_us: int | None
-
-
-class PipelineRun(NamedTuple):
-    outputs: dict[str, list[Observed]]
-    counters: dict[str, int]
-
-    def values(self, name: str) -> list[Any]:
-        return [o.value for o in self.outputs[name]]
-
-
-class _Observe(beam.DoFn):
-    """Records every output value; the encode stages emit batches (lists), observed report by report."""
-
-    def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
-                win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
-        for value in element if isinstance(element, list) else [element]:
-            if isinstance(win, window.GlobalWindow):
-                yield Observed(value, ts.micros, None, None)
-            else:
-                yield Observed(value, ts.micros, win.start.micros, win.end.micros)
-
-
-def _dump(elements: list[Observed], path: str) -> None:
-    Path(path).write_bytes(pickle.dumps(elements))
-
-
-_RUNS = itertools.count()
-
-
-def run_pipeline(tmp_path: Path, build: Callable[[beam.Pipeline], Mapping[str, beam.PCollection]]) -> PipelineRun:
-    """Build with ``build``, run on the FnApiRunner, return every named output and the ``esa`` counters."""
-    out_dir = tmp_path / f"run{next(_RUNS)}"
-    out_dir.mkdir()
-    pipeline = beam.Pipeline(runner=FnApiRunner())
-    outputs = build(pipeline)
-    for name, pcoll in outputs.items():
-        (pcoll
-         | f"Observe_{name}" >> beam.ParDo(_Observe())
-         | f"Global_{name}" >> beam.WindowInto(window.GlobalWindows())
-         | f"ToList_{name}" >> beam.combiners.ToList()
-         | f"Dump_{name}" >> beam.Map(_dump, str(out_dir / f"{name}.pkl")))
-    result = pipeline.run()
-    assert result.wait_until_finish() == PipelineState.DONE
-    counters: dict[str, int] = {}
-    for counter in result.metrics().query(MetricsFilter().with_namespace("esa"))["counters"]:
-        value = counter.committed if counter.committed is not None else counter.attempted
-        counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + int(value)
-    return PipelineRun({name: pickle.loads((out_dir / f"{name}.pkl").read_bytes()) for name in outputs}, counters)
-
 
 # --- specs and records ------------------------------------------------------------------------------------
 

@@ -15,93 +15,23 @@ import itertools
 import math
 import pickle
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 import pytest
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.runners.runner import PipelineState
 from apache_beam.testing.test_stream import TestStream
-from apache_beam.transforms import trigger, window
+from apache_beam.transforms import window
 from apache_beam.utils.timestamp import Timestamp
 from fastavro.validation import validate
 
 from schemas import SCHEMA_VERSION, encode_record, load_schema
+from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.privacy.crowd import crowd_threshold, discrete_laplace_scale, discrete_laplace_variance
 from transforms.records import ReportElement, ShuffledBatch, SourceRef, array_to_rows, payload_to_avro
 from transforms.shuffle import Shuffle, discrete_laplace, noisy_crowd_target
 from transforms.spec import AnalysisSpec, spec_from_dict
-
-# --- pipeline harness (FnApiRunner; outputs captured with timestamp and window) --------------------------------
-
-
-class Observed(NamedTuple):
-    value: Any
-    timestamp_us: int
-    window_start_us: int | None  # None: the global window
-    window_end_us: int | None
-
-
-class PipelineRun(NamedTuple):
-    outputs: dict[str, list[Observed]]
-    counters: dict[str, int]
-
-    def values(self, name: str) -> list[Any]:
-        return [o.value for o in self.outputs[name]]
-
-    def count(self, name: str) -> int:
-        return self.counters.get(name, 0)
-
-
-class _Observe(beam.DoFn):
-    def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
-                win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
-        if isinstance(win, window.GlobalWindow):
-            yield Observed(element, ts.micros, None, None)
-        else:
-            yield Observed(element, ts.micros, win.start.micros, win.end.micros)
-
-
-def _dump(elements: list[Observed], path: str) -> None:
-    Path(path).write_bytes(pickle.dumps(elements))
-
-
-_RUNS = itertools.count()
-
-
-def run_pipeline(tmp_path: Path, build: Callable[[beam.Pipeline], Mapping[str, beam.PCollection]], *,
-                 streaming: bool = False) -> PipelineRun:
-    """Build with ``build``, run, return every named output and the ``esa`` counters (summed by name over
-    steps). Batch runs use the FnApiRunner; ``streaming`` (TestStream) the BundleBasedDirectRunner."""
-    out_dir = tmp_path / f"run{next(_RUNS)}"
-    out_dir.mkdir()
-    if streaming:
-        options = PipelineOptions()
-        options.view_as(StandardOptions).streaming = True
-        pipeline = beam.Pipeline(runner=BundleBasedDirectRunner(), options=options)
-    else:
-        pipeline = beam.Pipeline(runner=FnApiRunner())
-    outputs = build(pipeline)
-    for name, pcoll in outputs.items():
-        (pcoll
-         | f"Observe_{name}" >> beam.ParDo(_Observe())
-         | f"Global_{name}" >> beam.WindowInto(window.GlobalWindows(), trigger=trigger.AfterWatermark(),
-                                               accumulation_mode=trigger.AccumulationMode.DISCARDING)
-         | f"ToList_{name}" >> beam.combiners.ToList()
-         | f"Dump_{name}" >> beam.Map(_dump, str(out_dir / f"{name}.pkl")))
-    result = pipeline.run()
-    assert result.wait_until_finish() == PipelineState.DONE
-    counters: dict[str, int] = {}
-    for counter in result.metrics().query(MetricsFilter().with_namespace("esa"))["counters"]:
-        value = counter.committed if counter.committed is not None else counter.attempted
-        counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + int(value)
-    return PipelineRun({name: pickle.loads((out_dir / f"{name}.pkl").read_bytes()) for name in outputs}, counters)
 
 
 def shuffle_run(tmp_path: Path, spec: AnalysisSpec, reports: list[ReportElement], seed: int,
