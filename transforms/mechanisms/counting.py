@@ -41,6 +41,12 @@ def exp_epsilon(epsilon: float) -> float:
     return math.exp(epsilon)
 
 
+def grr_probabilities(epsilon: float, k: int) -> tuple[float, float]:
+    """k-ary randomized response: (p, q) = (keep the true value, report one given other value)."""
+    e = exp_epsilon(epsilon)
+    return e / (e + k - 1), 1.0 / (e + k - 1)
+
+
 def freeze_domain_and_epsilon(mechanism: Any) -> None:
     """Validate and normalise the ``d`` and ``epsilon`` fields of a frozen mechanism in ``__post_init__``.
 

@@ -19,6 +19,7 @@ from transforms.mechanisms.counting import (
     empty_mask_if_malformed,
     exp_epsilon,
     freeze_domain_and_epsilon,
+    grr_probabilities,
     rr_count_variance,
     structured,
 )
@@ -60,13 +61,12 @@ class GRR:
     @property
     def p(self) -> float:
         """Probability of reporting the true value."""
-        e = exp_epsilon(self.epsilon)
-        return e / (e + self.d - 1)
+        return grr_probabilities(self.epsilon, self.d)[0]
 
     @property
     def q(self) -> float:
         """Probability of reporting any one given other value."""
-        return 1.0 / (exp_epsilon(self.epsilon) + self.d - 1)
+        return grr_probabilities(self.epsilon, self.d)[1]
 
     @property
     def report_dtype(self) -> np.dtype:

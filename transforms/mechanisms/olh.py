@@ -37,8 +37,8 @@ from transforms.mechanisms.base import Randomness, check_values
 from transforms.mechanisms.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
-    exp_epsilon,
     freeze_domain_and_epsilon,
+    grr_probabilities,
     rr_count_variance,
     structured,
 )
@@ -101,14 +101,13 @@ class OLH:
 
     @property
     def p(self) -> float:
-        """Probability of reporting the hashed bucket itself."""
-        e = exp_epsilon(self.epsilon)
-        return e / (e + self.buckets - 1)
+        """Probability of reporting the hashed bucket itself (GRR over the g buckets)."""
+        return grr_probabilities(self.epsilon, self.buckets)[0]
 
     @property
     def q_other(self) -> float:
         """Probability of reporting any one given other bucket, ``(1 - p)/(g - 1)``."""
-        return 1.0 / (exp_epsilon(self.epsilon) + self.buckets - 1)
+        return grr_probabilities(self.epsilon, self.buckets)[1]
 
     @property
     def report_dtype(self) -> np.dtype:
