@@ -153,6 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:  # includes SpecError: bad spec fields, bad parameters
         print(f"esa {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if type(err).__module__.startswith("kafka"):  # not importing kafka here keeps `esa privacy` fast
+            print(f"esa {args.command}: cannot talk to Kafka: {err}", file=sys.stderr)
+            return 3
+        raise
 
 
 if __name__ == "__main__":
