@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import apache_beam as beam
@@ -64,7 +64,6 @@ class RunSummary:
     out_dir: Path
     seconds: float
     stage: str = "end_to_end"
-    extra: dict[str, float] = field(default_factory=dict)
 
     def count(self, name: str) -> int:
         return int(self.counters.get(name, 0))

@@ -19,8 +19,6 @@ from transforms.records import array_to_rows, payload_to_avro
 from transforms.spec import AnalysisSpec
 
 LOG = logging.getLogger(__name__)
-BAD_KINDS = ("not_avro", "unknown_spec", "unknown_version", "out_of_domain_event", "out_of_domain_report",
-             "duplicate")
 
 
 def telemetry_messages(spec: AnalysisSpec, population: Population) -> Iterator[tuple[bytes, bytes]]:
