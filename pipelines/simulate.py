@@ -33,8 +33,10 @@ def bad_records(spec: AnalysisSpec, population: Population, per_kind: int,
                 seed: int | None = None) -> dict[str, list[tuple[bytes, bytes]]]:
     """Records each of which the pipeline must dead-letter: {'raw': [...], 'reports': [...]}.
 
-    Duplicates repeat an existing client one millisecond later in the same window, so the shuffler
-    keeps the original and the truth is unchanged.
+    Per kind, ``per_kind`` of: bytes that are not Avro and an event with an unknown category (raw topic); a
+    Report of an unknown spec, of schema_version 99, and with an out-of-domain payload (reports topic); a
+    second event from an existing client in the same window (raw topic). Duplicates come one millisecond
+    after the original in the same window, so the shuffler keeps the original and the truth is unchanged.
     """
     rng = seeded_rng(seed + 1) if seed is not None else os_entropy_rng()
     raw: list[tuple[bytes, bytes]] = []
