@@ -12,6 +12,28 @@ written once:
 * ``variance(counts, n)`` is the closed form of MECHANISMS.md, used for standard errors and tests;
 * ``epsilon_local``, ``mixture_alpha`` (for the tight shuffle bound), ``message_bits``.
 
+**Several messages per client** (attribute or report fragmenting, multi-message protocols, dyadic levels).
+A mechanism whose client sends other than exactly one report sets ``single_message = False`` and provides
+``encode_messages(values, rng) -> (reports, owner)``: one row per *message*, ``owner[i]`` the index of the
+client (row of ``values``) that sent it, rows of one client consecutive; a client may send none. Then:
+
+* ``channels`` (int, default 1): messages travel on channels ``0 .. channels-1`` (a channel is one
+  shuffler instance, e.g. bit j of attribute fragmenting); the report dtype has an int64 ``channel``
+  field, which the wire format carries as ``Report.channel`` rather than inside the payload;
+* ``messages_per_channel`` (int, default 1): the most messages one client may send on one channel in one
+  window (the shuffler dead-letters the excess as a flood);
+* the analyzer cannot count clients from messages, so accumulators take ``add(reports, clients)``: the
+  number of clients whose messages ``reports`` are (the shuffler releases or deletes a client's whole
+  message set, and publishes how many clients it released). Single-message accumulators ignore it.
+
+**Payloads.** ``payload_kind`` names the Avro payload record (``schemas/Report.avsc``) whose fields are
+the report dtype's fields (minus ``channel``): scalar ints -> ``long``, scalar floats -> ``double``,
+fixed-shape ``uint8`` sub-arrays -> ``bytes`` (packed bits; the record's ``length`` field, if any, must
+equal the mechanism's ``bit_length`` or else ``d``), fixed-shape int/float sub-arrays -> ``array``.
+Known kinds: ``category``, ``bits``, ``hashed``, ``mark`` (no fields: the channel is the message),
+``sketch`` (row + bits), ``key_value`` (key + value), ``coordinates`` (indices + values),
+``vector`` (values), ``integers`` (values).
+
 This module, like all of ``transforms.mechanisms``, imports neither Beam, Kafka nor Avro: it is the
 library a device could run.
 """
@@ -60,10 +82,10 @@ class FrequencyEstimate:
 class Accumulator(Protocol):
     """Sufficient statistics of a batch of reports: count arrays, mergeable in any order."""
 
-    n: int
+    n: int  # reports (single-message) or clients (several messages per client) folded in so far
 
-    def add(self, reports: np.ndarray) -> None:
-        """Fold a structured array of (already validated) reports into the counts."""
+    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
+        """Fold a structured array of (already validated) reports of ``clients`` clients into the counts."""
         ...
 
     def merge(self, other: Accumulator) -> None:
@@ -130,3 +152,27 @@ def check_values(values: np.ndarray, d: int) -> np.ndarray:
         bad = arr[(arr < 0) | (arr >= d)][0]
         raise ValueError(f"value {bad} outside the domain [0, {d})")
     return arr
+
+
+def is_single_message(mechanism: Any) -> bool:
+    """True if every client sends exactly one report (the default)."""
+    return bool(getattr(mechanism, "single_message", True))
+
+
+def channel_count(mechanism: Any) -> int:
+    """Number of channels the mechanism's messages travel on (1 unless it fragments)."""
+    return int(getattr(mechanism, "channels", 1))
+
+
+def messages_per_channel(mechanism: Any) -> int:
+    """Most messages one client sends on one channel in one window (the shuffler's flood quota)."""
+    return int(getattr(mechanism, "messages_per_channel", 1))
+
+
+def encode_messages(mechanism: Any, values: Any, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
+    """``(reports, owner)`` of a batch of clients, for single- and multi-message mechanisms alike."""
+    if is_single_message(mechanism):
+        reports = mechanism.encode(values, rng)
+        return reports, np.arange(len(reports), dtype=np.int64)
+    reports, owner = mechanism.encode_messages(values, rng)
+    return reports, np.asarray(owner, dtype=np.int64)

@@ -110,8 +110,10 @@ class CountAccumulator:
     def _decode(self) -> tuple[np.ndarray, dict[str, Any]]:
         raise NotImplementedError
 
-    def add(self, reports: np.ndarray) -> None:
-        """Fold validated reports into the counts; refuse (rather than miscount) invalid ones."""
+    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
+        """Fold validated reports into the counts; refuse (rather than miscount) invalid ones.
+
+        ``clients`` is ignored: one report is one client's (single-message mechanisms)."""
         arr = np.asarray(reports)
         if arr.size == 0:
             return
