@@ -1,4 +1,4 @@
-"""The ``esa`` command: broker, simulate, run, demo, privacy."""
+"""The ``esa`` command: broker, simulate, run, demo, privacy, plan."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _positive_float(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from transforms.privacy.report import PRIVACY_MECHANISMS
+    from transforms.privacy.report import ALL_PRIVACY_MECHANISMS
 
     parser = argparse.ArgumentParser(prog="esa", description="Privacy-preserving telemetry: Encode, Shuffle, "
                                      "Analyze on Apache Beam.")
@@ -76,12 +76,17 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
     priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
-    priv.add_argument("--mechanism", choices=PRIVACY_MECHANISMS, required=True)
+    priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True)
     priv.add_argument("--domain", type=_positive_int, required=True)
-    priv.add_argument("--epsilon", type=_positive_float, required=True, help="local epsilon")
+    priv.add_argument("--epsilon", type=_positive_float, required=True,
+                      help="local epsilon (rappor: removal budget; rappor_fragments: backstop budget)")
     priv.add_argument("--n", type=_positive_int, required=True, help="number of shuffled reports")
     priv.add_argument("--delta", type=_positive_float, required=True)
+    priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments: tau (default 1)")
+    priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
+                      help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_plan_parser(sub)
     return parser
 
 
@@ -116,10 +121,49 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
 
 
 def _privacy(args: argparse.Namespace) -> int:
-    from transforms.privacy.report import format_privacy_report, privacy_report
+    from transforms.privacy.report import build_privacy_report, format_privacy_report
 
-    report = privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta)
+    report = build_privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta,
+                                  fragments=args.fragments, epsilon_fragment=args.epsilon_fragment)
     print(json.dumps(report, indent=2) if args.json else format_privacy_report(report))
+    return 0
+
+
+def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    plan = sub.add_parser("plan", help="local parameters meeting a central (eps_c, delta) target (tight bound)")
+    plan.add_argument("--kind", choices=("kv_mean", "vector_mean"), required=True)
+    plan.add_argument("--mechanism", default=None, help="kv_mean: collision, coco, pckv-ue, pckv-grr or privkv")
+    plan.add_argument("--d", type=_positive_int, required=True, help="keys (kv_mean) or coordinates (vector_mean)")
+    plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
+    plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
+    plan.add_argument("--epsilon-central", type=_positive_float, required=True)
+    plan.add_argument("--delta", type=_positive_float, required=True)
+    plan.add_argument("--t", type=_positive_int, default=None,
+                      help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
+    plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
+    plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
+    plan.add_argument("--accountant", default=None, help="vector_mean: 002 (the paper's rules, default) or tight")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from transforms.privacy.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
+
+    if args.kind == "kv_mean":
+        if args.mechanism is None or args.s is None:
+            raise ValueError("--kind kv_mean needs --mechanism and --s")
+        if args.k_round is not None or args.accountant is not None:
+            raise ValueError("--k-round and --accountant apply to --kind vector_mean only")
+        plan = plan_kv_mean(args.mechanism, args.d, args.s, args.n, args.epsilon_central, args.delta, t=args.t,
+                            t_rule=args.t_rule or "joint")
+        text = format_kv_plan(plan)
+    else:
+        if args.mechanism is not None or args.s is not None or args.t_rule is not None:
+            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans 002's mechanism)")
+        plan = plan_vector_mean(args.d, args.n, args.epsilon_central, args.delta, k_round=args.k_round,
+                                t=1 if args.t is None else args.t, accountant=args.accountant or "002")
+        text = format_vector_plan(plan)
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
     return 0
 
 
@@ -144,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_job(args.command, [a for a in argv[1:] if a != "-v"])
         if args.command == "privacy":
             return _privacy(args)
+        if args.command == "plan":
+            return _plan(args)
         from pipelines.demo import run_demo
 
         run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,

@@ -1,9 +1,11 @@
 """Analyze stage: shuffled batches -> Estimate rows with standard errors and a privacy ledger.
 
-One CombineFn per (window, spec, channel) folds ``ShuffledBatch`` arrays into the mechanism's count
+One CombineFn per (window, spec, crowd) folds ``ShuffledBatch`` arrays into the mechanism's count
 accumulator (memory O(state), never O(n)); the finished accumulator is decoded once into per-item
-estimates, each row carrying the closed-form standard error, the number of reports released, the local
-epsilon and the tight central epsilon of the shuffle bound for exactly that many reports.
+estimates (``transforms.readout`` names the items of each analysis kind), each row carrying the
+closed-form standard error, the raw unbiased estimate next to the post-processed one, the numbers of
+messages and clients released, the local epsilon and the central epsilon for exactly that many clients.
+Multi-message mechanisms are counted by their presence markers (``records.count_clients``).
 
 The analyzer does not learn how many reports the shuffler deleted: ``n_deleted`` is null, because
 publishing it next to ``n_reports`` would reveal the exact crowd size that the randomized deletion hides
@@ -29,7 +31,8 @@ from schemas import SCHEMA_VERSION, WireFormatError, decode_record
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import Accumulator, Mechanism
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.records import ShuffledBatch, SourceRef, dead_letter, payload_from_avro, rows_to_array
+from transforms.readout import readout
+from transforms.records import ShuffledBatch, SourceRef, count_clients, dead_letter, payload_from_avro, rows_to_array
 from transforms.spec import AnalysisSpec
 
 NAMESPACE = "esa"
@@ -42,6 +45,7 @@ class CrowdAccumulator:
 
     counts: Accumulator
     deleted: int | None = None
+    messages: int = 0  # released messages folded in (presence markers included)
 
     @property
     def n(self) -> int:
@@ -63,7 +67,9 @@ class FrequencyCombineFn(beam.CombineFn):
 
     def add_input(self, accumulator: CrowdAccumulator, batch: ShuffledBatch) -> CrowdAccumulator:
         if len(batch.reports):
-            accumulator.counts.add(batch.reports)
+            messages, clients = count_clients(self._mechanism, batch.reports)
+            accumulator.counts.add(messages, clients)
+            accumulator.messages += len(batch.reports)
         accumulator.deleted = _add_deleted(accumulator.deleted, batch.deleted)
         return accumulator
 
@@ -72,6 +78,7 @@ class FrequencyCombineFn(beam.CombineFn):
         merged = next(it)
         for other in it:
             merged.counts.merge(other.counts)
+            merged.messages += other.messages
             merged.deleted = _add_deleted(merged.deleted, other.deleted)
         return merged
 
@@ -80,16 +87,21 @@ class FrequencyCombineFn(beam.CombineFn):
 
 
 def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1) -> float:
-    """Central epsilon of n shuffled reports at total ``delta`` (MECHANISMS.md §1.6; no amplification below 2).
+    """Central epsilon of n shuffled clients at total ``delta`` (MECHANISMS.md §1.6; no amplification below 2).
 
-    With up to k reports per client, a neighbouring dataset changes k reports: the single-report bound
-    is computed at delta' = delta / sum_{i<k} e^{i eps_local} and chained over k (§1.8), which keeps the
-    total delta within ``delta`` because the per-report central epsilon never exceeds eps_local.
+    A mechanism with its own accounting (fragmenting, multi-message protocols) provides
+    ``epsilon_central(n, delta)``. Otherwise, with up to k reports per client, a neighbouring dataset
+    changes k reports: the single-report bound is computed at delta' = delta / sum_{i<k} e^{i eps_local}
+    and chained over k (§1.8), which keeps the total delta within ``delta`` because the per-report
+    central epsilon never exceeds eps_local.
     """
     k = reports_per_client
     eps_local = float(mechanism.epsilon_local)
     if n < 2:
         return k * eps_local
+    own = getattr(mechanism, "epsilon_central", None)
+    if callable(own) and k == 1:
+        return float(own(n, delta))
     if k == 1:
         return float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta))
     spread = math.expm1(k * eps_local) / math.expm1(eps_local) if k * eps_local < 700 else math.inf
@@ -99,63 +111,61 @@ def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_clie
     return k * float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta_per_report))
 
 
-def estimate_rows(spec: AnalysisSpec, channel: int, accumulator: CrowdAccumulator, window_start_ms: int,
+def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAccumulator, window_start_ms: int,
                   window_end_ms: int) -> list[dict[str, Any]]:
     """Decode one crowd's accumulator into Estimate records (schemas/Estimate.avsc), one per item."""
     mechanism = spec.randomizer
     result = accumulator.counts.estimate()
     k = spec.max_reports_per_client
-    eps_c = central_epsilon(mechanism, result.n, spec.delta, k)
-    parameters = json.dumps(mechanism.parameters(), sort_keys=True)
+    clients = int(accumulator.n)
     common = {
         "schema_version": SCHEMA_VERSION,
         "spec_id": spec.spec_id,
         "analysis": spec.name,
         "window_start": window_start_ms,
         "window_end": window_end_ms,
-        "channel": channel,
-        "n_reports": int(result.n),
+        "crowd_id": crowd_id,
+        "n_reports": int(accumulator.messages),
+        "n_clients": clients,
         "n_deleted": accumulator.deleted,
         "eps_local": k * float(mechanism.epsilon_local),  # a client's k reports compose
-        "eps_central": eps_c,
+        "eps_central": central_epsilon(mechanism, clients, spec.delta, k),
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
-        "parameters": parameters,
+        "parameters": json.dumps(mechanism.parameters(), sort_keys=True, default=str),
     }
-    return [
-        {**common, "item": item, "item_index": i, "estimate": float(f), "stderr": float(se)}
-        for i, (item, f, se) in enumerate(zip(spec.categories, result.frequency, result.stderr, strict=True))
-    ]
+    return [{**common, "item": item.name, "item_index": item.index, "estimate": item.estimate,
+             "stderr": item.stderr, "raw_estimate": item.raw} for item in readout(spec, result)]
 
 
 class EstimateRowsFn(beam.DoFn):
-    """((spec_id, channel), accumulator) -> Estimate records of that window."""
+    """((spec_id, crowd), accumulator) -> Estimate records of that window."""
 
     def __init__(self, spec: AnalysisSpec):
         self._spec = spec
         self._analyzed = Metrics.counter(NAMESPACE, "reports_analyzed")
         self._windows = Metrics.counter(NAMESPACE, "windows_estimated")
 
-    def process(self, keyed: tuple[tuple[str, int], CrowdAccumulator],
+    def process(self, keyed: tuple[tuple[str, str | None], CrowdAccumulator],
                 win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[dict[str, Any]]:
-        (_, channel), accumulator = keyed
+        (_, crowd), accumulator = keyed
         if accumulator.n == 0:
             return
-        self._analyzed.inc(accumulator.n)
+        self._analyzed.inc(accumulator.messages)
         self._windows.inc()
-        yield from estimate_rows(self._spec, channel, accumulator, win.start.micros // 1000,
+        yield from estimate_rows(self._spec, crowd, accumulator, win.start.micros // 1000,
                                  win.end.micros // 1000)
 
 
-def _key_by_crowd(batch: ShuffledBatch, spec_id: str) -> tuple[tuple[str, int], ShuffledBatch]:
+def _key_by_crowd(batch: ShuffledBatch, spec_id: str) -> tuple[tuple[str, str | None], ShuffledBatch]:
     """Key a batch by its crowd, refusing batches of another spec (they would be decoded with wrong params)."""
     if batch.spec_id != spec_id:
         raise ValueError(f"a batch of spec {batch.spec_id} reached the analyzer of {spec_id}")
-    return (batch.spec_id, batch.channel), batch
+    return (batch.spec_id, batch.crowd_id), batch
 
 
 class Analyze(beam.PTransform):
-    """ShuffledBatches of one spec -> Estimate records, per window and channel."""
+    """ShuffledBatches of one spec -> Estimate records, per window and crowd."""
 
     def __init__(self, spec: AnalysisSpec):
         super().__init__()
@@ -171,7 +181,7 @@ class Analyze(beam.PTransform):
 
 
 class DecodeShuffledFn(beam.DoFn):
-    """KafkaRecords of ShuffledReports -> one ShuffledBatch per (spec, channel, window) of each input batch.
+    """KafkaRecords of ShuffledReports -> one ShuffledBatch per (spec, crowd, window) of each input batch.
 
     For the standalone analyze job, which reads what the shuffle job released. Each batch is stamped
     just inside its window, so re-windowing puts it back in the crowd it was released from; a record of
@@ -184,26 +194,27 @@ class DecodeShuffledFn(beam.DoFn):
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
 
     def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
-        groups: dict[tuple[str, int, int], list[tuple]] = {}
+        groups: dict[tuple[str, str | None, int], list[tuple]] = {}
         for record in element if isinstance(element, list) else [element]:
             spec_id = None
             try:
                 shuffled = decode_record("ShuffledReport", record.value)
-                spec_id, channel, end = shuffled["spec_id"], shuffled["channel"], shuffled["window_end"]
+                spec_id, crowd, end = shuffled["spec_id"], shuffled.get("crowd_id"), shuffled["window_end"]
                 spec = self._specs.get(spec_id)
                 if spec is None:
                     raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
                 if end % (spec.window_seconds * 1000):
                     raise ValueError(f"window_end {end} is not the end of a {spec.window_seconds} s window")
-                if channel != 0:
-                    raise ValueError(f"channel {channel} does not exist for {spec.mechanism}")
-                row = payload_from_avro(spec.randomizer, shuffled["payload"])
+                if (crowd is None) != (spec.crowd.partition is None):
+                    raise ValueError(f"crowd_id {crowd!r} does not fit {spec.name}'s crowd partition "
+                                     f"{spec.crowd.partition!r}")
+                row = payload_from_avro(spec.randomizer, shuffled["payload"], shuffled["channel"])
             except (WireFormatError, ValueError) as err:
                 self._dead.inc()
                 yield TaggedOutput(DEAD, dead_letter("analyze", str(err), original=record.value, spec_id=spec_id,
                                                      source=SourceRef(record.topic, record.partition, record.offset)))
                 continue
-            groups.setdefault((spec_id, channel, end), []).append(row)
-        for (spec_id, channel, end), rows in groups.items():
-            batch = ShuffledBatch(spec_id, channel, end, rows_to_array(self._specs[spec_id].randomizer, rows))
+            groups.setdefault((spec_id, crowd, end), []).append(row)
+        for (spec_id, crowd, end), rows in groups.items():
+            batch = ShuffledBatch(spec_id, crowd, end, rows_to_array(self._specs[spec_id].randomizer, rows))
             yield window.TimestampedValue(batch, Timestamp(micros=end * 1000 - 1))

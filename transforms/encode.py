@@ -19,10 +19,19 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
 from schemas import WireFormatError, decode_record
+from transforms.event_values import client_inputs, event_value
 from transforms.kafkaio import KafkaRecord
+from transforms.mechanisms.base import encode_messages
 from transforms.mechanisms.randomness import KeyedRandom, element_id, topic_hash
-from transforms.records import ReportElement, SourceRef, array_to_rows, dead_letter, payload_from_avro
-from transforms.spec import AnalysisSpec
+from transforms.records import (
+    ReportElement,
+    SourceRef,
+    array_to_rows,
+    client_messages,
+    dead_letter,
+    payload_from_avro,
+)
+from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 
 LOG = logging.getLogger(__name__)
 DEAD = "dead_letters"
@@ -35,9 +44,10 @@ class EventElement(NamedTuple):
     spec_id: str
     client_id: str
     event_time_ms: int
-    value: int
+    value: Any
     source: SourceRef
     original: bytes
+    crowd_id: str | None = None
 
 
 def specs_by_metric(specs: Sequence[AnalysisSpec]) -> dict[str, AnalysisSpec]:
@@ -50,19 +60,19 @@ def specs_by_metric(specs: Sequence[AnalysisSpec]) -> dict[str, AnalysisSpec]:
     return out
 
 
-def category_of(spec: AnalysisSpec, value: Any) -> int:
-    """The category index of an event value, or ``ValueError`` saying why it is not in the domain."""
-    if isinstance(value, str):
-        index = spec.category_index.get(value)
-        if index is None:
-            raise ValueError(f"category {value!r} is not in the domain of {spec.name}")
-        return index
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value < spec.d:
-            raise ValueError(f"category index {value} outside [0, {spec.d}) of {spec.name}")
-        return value
-    kind = value[0].rsplit(".", 1)[-1] if isinstance(value, tuple) else type(value).__name__
-    raise ValueError(f"a {kind} value cannot feed histogram {spec.name}")
+def crowd_of(spec: AnalysisSpec, crowd_id: str | None) -> str | None:
+    """The crowd a record belongs to: its crowd id if the spec partitions crowds, else None (one crowd).
+
+    A crowd id the spec does not ask for is dropped rather than passed on: an attribute the spec does not
+    name must not reach the shuffler's output.
+    """
+    if spec.crowd.partition is None:
+        return None
+    if not crowd_id:
+        raise ValueError(f"no crowd_id: {spec.name} splits crowds by {spec.crowd.partition}")
+    if len(crowd_id) > MAX_CROWD_ID_LENGTH:
+        raise ValueError(f"crowd_id of {len(crowd_id)} characters (at most {MAX_CROWD_ID_LENGTH})")
+    return crowd_id
 
 
 class DecodeEventsFn(beam.DoFn):
@@ -88,13 +98,14 @@ class DecodeEventsFn(beam.DoFn):
                     raise ValueError(f"no analysis spec consumes metric {event['metric']!r}")
                 if not event["client_id"]:
                     raise ValueError("event without client_id: the shuffler cannot authenticate it")
-                value = category_of(spec, event["value"])
+                value = event_value(spec, event["value"])
+                crowd = crowd_of(spec, event.get("crowd_id"))
             except (WireFormatError, ValueError) as err:
                 self._dead.inc()
                 yield TaggedOutput(DEAD, dead_letter("decode", str(err), original=record.value, source=source))
                 continue
             events.append(EventElement(spec.spec_id, event["client_id"], event["event_time"], value, source,
-                                       record.value))
+                                       record.value, crowd))
         self._decoded.inc(len(events))
         if events:
             yield events
@@ -109,6 +120,7 @@ class EncodeBatchFn(beam.DoFn):
         self._specs = {s.spec_id: s for s in specs}
         self._job_key = job_key
         self._encoded = Metrics.counter(NAMESPACE, "reports_encoded")
+        self._events = Metrics.counter(NAMESPACE, "events_encoded")
 
     def process(self, batch: list[EventElement]) -> Iterator[list[ReportElement]]:
         by_spec: dict[str, list[EventElement]] = {}
@@ -118,13 +130,17 @@ class EncodeBatchFn(beam.DoFn):
             yield list(self._encode(self._specs[spec_id], events))
 
     def _encode(self, spec: AnalysisSpec, events: list[EventElement]) -> Iterable[ReportElement]:
-        values = np.fromiter((e.value for e in events), dtype=np.int64, count=len(events))
-        ids = _element_ids(events)
-        reports = spec.randomizer.encode(values, KeyedRandom.for_elements(self._job_key, ids))
-        self._encoded.inc(len(events))
-        for event, row in zip(events, array_to_rows(reports), strict=True):
-            yield ReportElement(spec.spec_id, 0, event.client_id, event.event_time_ms, row, event.source,
-                                event.original)
+        rng = KeyedRandom.for_elements(self._job_key, _element_ids(events))
+        mechanism = spec.randomizer
+        inputs = client_inputs(spec, [e.value for e in events], rng)
+        wire, owner = client_messages(mechanism, *encode_messages(mechanism, inputs, rng))
+        self._events.inc(len(events))
+        self._encoded.inc(len(wire))
+        channels = wire["channel"].tolist() if "channel" in wire.dtype.names else [0] * len(wire)
+        for i, channel, row in zip(owner.tolist(), channels, array_to_rows(wire), strict=True):
+            event = events[i]
+            yield ReportElement(spec.spec_id, channel, event.client_id, event.event_time_ms, row, event.source,
+                                event.original, event.crowd_id)
 
 
 def _element_ids(events: list[EventElement]) -> np.ndarray:
@@ -185,18 +201,17 @@ class DecodeReportsFn(beam.DoFn):
                 spec = self._specs.get(spec_id)
                 if spec is None:
                     raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
-                if report["channel"] != 0:
-                    raise ValueError(f"channel {report['channel']} does not exist for {spec.mechanism}")
                 if not report["client_id"]:
                     raise ValueError("report without client_id: the shuffler cannot authenticate it")
-                row = payload_from_avro(spec.randomizer, report["payload"])
+                row = payload_from_avro(spec.randomizer, report["payload"], report["channel"])
+                crowd = crowd_of(spec, report.get("crowd_id"))
             except (WireFormatError, ValueError) as err:
                 self._dead.inc()
                 yield TaggedOutput(DEAD, dead_letter("shuffle", str(err), original=record.value, source=source,
                                                      spec_id=spec_id))
                 continue
             reports.append(ReportElement(spec_id, report["channel"], report["client_id"], report["event_time"], row,
-                                         source, record.value))
+                                         source, record.value, crowd))
         self._decoded.inc(len(reports))
         if reports:
             yield reports

@@ -2,27 +2,45 @@
 
 Inside a pipeline a report is a ``ReportElement`` until the shuffler has deduplicated and counted its
 client; from then on reports travel as ``ShuffledBatch`` elements: a numpy structured array of payloads
-with no client id, no Kafka coordinates and no exact time -- only the window end.
+with no client id, no Kafka coordinates and no exact time -- only the window end and the public crowd id.
+
+Rows use the *wire dtype* of a mechanism: its report dtype, plus an int64 ``channel`` field for
+mechanisms whose clients send several messages (base.py). Such a client also sends one **presence
+marker** per event (channel ``PRESENCE``, no payload): the shuffler counts, deletes and releases whole
+message sets, and the analyzer counts released clients by their markers, because a client may send no
+other message at all (e.g. a k-RAPPOR vector without set bits).
+
+Payload records are converted generically: the Avro record's fields are the wire dtype's fields minus
+``channel`` (see the "Payloads" paragraph of ``transforms/mechanisms/base.py``).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import SCHEMA_VERSION
-from transforms.mechanisms.base import Mechanism
+from schemas import SCHEMA_VERSION, load_schema
+from transforms.mechanisms.base import Mechanism, channel_count, is_single_message
 
 PAYLOAD_RECORDS = {
     "category": "esa.telemetry.CategoryPayload",
     "bits": "esa.telemetry.BitsPayload",
     "hashed": "esa.telemetry.HashedPayload",
+    "mark": "esa.telemetry.MarkPayload",
+    "sketch": "esa.telemetry.SketchPayload",
+    "key_value": "esa.telemetry.KeyValuePayload",
+    "coordinates": "esa.telemetry.CoordinatesPayload",
+    "vector": "esa.telemetry.VectorPayload",
+    "integers": "esa.telemetry.IntegersPayload",
 }
 _KIND_OF_RECORD = {v: k for k, v in PAYLOAD_RECORDS.items()}
+PRESENCE = -1  # channel of the per-event presence marker of multi-message mechanisms
+CHANNEL = "channel"
 
-# A payload row is a tuple in the field order of the mechanism's report dtype; sub-array fields
-# (packed bits) are carried as ``bytes`` so rows stay cheap to pickle and to compare.
+# A payload row is a tuple in the field order of the wire dtype; sub-array fields are ``bytes`` (packed
+# bits) or tuples, so rows stay cheap to pickle, hashable and totally ordered (the shuffler sorts them).
 PayloadRow = tuple
 
 
@@ -35,7 +53,7 @@ class SourceRef(NamedTuple):
 
 
 class ReportElement(NamedTuple):
-    """One report on its way into the shuffler (ingress: still carries the client id)."""
+    """One report (message) on its way into the shuffler (ingress: still carries the client id)."""
 
     spec_id: str
     channel: int
@@ -44,16 +62,61 @@ class ReportElement(NamedTuple):
     payload: PayloadRow
     source: SourceRef | None = None
     original: bytes | None = None
+    crowd_id: str | None = None
 
 
 class ShuffledBatch(NamedTuple):
-    """Released reports of one crowd, in random order: the only thing the analyzer ever sees."""
+    """Released messages of one crowd, in random order: the only thing the analyzer ever sees.
+
+    ``reports`` has the mechanism's wire dtype (presence markers included for multi-message mechanisms).
+    """
 
     spec_id: str
-    channel: int
+    crowd_id: str | None
     window_end_ms: int
     reports: np.ndarray
-    deleted: int | None = None  # reports the threshold deleted from this sub-crowd, if the spec publishes it
+    deleted: int | None = None  # message sets the threshold deleted from this sub-crowd, if the spec publishes it
+
+
+def wire_dtype(mechanism: Mechanism) -> np.dtype:
+    """The mechanism's report dtype, with a ``channel`` field added for multi-message mechanisms."""
+    dtype = mechanism.report_dtype
+    if is_single_message(mechanism) or CHANNEL in (dtype.names or ()):
+        return dtype
+    return np.dtype([*dtype.descr, (CHANNEL, "<i8")])
+
+
+def payload_fields(mechanism: Mechanism) -> list[str]:
+    """Wire dtype fields carried inside the Avro payload (all but ``channel``)."""
+    return [f for f in wire_dtype(mechanism).names if f != CHANNEL]
+
+
+def count_clients(mechanism: Mechanism, reports: np.ndarray) -> tuple[np.ndarray, int]:
+    """(messages without presence markers, clients) of a released batch, for ``Accumulator.add``."""
+    if is_single_message(mechanism):
+        return reports, len(reports)
+    marker = reports[CHANNEL] == PRESENCE
+    messages = reports[~marker]
+    names = mechanism.report_dtype.names
+    if CHANNEL not in names:
+        messages = np.ascontiguousarray(messages[list(names)]).astype(mechanism.report_dtype)
+    return messages, int(marker.sum())
+
+
+def presence_row(mechanism: Mechanism) -> PayloadRow:
+    """The presence-marker row of a multi-message mechanism: channel PRESENCE, every payload field zero."""
+    return array_to_rows(_presence_array(mechanism))[0]
+
+
+@cache
+def _presence_cached(mechanism: Mechanism) -> np.ndarray:
+    out = np.zeros(1, dtype=wire_dtype(mechanism))
+    out[CHANNEL] = PRESENCE
+    return out
+
+
+def _presence_array(mechanism: Mechanism) -> np.ndarray:
+    return _presence_cached(mechanism).copy()
 
 
 def dead_letter(stage: str, reason: str, *, original: bytes | None = None, source: SourceRef | None = None,
@@ -71,87 +134,164 @@ def dead_letter(stage: str, reason: str, *, original: bytes | None = None, sourc
     }
 
 
+@cache
+def _avro_fields(record_name: str) -> tuple[str, ...]:
+    """Field names of a payload record of the Report union (parsed from the schema, not restated here)."""
+    for field in load_schema("Report").parsed["fields"]:
+        if field["name"] == "payload":
+            for branch in field["type"]:
+                if branch["name"] == record_name:
+                    return tuple(f["name"] for f in branch["fields"])
+    raise KeyError(f"no payload record {record_name} in schemas/Report.avsc")
+
+
+def bit_length(mechanism: Mechanism) -> int:
+    """The bit count a ``length`` field of a packed-bits payload must hold."""
+    return int(getattr(mechanism, "bit_length", mechanism.d))
+
+
+def row_channel(mechanism: Mechanism, row: PayloadRow) -> int:
+    """The channel a wire row travels on (0 for single-message mechanisms)."""
+    names = wire_dtype(mechanism).names
+    return int(row[names.index(CHANNEL)]) if CHANNEL in names else 0
+
+
 def payload_to_avro(mechanism: Mechanism, row: PayloadRow) -> tuple[str, dict[str, Any]]:
-    """The (record name, record) of a payload row, as fastavro writes a named union branch."""
-    kind = mechanism.payload_kind
-    if kind == "category":
-        return PAYLOAD_RECORDS[kind], {"value": int(row[0])}
-    if kind == "bits":
-        return PAYLOAD_RECORDS[kind], {"length": int(mechanism.d), "bits": bytes(row[0])}
-    if kind == "hashed":
-        return PAYLOAD_RECORDS[kind], {"seed": int(row[0]), "z": int(row[1])}
-    raise ValueError(f"unknown payload kind {kind!r}")
+    """The (record name, record) of a row's payload, as fastavro writes a named union branch.
+
+    The row's channel (``row_channel``) travels beside the payload, in ``Report.channel``.
+    """
+    dtype = wire_dtype(mechanism)
+    values = dict(zip(dtype.names, row, strict=True))
+    if values.get(CHANNEL, 0) == PRESENCE and not is_single_message(mechanism):
+        return PAYLOAD_RECORDS["mark"], {}
+    name = PAYLOAD_RECORDS[mechanism.payload_kind]
+    record: dict[str, Any] = {}
+    for field in _avro_fields(name):
+        if field == "length":
+            record[field] = bit_length(mechanism)
+            continue
+        value, sub = values[field], dtype.fields[field][0]
+        if sub.shape:
+            record[field] = bytes(value) if sub.base == np.uint8 else list(value)
+        else:
+            record[field] = float(value) if sub.kind == "f" else int(value)
+    return name, record
 
 
-def payload_from_avro(mechanism: Mechanism, payload: Any) -> PayloadRow:
-    """Turn a decoded Avro payload into a row of ``mechanism``; ``ValueError`` says why it does not fit.
+def payload_from_avro(mechanism: Mechanism, payload: Any, channel: int = 0) -> PayloadRow:
+    """Turn a decoded Avro payload (and its channel) into a wire row; ``ValueError`` says why it does not fit.
 
-    Checks the payload record type and shape here and the value domain with the mechanism's own
-    vectorised ``validate`` (on a one-row array), so a malformed report never reaches a count array.
+    Checks the record type, the channel and every field's shape here and the value domain with the
+    mechanism's own vectorised ``validate`` (on a one-row array), so a malformed report never reaches a
+    count array.
     """
     name, record = payload if isinstance(payload, tuple) else (None, payload)
     kind = _KIND_OF_RECORD.get(name)
+    single = is_single_message(mechanism)
+    if channel == PRESENCE and not single:
+        if kind != "mark":
+            raise ValueError(f"presence marker (channel {PRESENCE}) must carry a MarkPayload, not {name}")
+        return presence_row(mechanism)
+    channels = channel_count(mechanism)
+    if not 0 <= channel < channels:
+        raise ValueError(f"channel {channel} does not exist for {mechanism.name} (channels 0..{channels - 1})")
     if kind != mechanism.payload_kind:
         raise ValueError(f"payload {name} does not fit mechanism {mechanism.name} "
                          f"(expects {PAYLOAD_RECORDS[mechanism.payload_kind]})")
-    if kind == "category":
-        row: PayloadRow = (record["value"],)
-    elif kind == "bits":
-        if record["length"] != mechanism.d:
-            raise ValueError(f"payload outside the output domain of {mechanism.name}: bit vector of length "
-                             f"{record['length']}, expected {mechanism.d}")
-        row = (record["bits"],)
-    else:
-        row = (record["seed"], record["z"])
+    dtype = wire_dtype(mechanism)
+    row: list[Any] = []
+    for field in dtype.names:
+        if field == CHANNEL:
+            row.append(channel)
+            continue
+        value, sub = record[field], dtype.fields[field][0]
+        if sub.shape:
+            width = int(np.prod(sub.shape)) * (sub.base.itemsize if sub.base == np.uint8 else 1)
+            if len(value) != width:
+                raise ValueError(f"payload outside the output domain of {mechanism.name}: field {field} holds "
+                                 f"{len(value)} entries, expected {width}")
+            value = bytes(value) if sub.base == np.uint8 else tuple(value)
+        row.append(value)
+    if "length" in record and record["length"] != bit_length(mechanism):
+        raise ValueError(f"payload outside the output domain of {mechanism.name}: bit vector of length "
+                         f"{record['length']}, expected {bit_length(mechanism)}")
+    out = tuple(row)
     try:
-        ok = bool(mechanism.validate(rows_to_array(mechanism, [row]))[0])
+        array = rows_to_array(mechanism, [out])
+        ok = bool(mechanism.validate(array if CHANNEL in mechanism.report_dtype.names or single
+                                     else array[list(mechanism.report_dtype.names)])[0])
     except (ValueError, OverflowError, TypeError) as err:
         raise ValueError(f"payload outside the output domain of {mechanism.name}: {err}") from None
     if not ok:
         raise ValueError(f"payload {record} outside the output domain of {mechanism.name}(d={mechanism.d})")
-    return row
+    return out
 
 
 def rows_to_array(mechanism: Mechanism, rows: list[PayloadRow]) -> np.ndarray:
-    """Stack payload rows into the mechanism's structured report array (one copy per field)."""
-    dtype = mechanism.report_dtype
+    """Stack payload rows into the mechanism's wire array (one copy per field)."""
+    dtype = wire_dtype(mechanism)
     out = np.empty(len(rows), dtype=dtype)
     for i, name in enumerate(dtype.names):
         sub = dtype.fields[name][0]
-        if sub.shape:  # packed bytes
+        if sub.shape and sub.base == np.uint8:  # packed bytes
             width = int(np.prod(sub.shape))
             blob = b"".join(r[i] for r in rows)
             if len(blob) != width * len(rows):
                 raise ValueError(f"field {name} must hold {width} bytes per report")
             out[name] = np.frombuffer(blob, dtype=sub.base).reshape((len(rows), *sub.shape))
+        elif sub.shape:
+            out[name] = np.asarray([r[i] for r in rows], dtype=sub.base).reshape((len(rows), *sub.shape))
         else:
             out[name] = np.fromiter((r[i] for r in rows), dtype=sub, count=len(rows))
     return out
 
 
 def array_to_rows(reports: np.ndarray) -> list[PayloadRow]:
-    """Inverse of ``rows_to_array``: per-report tuples with packed fields as ``bytes``."""
+    """Inverse of ``rows_to_array``: per-report tuples with packed fields as ``bytes``, arrays as tuples."""
     columns: list[list[Any]] = []
     for name in reports.dtype.names:
         col = reports[name]
-        if col.ndim > 1:
+        if col.ndim > 1 and col.dtype == np.uint8:
             width = int(np.prod(col.shape[1:]))
             blob = np.ascontiguousarray(col).tobytes()
             columns.append([blob[i * width:(i + 1) * width] for i in range(len(reports))])
+        elif col.ndim > 1:
+            columns.append([tuple(r) for r in col.reshape(len(col), -1).tolist()])
         else:
             columns.append(col.tolist())
     return list(zip(*columns, strict=True))
 
 
 def report_record(mechanism: Mechanism, report: ReportElement) -> dict[str, Any]:
-    """A Report record (schemas/Report.avsc) of a randomized report, as a device would send it."""
-    return {"schema_version": SCHEMA_VERSION, "spec_id": report.spec_id, "channel": report.channel,
-            "client_id": report.client_id, "event_time": report.event_time_ms,
-            "payload": payload_to_avro(mechanism, report.payload)}
+    """A Report record (schemas/Report.avsc) of a randomized message, as a device would send it."""
+    return {"schema_version": SCHEMA_VERSION, "spec_id": report.spec_id, "crowd_id": report.crowd_id,
+            "channel": row_channel(mechanism, report.payload), "client_id": report.client_id,
+            "event_time": report.event_time_ms, "payload": payload_to_avro(mechanism, report.payload)}
 
 
 def shuffled_records(mechanism: Mechanism, batch: ShuffledBatch) -> list[dict[str, Any]]:
     """ShuffledReport records of a released batch, in its (random) order: no client, no key, no time."""
-    common = {"schema_version": SCHEMA_VERSION, "spec_id": batch.spec_id, "channel": batch.channel,
+    common = {"schema_version": SCHEMA_VERSION, "spec_id": batch.spec_id, "crowd_id": batch.crowd_id,
               "window_end": batch.window_end_ms}
-    return [{**common, "payload": payload_to_avro(mechanism, row)} for row in array_to_rows(batch.reports)]
+    return [{**common, "channel": row_channel(mechanism, row), "payload": payload_to_avro(mechanism, row)}
+            for row in array_to_rows(batch.reports)]
+
+
+def client_messages(mechanism: Mechanism, reports: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(wire array, owner) of a batch's messages; multi-message clients get their presence marker first.
+
+    Rows of one client stay consecutive (marker, then its messages), in client order.
+    """
+    if is_single_message(mechanism):
+        return reports, owner
+    clients = int(owner.max()) + 1 if len(owner) else 0
+    dtype = wire_dtype(mechanism)
+    wire = np.zeros(len(reports), dtype=dtype)
+    for name in reports.dtype.names:
+        wire[name] = reports[name]
+    markers = np.zeros(clients, dtype=dtype)
+    markers[CHANNEL] = PRESENCE
+    all_owner = np.concatenate([np.arange(clients, dtype=np.int64), owner])
+    order = np.argsort(all_owner, kind="stable")
+    return np.concatenate([markers, wire])[order], all_owner[order]

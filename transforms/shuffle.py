@@ -1,20 +1,23 @@
 """The shuffler (DESIGN.md §5): reports in, anonymous thresholded permuted batches out.
 
-Per (window, spec, channel) crowd:
+Per (window, spec, crowd id) crowd:
 
 1. reports are windowed on event time (FixedWindows; one on-time pane at the watermark; no early panes,
    which would release partial crowds). Late panes are never released: their reports are counted and
    dead-lettered as late (reports later than the allowed lateness are dropped by Beam itself);
-2. one report per (client, channel, window) is kept -- the earliest, by event time then Kafka position,
-   so a retry keeps the same one -- and the rest are dead-lettered as duplicates. Clients are grouped
-   by a stable hash bucket, so this costs a few keys per window, not one key per client;
+2. one message set per (client, window) is kept (``max_reports_per_window`` in the spec) -- the earliest,
+   by event time then Kafka position, so a retry keeps the same one -- and the rest are dead-lettered as
+   duplicates. A message set is one report, or all messages of one event of a multi-message mechanism
+   (fragments on their channels plus one presence marker; excess messages per channel are a flood).
+   Clients are grouped by a stable hash bucket: a few keys per window, not one key per client;
 3. identity is stripped: from here on a report is its payload alone, in lists under random sub-keys;
 4. the crowd threshold of 001 Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
-   (two-sided geometric) Laplace; n - n_hat uniformly chosen reports are deleted, allotted to the
-   sub-keys by a multivariate hypergeometric draw so no worker ever holds a whole crowd; a crowd with
+   (two-sided geometric) Laplace; n - n_hat uniformly chosen message sets (whole clients) are deleted,
+   allotted to the sub-keys by a multivariate hypergeometric draw so no worker ever holds a whole crowd; a crowd with
    n_hat = 0 releases nothing, and n_hat > n aborts the crowd (explicitly, never clamped: a clamp would
    change delta);
-5. each sub-crowd is permuted and emitted as ``ShuffledBatch``es stamped with the window end.
+5. each sub-crowd's surviving messages are permuted and emitted as ``ShuffledBatch``es stamped with the
+   window end.
 
 All shuffler randomness (sub-keys, threshold noise, deletions, permutation) is a keyed PRF of the crowd
 under a secret shuffler key (OS entropy, or a seed in tests), so a retried or replayed bundle reproduces
@@ -39,16 +42,17 @@ from apache_beam.transforms import trigger, window
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
+from transforms.mechanisms.base import is_single_message, messages_per_channel
 from transforms.mechanisms.randomness import job_key_from_entropy, job_key_from_seed, keyed_generator, keyed_index
 from transforms.privacy.crowd import crowd_threshold
-from transforms.records import ReportElement, ShuffledBatch, dead_letter, rows_to_array
+from transforms.records import PRESENCE, ReportElement, ShuffledBatch, dead_letter, rows_to_array
 from transforms.spec import AnalysisSpec
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = "esa"
 DEAD = "dead_letters"
 WITHHELD = -1  # decision for a crowd that releases nothing
-DEDUPE_BUCKETS = 64  # client-hash buckets per (window, channel) for deduplication
+DEDUPE_BUCKETS = 64  # client-hash buckets per (window, crowd) for deduplication
 
 
 def discrete_laplace(rng: np.random.Generator, epsilon: float) -> int:
@@ -81,7 +85,7 @@ def as_reports(element: ReportElement | list[ReportElement]) -> list[ReportEleme
 
 
 class BucketByWindowFn(beam.DoFn):
-    """A batch of reports -> one timestamped list per (window, channel, client bucket).
+    """A batch of reports -> one timestamped list per (window, crowd, client bucket).
 
     Grouping before the windowed GroupByKey keeps elements batched: every list lies in a single window
     (it carries the earliest event time of its reports), so Beam's window assignment and lateness rules
@@ -92,26 +96,37 @@ class BucketByWindowFn(beam.DoFn):
         self._window_ms = window_ms
 
     def process(self, element: ReportElement | list[ReportElement]) -> Iterator[window.TimestampedValue]:
-        groups: dict[tuple[int, int, int], list[ReportElement]] = {}
+        groups: dict[tuple[int, str | None, int], list[ReportElement]] = {}
         for report in as_reports(element):
             start = report.event_time_ms - report.event_time_ms % self._window_ms
-            key = (start, report.channel, client_bucket(report.client_id, DEDUPE_BUCKETS))
+            key = (start, report.crowd_id, client_bucket(report.client_id, DEDUPE_BUCKETS))
             groups.setdefault(key, []).append(report)
-        for (_, channel, bucket), reports in groups.items():
+        for (_, crowd, bucket), reports in groups.items():
             first = min(r.event_time_ms for r in reports)
-            yield window.TimestampedValue(((channel, bucket), reports), Timestamp(micros=first * 1000))
+            yield window.TimestampedValue(((crowd, bucket), reports), Timestamp(micros=first * 1000))
+
+
+def _position(report: ReportElement) -> tuple[int, tuple[str, int, int]]:
+    """Order of arrival that does not depend on bundling: event time, then Kafka position."""
+    return report.event_time_ms, report.source or ("", -1, -1)
 
 
 class DedupeAndStripFn(beam.DoFn):
-    """((channel, bucket), [report lists]) -> ((channel, sub-key), [payload rows]) + dead letters.
+    """((crowd, bucket), [report lists]) -> ((crowd, sub-key), [message sets]) + dead letters.
 
-    Keeps each client's first ``quota`` reports (earliest event time, then Kafka position, so a retry
-    keeps the same ones), counts distinct clients, and strips identity: what leaves is payloads only,
-    scattered over sub-keys drawn by a keyed PRF of (client, window). Late panes release nothing.
+    A *message set* is what one client sent for one event: a single report, or -- for mechanisms that
+    send several messages -- every message with that event time (exactly one presence marker and at most
+    ``messages_per_channel`` messages per channel). Keeps each client's first ``quota`` sets (earliest
+    event time, then Kafka position, so a retry keeps the same ones), counts distinct clients, and strips
+    identity: what leaves is tuples of payload rows, scattered over sub-keys drawn by a keyed PRF of
+    (client, crowd, window). Late panes release nothing.
     """
 
     def __init__(self, spec: AnalysisSpec, key: bytes):
+        mechanism = spec.randomizer
         self._spec_id, self._quota = spec.spec_id, spec.max_reports_per_client
+        self._single = is_single_message(mechanism)
+        self._per_channel = messages_per_channel(mechanism)
         self._subkeys, self._key = spec.crowd.subkeys, key
         self._valid = Metrics.counter(NAMESPACE, "reports_valid")
         self._clients = Metrics.counter(NAMESPACE, "distinct_clients")
@@ -123,10 +138,10 @@ class DedupeAndStripFn(beam.DoFn):
         return TaggedOutput(DEAD, dead_letter("shuffle", reason, original=report.original, source=report.source,
                                               spec_id=report.spec_id))
 
-    def process(self, keyed: tuple[tuple[int, int], Iterable[list[ReportElement]]],
+    def process(self, keyed: tuple[tuple[str | None, int], Iterable[list[ReportElement]]],
                 win: window.BoundedWindow = beam.DoFn.WindowParam,
                 pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
-        (channel, _), lists = keyed
+        (crowd, _), lists = keyed
         late = pane.timing == PaneInfoTiming.LATE
         by_client: dict[str, list[ReportElement]] = {}
         for report in (r for batch in lists for r in batch):
@@ -139,21 +154,51 @@ class DedupeAndStripFn(beam.DoFn):
                 by_client.setdefault(report.client_id, []).append(report)
         kept: dict[int, list[tuple]] = {}
         for client, mine in by_client.items():
-            if len(mine) > 1:
-                mine.sort(key=lambda r: (r.event_time_ms, r.source or ("", -1, -1)))
-            subkey = keyed_index(self._key, f"{win.start.micros}/{channel}/{client}", self._subkeys)
-            kept.setdefault(subkey, []).extend(r.payload for r in mine[:self._quota])
-            for dup in mine[self._quota:]:
-                yield self._reject(dup, f"duplicate: client {client} already sent {self._quota} report(s) on "
-                                        f"channel {channel} in this window")
+            sets = self._message_sets(mine)
+            subkey = keyed_index(self._key, f"{win.start.micros}/{crowd}/{client}", self._subkeys)
+            for i, message_set in enumerate(sets):
+                if i >= self._quota:
+                    for dup in message_set:
+                        yield self._reject(dup, f"duplicate: client {client} already sent {self._quota} report(s) "
+                                                "in this window")
+                    continue
+                problem = None if self._single else self._set_problem(message_set)
+                if problem:
+                    for report in message_set:
+                        yield self._reject(report, f"{problem} (client {client})")
+                    continue
+                kept.setdefault(subkey, []).append(tuple(r.payload for r in message_set))
         self._clients.inc(len(by_client))
-        self._valid.inc(sum(len(rows) for rows in kept.values()))
-        for subkey, rows in kept.items():
-            yield (channel, subkey), rows
+        self._valid.inc(sum(len(s) for sets in kept.values() for s in sets))
+        for subkey, sets in kept.items():
+            yield (crowd, subkey), sets
+
+    def _message_sets(self, reports: list[ReportElement]) -> list[list[ReportElement]]:
+        """One client's reports as message sets in arrival order (single-message: one report per set)."""
+        reports.sort(key=_position)
+        if self._single:
+            return [[r] for r in reports]
+        sets: dict[int, list[ReportElement]] = {}
+        for report in reports:
+            sets.setdefault(report.event_time_ms, []).append(report)
+        return list(sets.values())
+
+    def _set_problem(self, message_set: list[ReportElement]) -> str | None:
+        """Why a multi-message set cannot be used as it is, or None."""
+        per_channel: dict[int, int] = {}
+        for report in message_set:
+            per_channel[report.channel] = per_channel.get(report.channel, 0) + 1
+        if per_channel.get(PRESENCE, 0) != 1:
+            return f"message set with {per_channel.get(PRESENCE, 0)} presence markers (expected exactly 1)"
+        flooded = [c for c, k in per_channel.items() if c != PRESENCE and k > self._per_channel]
+        if flooded:
+            return (f"flood: {per_channel[flooded[0]]} messages on channel {flooded[0]} for one event "
+                    f"(at most {self._per_channel})")
+        return None
 
 
 class CrowdThresholdFn(beam.DoFn):
-    """(channel, [(sub-key, count)]) -> ((channel, sub-key), reports to delete, or WITHHELD)."""
+    """(crowd, [(sub-key, message sets)]) -> ((crowd, sub-key), message sets to delete, or WITHHELD)."""
 
     def __init__(self, spec: AnalysisSpec, key: bytes):
         self._crowd, self._spec_id, self._key = spec.crowd, spec.spec_id, key
@@ -161,59 +206,66 @@ class CrowdThresholdFn(beam.DoFn):
         self._suppressed = Metrics.counter(NAMESPACE, "crowds_suppressed")
         self._aborted = Metrics.counter(NAMESPACE, "crowds_aborted")
 
-    def process(self, keyed: tuple[int, Iterable[tuple[int, int]]],
-                win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[tuple[tuple[int, int], int]]:
-        channel, parts = keyed
+    def process(self, keyed: tuple[str | None, Iterable[tuple[int, int]]],
+                win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[tuple[tuple[str | None, int], int]]:
+        crowd, parts = keyed
         subkeys, counts = zip(*sorted(parts), strict=True)
         n = int(sum(counts))
-        rng = keyed_generator(self._key, "threshold", self._spec_id, channel, win.start.micros)
+        rng = keyed_generator(self._key, "threshold", self._spec_id, str(crowd), win.start.micros)
         n_hat = noisy_crowd_target(n, discrete_laplace(rng, self._crowd.epsilon),
                                    crowd_threshold(self._crowd.epsilon, self._crowd.delta))
         if n_hat > n or n_hat == 0:
             # Both outcomes release nothing; only the shuffler's own log and counters know why.
             (self._aborted if n_hat > n else self._suppressed).inc()
-            LOG.info("crowd %s channel %d window ending %s withheld (%s)", self._spec_id, channel,
+            LOG.info("crowd %s/%s window ending %s withheld (%s)", self._spec_id, crowd,
                      win.end.to_utc_datetime(), "aborted" if n_hat > n else "below threshold")
             for key in subkeys:
-                yield (channel, key), WITHHELD
+                yield (crowd, key), WITHHELD
             return
         self._released.inc()
         deletions = rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), n - n_hat)
         for key, d in zip(subkeys, deletions.tolist(), strict=True):
-            yield (channel, key), int(d)
+            yield (crowd, key), int(d)
 
 
 class ReleaseFn(beam.DoFn):
-    """Join a sub-crowd with its decision: delete, permute, emit batches stamped with the window end."""
+    """Join a sub-crowd with its decision: delete whole message sets, permute messages, emit batches.
+
+    Messages are permuted *after* the sets are broken up, so no position in a batch links two messages of
+    one client; batches are stamped with the window end.
+    """
 
     def __init__(self, spec: AnalysisSpec, batch_size: int, key: bytes):
         self._spec, self._batch_size, self._key = spec, batch_size, key
         self._deleted = Metrics.counter(NAMESPACE, "reports_deleted")
         self._released = Metrics.counter(NAMESPACE, "reports_released")
 
-    def process(self, keyed: tuple[tuple[int, int], dict[str, list]],
+    def process(self, keyed: tuple[tuple[str | None, int], dict[str, list]],
                 win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[window.TimestampedValue]:
-        (channel, subkey), joined = keyed
-        rows = sorted(row for part in joined["reports"] for row in part)  # canonical order: GBK order is not
+        (crowd, subkey), joined = keyed
+        sets = sorted(s for part in joined["reports"] for s in part)  # canonical order: GBK order is not
         decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
         decision = decisions[0]
         if decision == WITHHELD:
-            self._deleted.inc(len(rows))
+            self._deleted.inc(sum(len(s) for s in sets))
             return
-        rng = keyed_generator(self._key, "release", self._spec.spec_id, channel, subkey, win.start.micros)
-        order = rng.permutation(len(rows))[decision:]  # one draw: which survive, and their order
-        self._deleted.inc(decision)
-        self._released.inc(len(order))
+        rng = keyed_generator(self._key, "release", self._spec.spec_id, str(crowd), subkey, win.start.micros)
+        survivors = rng.permutation(len(sets))[decision:]  # one draw: which sets survive
+        rows = [row for i in survivors for row in sets[i]]
+        order = rng.permutation(len(rows))
+        self._deleted.inc(sum(len(s) for s in sets) - len(rows))
+        self._released.inc(len(rows))
         window_end_ms = win.end.micros // 1000
         published = self._spec.crowd.publish_deletions
         if not len(order) and not published:
             return
+        mechanism = self._spec.randomizer
         for start in range(0, max(len(order), 1), self._batch_size):
-            batch = rows_to_array(self._spec.randomizer, [rows[i] for i in order[start:start + self._batch_size]])
+            batch = rows_to_array(mechanism, [rows[i] for i in order[start:start + self._batch_size]])
             deleted = (decision if start == 0 else 0) if published else None
-            yield window.TimestampedValue(ShuffledBatch(self._spec.spec_id, channel, window_end_ms, batch, deleted),
+            yield window.TimestampedValue(ShuffledBatch(self._spec.spec_id, crowd, window_end_ms, batch, deleted),
                                           win.max_timestamp())
 
 

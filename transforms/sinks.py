@@ -10,28 +10,29 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.transforms import window
 
-from schemas import avro_file_schema, encode_record
+from schemas import avro_file_schema, encode_record, load_schema
 from transforms.kafkaio import WriteToKafka
 
-ESTIMATE_ARROW_SCHEMA = pa.schema([
-    ("schema_version", pa.int32()),
-    ("spec_id", pa.string()),
-    ("analysis", pa.string()),
-    ("window_start", pa.int64()),
-    ("window_end", pa.int64()),
-    ("channel", pa.int32()),
-    ("item", pa.string()),
-    ("item_index", pa.int64()),
-    ("estimate", pa.float64()),
-    ("stderr", pa.float64()),
-    ("n_reports", pa.int64()),
-    ("n_deleted", pa.int64()),
-    ("eps_local", pa.float64()),
-    ("eps_central", pa.float64()),
-    ("delta", pa.float64()),
-    ("mechanism", pa.string()),
-    ("parameters", pa.string()),
-])
+_ARROW_TYPES = {"int": pa.int32(), "long": pa.int64(), "double": pa.float64(), "string": pa.string(),
+                "boolean": pa.bool_()}
+
+
+def arrow_schema_of(name: str) -> pa.Schema:
+    """The Arrow schema of a flat Avro record schema (nullable unions become nullable columns).
+
+    Derived, not restated, so the Parquet columns cannot drift from ``schemas/<name>.avsc``.
+    """
+    columns = []
+    for field in load_schema(name).parsed["fields"]:
+        avro_type = field["type"]
+        nullable = isinstance(avro_type, list)
+        if nullable:
+            avro_type = next(t for t in avro_type if t != "null")
+        columns.append(pa.field(field["name"], _ARROW_TYPES[avro_type], nullable=nullable))
+    return pa.schema(columns)
+
+
+ESTIMATE_ARROW_SCHEMA = arrow_schema_of("Estimate")
 
 
 class WriteEstimatesParquet(beam.PTransform):

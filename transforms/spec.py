@@ -21,19 +21,21 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from transforms.mechanisms.base import Mechanism
-from transforms.mechanisms.frequency import FREQUENCY_MECHANISMS, make_frequency_mechanism
+from transforms.mechanisms.base import Mechanism, is_single_message
+from transforms.mechanisms.registry import build_mechanism, mechanisms_for
 
-KINDS = ("histogram",)
-_MECHANISM_PARAMS = {"grr": set(), "oue": set(), "olh": {"g", "seed_family"}}
+KINDS = ("histogram", "kv_mean", "vector_mean", "range", "quantile", "heavy_hitters")
+POSTPROCESS = ("none", "clip", "simplex")
+MAX_CROWD_ID_LENGTH = 64
 # Every table and key a spec may hold: anything else is a typo that must stop the job, not be ignored.
 # ([mechanism] keys are checked against the chosen mechanism's own parameters in _check_mechanism.)
 KNOWN_FIELDS: dict[str, set[str] | None] = {
     "analysis": {"name", "kind", "metric"},
-    "domain": {"categories", "size"},
+    "domain": {"categories", "size", "grid", "keys", "s", "value_range", "dimension", "bits", "quantiles", "top"},
+    "postprocess": {"method"},
     "mechanism": None,
     "window": {"size_seconds", "allowed_lateness_seconds"},
-    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions"},
+    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions", "partition"},
     "privacy": {"delta"},
     "clients": {"max_reports_per_window"},
 }
@@ -54,11 +56,19 @@ class CrowdSpec:
     # Publishing the deletion count next to n_reports reveals the exact crowd size the noise hides;
     # only for deployments where the analyst may know it (e.g. the shuffler's operator).
     publish_deletions: bool = False
+    # Name of the public attribute (TelemetryEvent.crowd_id, e.g. a software version) whose values split
+    # clients into crowds that are thresholded and analyzed separately (001 §V); None: one crowd.
+    partition: str | None = None
 
 
 @dataclass(frozen=True)
 class AnalysisSpec:
-    """One histogram metric with everything the three stages must agree on."""
+    """One metric with everything the three stages must agree on.
+
+    ``categories`` names the estimated items: histogram categories, kv_mean keys, vector coordinates
+    (``"0".."d-1"``); range, quantile and heavy-hitter analyses have none. ``domain_params`` holds the
+    kind's other domain values (s, value_range, bits, quantiles, top, grid).
+    """
 
     name: str
     metric: str
@@ -73,10 +83,17 @@ class AnalysisSpec:
     delta: float = 1e-6
     max_reports_per_client: int = 1
     kind: str = "histogram"
+    domain_params: tuple[tuple[str, Any], ...] = ()
+    postprocess: str = "none"
 
     @property
     def d(self) -> int:
         return len(self.categories)
+
+    @cached_property
+    def domain(self) -> dict[str, Any]:
+        """Domain values the mechanism is built from: d plus the kind's ``domain_params``."""
+        return {"d": self.d, **dict(self.domain_params)}
 
     @cached_property
     def spec_id(self) -> str:
@@ -91,7 +108,7 @@ class AnalysisSpec:
     @cached_property
     def randomizer(self) -> Mechanism:
         """The frozen mechanism object shared by encoder and analyzer."""
-        return make_frequency_mechanism(self.mechanism, self.d, self.epsilon, **dict(self.mechanism_params))
+        return build_mechanism(self.mechanism, self.kind, self.domain, self.epsilon, dict(self.mechanism_params))
 
     def with_mechanism(self, mechanism: str | None = None, epsilon: float | None = None) -> AnalysisSpec:
         """A copy with another randomizer or budget (a new spec_id); used by the demo's flags."""
@@ -128,7 +145,13 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
     name = reader.get("analysis", "name", str)
     if not name or "@" in name:
         reader.fail("analysis", "name", "must be a non-empty string without '@'")
-    categories = _categories(reader)
+    categories, domain_params = _domain(reader, kind)
+    postprocess = reader.get("postprocess", "method", str, "none")
+    if postprocess not in POSTPROCESS:
+        reader.fail("postprocess", "method", f"must be one of {', '.join(POSTPROCESS)} (got {postprocess!r})")
+    partition = reader.get("crowd", "partition", str, None)
+    if partition is not None and not partition:
+        reader.fail("crowd", "partition", "must name the attribute that splits clients into crowds")
     mech_table = dict(reader.table("mechanism"))
     mechanism = reader.get("mechanism", "name", str)
     epsilon = reader.get("mechanism", "epsilon", (int, float))
@@ -138,6 +161,7 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         delta=reader.get("crowd", "delta", (int, float), CrowdSpec.delta),
         subkeys=reader.get("crowd", "subkeys", int, CrowdSpec.subkeys),
         publish_deletions=reader.get("crowd", "publish_deletions", bool, CrowdSpec.publish_deletions),
+        partition=partition,
     )
     spec = AnalysisSpec(
         name=name,
@@ -152,6 +176,8 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         crowd=dataclasses.replace(crowd, epsilon=float(crowd.epsilon), delta=float(crowd.delta)),
         delta=float(reader.get("privacy", "delta", (int, float), 1e-6)),
         max_reports_per_client=reader.get("clients", "max_reports_per_window", int, 1),
+        domain_params=domain_params,
+        postprocess=postprocess,
     )
     _check_numbers(spec, reader)
     _check_mechanism(spec, source)
@@ -170,10 +196,82 @@ def _check_known_fields(raw: dict[str, Any], source: str) -> None:
                 raise SpecError(f"{source}: [{table}] {key} is not a known field (known: {', '.join(sorted(allowed))})")
 
 
+def _domain(reader: _Reader, kind: str) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
+    """(item names, other domain values) of ``[domain]``, checked for the analysis kind."""
+    domain = reader.table("domain")
+    allowed = {"histogram": {"categories", "size", "grid"}, "kv_mean": {"keys", "s", "value_range"},
+               "vector_mean": {"dimension", "value_range"}, "range": {"bits", "value_range"},
+               "quantile": {"bits", "value_range", "quantiles"}, "heavy_hitters": {"bits", "top"}}[kind]
+    for key in domain:
+        if key not in allowed:
+            reader.fail("domain", key, f"is not a field of a {kind} domain (fields: {', '.join(sorted(allowed))})")
+    params: dict[str, Any] = {}
+    if kind == "histogram":
+        return _categories(reader), ()
+    if kind == "kv_mean":
+        keys = _names(reader, "keys")
+        s = reader.get("domain", "s", int, 1)
+        if not 1 <= s <= len(keys):
+            reader.fail("domain", "s", f"must be in [1, number of keys = {len(keys)}] (got {s})")
+        params = {"s": s, "value_range": _value_range(reader, (-1.0, 1.0))}
+        return keys, tuple(params.items())
+    if kind == "vector_mean":
+        dim = reader.get("domain", "dimension", int)
+        if dim < 1:
+            reader.fail("domain", "dimension", f"must be >= 1 (got {dim})")
+        return tuple(str(i) for i in range(dim)), (("value_range", _value_range(reader, (0.0, 1.0))),)
+    bits = reader.get("domain", "bits", int)
+    limit = 64 if kind == "heavy_hitters" else 24
+    if not 1 <= bits <= limit:
+        reader.fail("domain", "bits", f"must be in [1, {limit}] (got {bits})")
+    params["bits"] = bits
+    if kind in ("range", "quantile") and "value_range" in domain:
+        params["value_range"] = _value_range(reader, None)
+    if kind == "quantile":
+        qs = reader.get("domain", "quantiles", list, [0.25, 0.5, 0.75])
+        if not qs or not all(isinstance(q, int | float) and not isinstance(q, bool) and 0 < q < 1 for q in qs):
+            reader.fail("domain", "quantiles", f"must list numbers in (0, 1) (got {qs!r})")
+        params["quantiles"] = tuple(float(q) for q in qs)
+    if kind == "heavy_hitters":
+        top = reader.get("domain", "top", int, 10)
+        if top < 1:
+            reader.fail("domain", "top", f"must be >= 1 (got {top})")
+        params["top"] = top
+    return (), tuple(params.items())
+
+
+def _names(reader: _Reader, key: str) -> tuple[str, ...]:
+    names = reader.get("domain", key, list)
+    if len(names) < 1 or not all(isinstance(c, str) and c for c in names):
+        reader.fail("domain", key, "must list non-empty strings")
+    if len(set(names)) != len(names):
+        reader.fail("domain", key, "must not repeat a name")
+    return tuple(names)
+
+
+def _value_range(reader: _Reader, default: tuple[float, float] | None) -> tuple[float, float]:
+    raw = reader.get("domain", "value_range", list, list(default) if default else reader._MISSING)
+    ok = (len(raw) == 2 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw)
+          and all(math.isfinite(v) for v in raw) and raw[0] < raw[1])
+    if not ok:
+        reader.fail("domain", "value_range", f"must be [lo, hi] with finite lo < hi (got {raw!r})")
+    return float(raw[0]), float(raw[1])
+
+
 def _categories(reader: _Reader) -> tuple[str, ...]:
     domain = reader.table("domain")
-    if ("categories" in domain) == ("size" in domain):
-        reader.fail("domain", "categories", "give exactly one of categories = [...] or size = N")
+    given = [k for k in ("categories", "size", "grid") if k in domain]
+    if len(given) != 1:
+        reader.fail("domain", "categories", "give exactly one of categories = [...], size = N or grid = [W, H]")
+    if "grid" in domain:
+        grid = reader.get("domain", "grid", list)
+        if len(grid) != 2 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid):
+            reader.fail("domain", "grid", f"must be [width, height] of positive integers (got {grid!r})")
+        width, height = grid
+        if width * height < 2:
+            reader.fail("domain", "grid", "must have at least 2 cells")
+        # row-major cells named "x,y": item index = y * width + x
+        return tuple(f"{x},{y}" for y in range(height) for x in range(width))
     if "size" in domain:
         size = reader.get("domain", "size", int)
         if size < 2:
@@ -206,16 +304,16 @@ def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
 
 
 def _check_mechanism(spec: AnalysisSpec, source: str) -> None:
-    if spec.mechanism not in FREQUENCY_MECHANISMS:
-        raise SpecError(f"{source}: [mechanism] name must be one of {', '.join(FREQUENCY_MECHANISMS)} "
-                        f"(got {spec.mechanism!r})")
-    unknown = {k for k, _ in spec.mechanism_params} - _MECHANISM_PARAMS.get(spec.mechanism, set())
-    if unknown:
-        raise SpecError(f"{source}: [mechanism] {sorted(unknown)[0]} is not a parameter of {spec.mechanism}")
+    if spec.mechanism not in mechanisms_for(spec.kind):
+        raise SpecError(f"{source}: [mechanism] name must be one of {', '.join(mechanisms_for(spec.kind))} for a "
+                        f"{spec.kind} analysis (got {spec.mechanism!r})")
     try:
-        spec.randomizer  # noqa: B018 -- constructing it runs the mechanism's own parameter checks
-    except (TypeError, ValueError) as err:
+        mechanism = spec.randomizer
+    except (TypeError, ValueError) as err:  # the mechanism's own parameter checks, or an unknown parameter
         raise SpecError(f"{source}: [mechanism] {err}") from None
+    if not is_single_message(mechanism) and spec.max_reports_per_client != 1:
+        raise SpecError(f"{source}: [clients] max_reports_per_window must be 1 for {spec.mechanism}, whose clients "
+                        f"send several messages per report (got {spec.max_reports_per_client})")
 
 
 class _Reader:

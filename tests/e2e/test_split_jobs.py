@@ -73,7 +73,7 @@ def test_shuffled_topic_identifies_no_client(chain, broker) -> None:
     records = read_topic(broker.bootstrap, topics["shuffled_topic"])
     assert records and all(r.key is None for r in records)
     decoded = [decode_record("ShuffledReport", r.value) for r in records]
-    assert set(decoded[0]) == {"schema_version", "spec_id", "channel", "window_end", "payload"}
+    assert set(decoded[0]) == {"schema_version", "spec_id", "crowd_id", "channel", "window_end", "payload"}
     blob = b"".join(r.value for r in records)
     for client in population.client_ids[:200]:
         assert client.encode() not in blob

@@ -32,27 +32,34 @@ HEADER_LEN = 10  # C3 01 + 8 fingerprint bytes
 CATEGORY = ("esa.telemetry.CategoryPayload", {"value": 5})
 BITS = ("esa.telemetry.BitsPayload", {"length": 12, "bits": b"\x81\x30"})
 HASHED = ("esa.telemetry.HashedPayload", {"seed": 1023, "z": 3})
+MARK = ("esa.telemetry.MarkPayload", {})
+SKETCH = ("esa.telemetry.SketchPayload", {"row": 7, "length": 12, "bits": b"\x81\x30"})
+KEY_VALUE = ("esa.telemetry.KeyValuePayload", {"key": 3, "value": -1})
+COORDINATES = ("esa.telemetry.CoordinatesPayload", {"indices": [0, 9], "values": [0.5, -2.0]})
+VECTOR = ("esa.telemetry.VectorPayload", {"values": [1.5, -0.25, 0.0]})
+INTEGERS = ("esa.telemetry.IntegersPayload", {"values": [4, -1, 2**40]})
 
 
-def telemetry_event(value: Any) -> dict[str, Any]:
+def telemetry_event(value: Any, crowd_id: str | None = None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "client_id": "client-7", "event_time": 1_700_000_123_456,
-            "metric": "app_language", "value": value}
+            "metric": "app_language", "value": value, "crowd_id": crowd_id}
 
 
-def report(payload: Any, client_id: str | None = "client-7") -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "channel": 0,
-            "client_id": client_id, "event_time": 1_700_000_123_456, "payload": payload}
+def report(payload: Any, client_id: str | None = "client-7", crowd_id: str | None = None) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "crowd_id": crowd_id,
+            "channel": 0, "client_id": client_id, "event_time": 1_700_000_123_456, "payload": payload}
 
 
-def shuffled_report(payload: Any) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "channel": 2,
-            "window_end": 1_700_002_800_000, "payload": payload}
+def shuffled_report(payload: Any, crowd_id: str | None = None) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "crowd_id": crowd_id,
+            "channel": 2, "window_end": 1_700_002_800_000, "payload": payload}
 
 
 def estimate(n_deleted: int | None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "analysis": "app_language",
-            "window_start": 1_699_999_200_000, "window_end": 1_700_002_800_000, "channel": 0, "item": "en",
-            "item_index": 0, "estimate": 0.25, "stderr": 0.0125, "n_reports": 20_000, "n_deleted": n_deleted,
+            "window_start": 1_699_999_200_000, "window_end": 1_700_002_800_000, "crowd_id": "v1.2", "item": "en",
+            "item_index": 0, "estimate": 0.25, "stderr": 0.0125, "raw_estimate": 0.26, "n_reports": 20_000,
+            "n_clients": 20_000, "n_deleted": n_deleted,
             "eps_local": 2.0, "eps_central": 0.12, "delta": 1e-6, "mechanism": "olh",
             "parameters": json.dumps({"d": 64, "epsilon": 2.0})}
 
@@ -77,9 +84,18 @@ ROUND_TRIPS: list[tuple[str, str, dict[str, Any]]] = [
     ("Report", "bits", report(BITS)),
     ("Report", "hashed", report(HASHED)),
     ("Report", "no-client", report(CATEGORY, client_id=None)),
+    ("Report", "crowd", report(CATEGORY, crowd_id="v1.2")),
+    ("Report", "mark", report(MARK)),
+    ("Report", "sketch", report(SKETCH)),
+    ("Report", "key_value", report(KEY_VALUE)),
+    ("Report", "coordinates", report(COORDINATES)),
+    ("Report", "vector", report(VECTOR)),
+    ("Report", "integers", report(INTEGERS)),
+    ("TelemetryEvent", "crowd", telemetry_event("en", crowd_id="v1.2")),
     ("ShuffledReport", "category", shuffled_report(CATEGORY)),
     ("ShuffledReport", "bits", shuffled_report(BITS)),
     ("ShuffledReport", "hashed", shuffled_report(HASHED)),
+    ("ShuffledReport", "mark-crowd", shuffled_report(MARK, crowd_id="v1.2")),
     ("Estimate", "n_deleted-null", estimate(None)),
     ("Estimate", "n_deleted-set", estimate(31)),
     ("DeadLetter", "minimal", dead_letter(False)),
@@ -257,7 +273,8 @@ def field_names(name: str) -> set[str]:
 
 
 def test_shuffled_report_has_no_identity_key_or_event_time() -> None:
-    assert field_names("ShuffledReport") == {"schema_version", "spec_id", "channel", "window_end", "payload"}
+    assert field_names("ShuffledReport") == {"schema_version", "spec_id", "crowd_id", "channel", "window_end",
+                                             "payload"}
     assert not field_names("ShuffledReport") & {"client_id", "key", "event_time", "timestamp", "offset",
                                                  "partition", "topic"}
 

@@ -57,7 +57,7 @@ def encoded_reports(spec: AnalysisSpec, counts: np.ndarray, seed: int) -> np.nda
 
 
 def split(spec: AnalysisSpec, reports: np.ndarray, window_end_ms: int, cuts: list[int]) -> list[ShuffledBatch]:
-    return [ShuffledBatch(spec.spec_id, 0, window_end_ms, part) for part in np.split(reports, cuts)]
+    return [ShuffledBatch(spec.spec_id, None, window_end_ms, part) for part in np.split(reports, cuts)]
 
 
 def windowed(p: beam.Pipeline, label: str, batches: list[Any]) -> beam.PCollection:
@@ -104,8 +104,9 @@ def test_one_valid_estimate_row_per_item(analyzed: MechanismRun) -> None:
     for row in rows:
         assert set(row) == set(ESTIMATE_FIELDS)
         validate(row, load_schema("Estimate").parsed, raise_errors=True)
-        assert row["spec_id"] == spec.spec_id and row["analysis"] == spec.name and row["channel"] == 0
-        assert row["n_reports"] == N
+        assert row["spec_id"] == spec.spec_id and row["analysis"] == spec.name and row["crowd_id"] is None
+        assert row["n_reports"] == N and row["n_clients"] == N
+        assert row["estimate"] == row["raw_estimate"]  # no post-processing configured
         assert row["n_deleted"] is None  # the analyzer never learns the crowd size
         assert row["eps_local"] == spec.epsilon
         assert row["delta"] == spec.delta
@@ -215,7 +216,7 @@ def test_combine_fn_merges_in_any_order(mechanism: str) -> None:
     def accumulate(parts: list[np.ndarray]) -> Any:
         acc = combine.create_accumulator()
         for part in parts:
-            acc = combine.add_input(acc, ShuffledBatch(spec.spec_id, 0, WIN_A + WINDOW_MS, part))
+            acc = combine.add_input(acc, ShuffledBatch(spec.spec_id, None, WIN_A + WINDOW_MS, part))
         return acc
 
     def rows(acc: Any) -> list[dict[str, Any]]:
@@ -242,9 +243,10 @@ def sample_estimate_rows() -> list[dict[str, Any]]:
             for i, item in enumerate(("en", "de", "fr")):
                 rows.append({
                     "schema_version": 1, "spec_id": spec_id, "analysis": spec_id.split("@")[0],
-                    "window_start": start, "window_end": start + WINDOW_MS, "channel": 0, "item": item,
+                    "window_start": start, "window_end": start + WINDOW_MS, "crowd_id": None, "item": item,
                     "item_index": i, "estimate": float(rng.normal(0.3, 0.1)), "stderr": float(rng.uniform(0.001, 0.01)),
-                    "n_reports": 20_000 + i, "n_deleted": n_deleted, "eps_local": 1.0,
+                    "raw_estimate": float(rng.normal(0.3, 0.1)), "n_reports": 20_000 + i, "n_clients": 20_000 + i,
+                    "n_deleted": n_deleted, "eps_local": 1.0,
                     "eps_central": float(rng.uniform(0.01, 0.1)), "delta": 1e-6, "mechanism": mechanism,
                     "parameters": json.dumps({"d": 3, "epsilon": 1.0}),
                 })
@@ -338,6 +340,6 @@ def test_several_reports_per_client_compose_in_the_ledger() -> None:
 
 
 def test_analyze_refuses_a_batch_of_another_spec() -> None:
-    batch = ShuffledBatch("other@000000000000", 0, 0, np.zeros(0, dtype=[("value", "<i8")]))
+    batch = ShuffledBatch("other@000000000000", None, 0, np.zeros(0, dtype=[("value", "<i8")]))
     with pytest.raises(ValueError, match="reached the analyzer"):
         _key_by_crowd(batch, "mine@111111111111")

@@ -36,7 +36,7 @@ def test_rows_arrays_and_avro_payloads_round_trip(name: str, d: int, eps: float,
                        st.dictionaries(st.text(max_size=8), st.floats(allow_nan=False), max_size=5)))
 def test_telemetry_events_round_trip(client: str, metric: str, t: int, value: object) -> None:
     record = {"schema_version": SCHEMA_VERSION, "client_id": client, "event_time": t, "metric": metric,
-              "value": value}
+              "value": value, "crowd_id": None}
     assert decode_record("TelemetryEvent", encode_record("TelemetryEvent", record)) == record
 
 
@@ -45,7 +45,7 @@ def test_telemetry_events_round_trip(client: str, metric: str, t: int, value: ob
 def test_reports_round_trip_and_stay_in_domain(name: str, d: int, seed: int, client: str) -> None:
     mech = make_frequency_mechanism(name, d, 2.0)
     row = array_to_rows(mech.encode(np.array([seed % d]), np.random.default_rng(seed)))[0]
-    record = {"schema_version": SCHEMA_VERSION, "spec_id": "s@0", "channel": 0, "client_id": client,
+    record = {"schema_version": SCHEMA_VERSION, "spec_id": "s@0", "crowd_id": None, "channel": 0, "client_id": client,
               "event_time": seed, "payload": payload_to_avro(mech, row)}
     decoded = decode_record("Report", encode_record("Report", record))
     assert decoded == record

@@ -135,8 +135,8 @@ def test_outputs_are_shuffled_batches_without_identity(two_windows: tuple[Pipeli
     for batch in batches:
         assert type(batch) is ShuffledBatch
         # Payloads and the crowd's coordinates only; ``deleted`` is a count the spec may opt into publishing.
-        assert ShuffledBatch._fields == ("spec_id", "channel", "window_end_ms", "reports", "deleted")
-        assert batch.spec_id == SPEC.spec_id and batch.channel == 0
+        assert ShuffledBatch._fields == ("spec_id", "crowd_id", "window_end_ms", "reports", "deleted")
+        assert batch.spec_id == SPEC.spec_id and batch.crowd_id is None
         assert batch.deleted is None  # SPEC does not publish deletions
         assert batch.reports.dtype == SPEC.randomizer.report_dtype  # payload fields only
         data = pickle.dumps(batch)

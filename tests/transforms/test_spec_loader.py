@@ -152,7 +152,8 @@ BAD_FIELDS = [
     ("epsilon too large", "epsilon = 1.5", "epsilon = 31", "[mechanism] epsilon", "(0, 30]"),
     ("epsilon string", "epsilon = 1.5", 'epsilon = "two"', "[mechanism] epsilon", "'two'"),
     ("epsilon bool", "epsilon = 1.5", "epsilon = true", "[mechanism] epsilon", "True"),
-    ("unknown mechanism", 'name = "grr"', 'name = "rappor"', "[mechanism] name", "'rappor'"),
+    ("unknown mechanism", 'name = "grr"', 'name = "rappor9"', "[mechanism] name", "'rappor9'"),
+    ("mechanism of another kind", 'name = "grr"', 'name = "collision"', "[mechanism] name", "'collision'"),
     ("unknown mechanism parameter", "epsilon = 1.5", "epsilon = 1.5\nbuckets = 4", "[mechanism] buckets",
      "not a parameter of grr"),
     ("olh parameter on grr", "epsilon = 1.5", "epsilon = 1.5\ng = 4", "[mechanism] g", "not a parameter of grr"),
@@ -180,7 +181,7 @@ BAD_FIELDS = [
     ("window string", "size_seconds = 600", 'size_seconds = "1h"', "[window] size_seconds", "int"),
     ("quota zero", "max_reports_per_window = 2", "max_reports_per_window = 0", "[clients] max_reports_per_window",
      ">= 1"),
-    ("unknown kind", 'kind = "histogram"', 'kind = "quantile"', "[analysis] kind", "'quantile'"),
+    ("unknown kind", 'kind = "histogram"', 'kind = "quantiles"', "[analysis] kind", "'quantiles'"),
     ("name with at", 'name = "lang"', 'name = "la@ng"', "[analysis] name", "'@'"),
     ("missing analysis name", 'name = "lang"', "", "[analysis] name", "required"),
 ]

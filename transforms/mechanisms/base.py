@@ -176,3 +176,41 @@ def encode_messages(mechanism: Any, values: Any, rng: Randomness) -> tuple[np.nd
         return reports, np.arange(len(reports), dtype=np.int64)
     reports, owner = mechanism.encode_messages(values, rng)
     return reports, np.asarray(owner, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class KeyValueEstimate:
+    """Key-value / sparse-vector estimate (MECHANISMS.md §8): per item ``2j + (b = +1)`` and per key.
+
+    ``frequency`` [2d] = f(j_-), f(j_+) interleaved; ``mean`` [d] = f(j_+) - f(j_-); ``nonmissing`` [d] =
+    f(j_+) + f(j_-); ``conditional_mean`` [d] = mean / nonmissing (NaN where undefined). All are fractions of the
+    ``n`` clients, each with a standard error; ``counts`` is the accumulator's raw count array.
+    """
+
+    frequency: np.ndarray
+    frequency_stderr: np.ndarray
+    mean: np.ndarray
+    mean_stderr: np.ndarray
+    nonmissing: np.ndarray
+    nonmissing_stderr: np.ndarray
+    conditional_mean: np.ndarray
+    conditional_mean_stderr: np.ndarray
+    n: int
+    counts: np.ndarray
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stderr(self) -> np.ndarray:
+        """Standard error of ``frequency`` (the field name a histogram consumer expects)."""
+        return self.frequency_stderr
+
+
+@dataclass(frozen=True)
+class VectorEstimate:
+    """Mean of real vectors (MECHANISMS.md §7.3, §9): per-coordinate ``mean`` [d] with its ``stderr`` over the ``n``
+    clients analyzed; ``extras`` carries mechanism-specific arrays (sums, per-coordinate report counts, ...)."""
+
+    mean: np.ndarray
+    stderr: np.ndarray
+    n: int
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -39,6 +39,16 @@ from .crowd import (
     discrete_laplace_variance,
     max_loss_bound,
 )
+from .fragment_report import FRAGMENTED_PRIVACY_MECHANISMS, fragmented_privacy_report
+from .fragments import (
+    default_fragment_epsilon,
+    fragment_alpha,
+    fragment_rows_bound,
+    fragments_tight,
+    rappor_tight,
+    replacement_central,
+    theorem_iv2,
+)
 from .mixture import (
     alpha_binary_rr,
     alpha_collision,
@@ -49,7 +59,14 @@ from .mixture import (
     alpha_olh,
     alpha_oue,
 )
-from .report import PRIVACY_MECHANISMS, format_privacy_report, mechanism_alpha, privacy_report
+from .report import (
+    ALL_PRIVACY_MECHANISMS,
+    PRIVACY_MECHANISMS,
+    build_privacy_report,
+    format_privacy_report,
+    mechanism_alpha,
+    privacy_report,
+)
 from .shuffle_bound import (
     FAST_WINDOW_SDS,
     ShuffleDivergence,
@@ -59,7 +76,9 @@ from .shuffle_bound import (
 )
 
 __all__ = [
+    "ALL_PRIVACY_MECHANISMS",
     "FAST_WINDOW_SDS",
+    "FRAGMENTED_PRIVACY_MECHANISMS",
     "PRIVACY_MECHANISMS",
     "ClosedForm",
     "ShuffleDivergence",
@@ -78,11 +97,13 @@ __all__ = [
     "blanket_krr",
     "blanket_min_gamma",
     "blanket_omega",
+    "build_privacy_report",
     "bun_steinke_composition",
     "chain_composition",
     "check_mixture_alpha",
     "compose_post_processing",
     "crowd_threshold",
+    "default_fragment_epsilon",
     "deletion_variance",
     "discrete_laplace_scale",
     "discrete_laplace_variance",
@@ -91,7 +112,11 @@ __all__ = [
     "epsilon_central",
     "fmt21_clones",
     "format_privacy_report",
+    "fragment_alpha",
     "fragment_epsilon",
+    "fragment_rows_bound",
+    "fragmented_privacy_report",
+    "fragments_tight",
     "hockey_stick",
     "lemma_ii5",
     "lemma_ii6",
@@ -101,5 +126,8 @@ __all__ = [
     "olh_buckets",
     "privacy_report",
     "rappor_flip_lambda",
+    "rappor_tight",
+    "replacement_central",
     "theorem_iii1",
+    "theorem_iv2",
 ]

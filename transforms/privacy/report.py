@@ -3,6 +3,11 @@ the closed forms that do (or, with the reason, do not) apply to it.
 
 The report is a plain JSON-serialisable dict (str, int, float, None) so the CLI can print it as JSON or as
 text (``format_privacy_report``) without a second code path.
+
+``privacy_report`` covers the single-message oracles (replacement DP, tight bound as ``eps_central``); the
+multi-message fragmented encodings of 001 (removal DP, Lemma II.6 as ``eps_central``) have their own report in
+``fragment_report``. ``build_privacy_report`` dispatches between the two (it is what ``esa privacy`` calls)
+and ``format_privacy_report`` renders either.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from .closed_forms import (
     fmt21_clones,
     lemma_ii5,
 )
+from .fragment_report import FRAGMENTED_PRIVACY_MECHANISMS, format_fragmented_report, fragmented_privacy_report
 from .mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue, olh_buckets
 from .shuffle_bound import epsilon_central
 
-PRIVACY_MECHANISMS: tuple[str, ...] = ("grr", "oue", "olh", "generic")
+PRIVACY_MECHANISMS: tuple[str, ...] = ("grr", "oue", "olh", "generic")  # single-message: ``privacy_report``
+ALL_PRIVACY_MECHANISMS: tuple[str, ...] = PRIVACY_MECHANISMS + FRAGMENTED_PRIVACY_MECHANISMS
 
 _KRR_ONLY = "applies to k-ary randomized response only"
 _BINARY_RR_ONLY = "applies to binary randomized response (attribute-fragmented k-RAPPOR channels) only"
@@ -64,7 +71,9 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
     each closed form to ``{"epsilon": float | None, "reason": str | None}`` for comparison.
     """
     if mechanism not in PRIVACY_MECHANISMS:
-        raise ValueError(f"mechanism must be one of {', '.join(PRIVACY_MECHANISMS)}; got {mechanism!r}")
+        multi = mechanism in FRAGMENTED_PRIVACY_MECHANISMS
+        hint = " (a multi-message mechanism: use build_privacy_report)" if multi else ""
+        raise ValueError(f"mechanism must be one of {', '.join(PRIVACY_MECHANISMS)}; got {mechanism!r}{hint}")
     domain = check_int("domain", domain, 2)
     epsilon = check_epsilon("epsilon", epsilon)
     n = check_int("n", n, 2)
@@ -86,8 +95,32 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
     }
 
 
+def build_privacy_report(
+    mechanism: str,
+    domain: int,
+    epsilon: float,
+    n: int,
+    delta: float,
+    *,
+    fragments: int | None = None,
+    epsilon_fragment: float | None = None,
+) -> dict[str, Any]:
+    """The report of any mechanism of ``ALL_PRIVACY_MECHANISMS`` (``fragments``/``epsilon_fragment``: report
+    fragmenting only; passing them for another mechanism is an error, not silently ignored)."""
+    if mechanism in FRAGMENTED_PRIVACY_MECHANISMS:
+        return fragmented_privacy_report(mechanism, domain, epsilon, n, delta, fragments=fragments,
+                                         epsilon_fragment=epsilon_fragment)
+    if mechanism not in PRIVACY_MECHANISMS:
+        raise ValueError(f"mechanism must be one of {', '.join(ALL_PRIVACY_MECHANISMS)}; got {mechanism!r}")
+    if fragments is not None or epsilon_fragment is not None:
+        raise ValueError("fragments / epsilon_fragment apply to rappor_fragments only")
+    return privacy_report(mechanism, domain, epsilon, n, delta)
+
+
 def format_privacy_report(report: dict[str, Any]) -> str:
-    """Human-readable rendering of ``privacy_report``'s dict."""
+    """Human-readable rendering of ``privacy_report``'s (or ``fragmented_privacy_report``'s) dict."""
+    if report["mechanism"] in FRAGMENTED_PRIVACY_MECHANISMS:
+        return format_fragmented_report(report)
     lines = [
         f"mechanism        {report['mechanism']} (domain {report['domain']})",
         f"local epsilon    {report['epsilon_local']:g} (replacement LDP)",

@@ -1,0 +1,378 @@
+"""Heavy hitters over a huge item domain by prefix-tree expansion (MECHANISMS.md §10.4; 004 App. D).
+
+Items are hashed to ``item_bits`` bits (:func:`item_hash`). Level j (j = 1..L, L = item_bits / level_bits)
+is an OLH frequency oracle over the prefixes of ``j * level_bits`` bits, with a finite public seed family so
+that the analyzer keeps one ``seed_family x g`` count table per level (count trick). A client reports ONE
+uniformly drawn level with the full epsilon (``levels="sample"``) or every level with epsilon / L ("all").
+
+Decoding never enumerates the domain: level 1 is decoded for all 2^level_bits prefixes, every further
+level only for the children of the ``width`` best candidates of the level above. A candidate's support
+``C_v = sum_s T[s, H_s(v)]`` costs O(seed_family). With a finite family the textbook estimate
+``(C - n/g)/(p - 1/g)`` is biased by the empirical collisions of v with the heavy items; we remove the part
+due to the other candidates by solving OLH's exact system (``olh.py``) restricted to the candidates,
+``(p - q')(Pc - J/g) c = C - n/g``, which is exact when all the mass sits on candidates.
+
+``query(items)`` (on the accumulator) answers any item: the last level's estimate, and a count-min style
+upper bound: an item's count is at most every one of its prefixes' counts, so ``min_j (x_j + z se_j)`` over
+its L prefixes is a one-sided bound that never underestimates (up to the z-sigma noise), as 004's count-min.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator, cg
+
+from transforms.mechanisms.base import Randomness, check_epsilon
+from transforms.mechanisms.channel_oracles import central_epsilon_sampled, central_epsilon_split
+from transforms.mechanisms.counting import grr_probabilities, rr_count_variance
+from transforms.mechanisms.hashing import fmix64, hash_to_buckets
+from transforms.privacy.mixture import alpha_olh, olh_buckets
+
+__all__ = ["FrequencyQuery", "HeavyHitters", "HeavyHittersAccumulator", "PrefixHeavyHitters", "item_hash"]
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_CANDIDATE_CHUNK = 1 << 22  # seeds * candidates per hashing pass
+MAX_LEVEL_BITS = 16
+
+
+def item_hash(items: Any, bits: int = 32) -> np.ndarray:
+    """Hash items to ``bits``-bit uint64 values, vectorised over the batch.
+
+    Integers: ``fmix64`` (a bijection) of the value. Strings/bytes: FNV-1a over the UTF-8 bytes, one pass
+    per byte column of a fixed-width byte matrix, then the length and ``fmix64``. Trailing NUL bytes are
+    not part of a numpy bytes value, so ``b"a"`` and ``b"a\\0"`` collide. Keeps the top ``bits`` bits.
+    """
+    if not 1 <= int(bits) <= 64:
+        raise ValueError(f"bits must lie in [1, 64], got {bits!r}")
+    arr = np.asarray(items)
+    if arr.ndim != 1:
+        raise ValueError(f"items must be a 1-D batch, got shape {arr.shape}")
+    if arr.dtype.kind in "iub":
+        h = fmix64(arr.astype(np.uint64) ^ _FNV_OFFSET)
+    else:
+        if arr.dtype.kind == "U":
+            raw = np.char.encode(arr, "utf-8")
+        elif arr.dtype.kind == "S":
+            raw = arr
+        else:  # object arrays (mixed str/bytes): one conversion per item, then vectorised hashing
+            raw = np.array([x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in arr], dtype="S")
+        n, width = raw.size, max(1, raw.dtype.itemsize)
+        lengths = np.char.str_len(raw).astype(np.uint64) if n else np.zeros(0, np.uint64)
+        matrix = np.frombuffer(raw.tobytes(), dtype=np.uint8).reshape(n, width) if n else np.zeros((0, width))
+        h = np.full(n, _FNV_OFFSET, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for j in range(width):
+                active = lengths > j
+                h = np.where(active, (h ^ matrix[:, j].astype(np.uint64)) * _FNV_PRIME, h)
+            h = fmix64(h ^ lengths)
+    return h >> np.uint64(64 - int(bits)) if bits < 64 else h
+
+
+@dataclass(frozen=True)
+class HeavyHitters:
+    """Top items (hashes) with population-scale count estimates and standard errors, best first.
+
+    ``candidates[j]`` = how many prefixes were decoded at level j (work done, never the domain size).
+    """
+
+    items: np.ndarray
+    count: np.ndarray
+    stderr: np.ndarray
+    n: int
+    candidates: tuple[int, ...]
+    extras: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FrequencyQuery:
+    """Estimates of queried items: last-level ``count`` +- ``stderr``, and the count-min bound ``upper``."""
+
+    items: np.ndarray
+    count: np.ndarray
+    stderr: np.ndarray
+    upper: np.ndarray
+
+
+@dataclass(frozen=True)
+class PrefixHeavyHitters:
+    """Prefix-tree heavy hitters with an OLH oracle per level; ``encode`` takes item hashes (uint64 < 2^item_bits)."""
+
+    name: ClassVar[str] = "prefix_heavy_hitters"
+    payload_kind: ClassVar[str] = "hashed"
+    single_message: ClassVar[bool] = False
+    messages_per_channel: ClassVar[int] = 1
+    epsilon: float
+    item_bits: int = 32
+    level_bits: int = 8
+    levels: str = "sample"
+    g: int | None = None
+    seed_family: int = 1024
+    width: int = 32
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        for name, low, high in (("item_bits", 2, 64), ("level_bits", 1, MAX_LEVEL_BITS), ("width", 1, 1 << 16),
+                                ("seed_family", 1, 2**32)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or not low <= value <= high:
+                raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.item_bits % self.level_bits:
+            raise ValueError(f"item_bits={self.item_bits} must be a multiple of level_bits={self.level_bits}")
+        if self.levels not in ("sample", "all"):
+            raise ValueError(f"levels must be 'sample' or 'all', got {self.levels!r}")
+        g = olh_buckets(self.epsilon_message) if self.g is None else self.g
+        if isinstance(g, bool) or int(g) != g or g < 2:
+            raise ValueError(f"g must be an integer >= 2, got {g!r}")
+        object.__setattr__(self, "g", int(g))
+
+    @property
+    def channels(self) -> int:
+        return self.item_bits // self.level_bits
+
+    @property
+    def prefix_lengths(self) -> tuple[int, ...]:
+        return tuple(self.level_bits * (j + 1) for j in range(self.channels))
+
+    @property
+    def epsilon_message(self) -> float:
+        return self.epsilon if self.levels == "sample" else self.epsilon / self.channels
+
+    @property
+    def buckets(self) -> int:
+        assert self.g is not None
+        return self.g
+
+    @property
+    def p(self) -> float:
+        return grr_probabilities(self.epsilon_message, self.buckets)[0]
+
+    @property
+    def q_other(self) -> float:
+        return grr_probabilities(self.epsilon_message, self.buckets)[1]
+
+    @property
+    def report_dtype(self) -> np.dtype:
+        return np.dtype([("channel", "<i8"), ("seed", "<i8"), ("z", "<i8")])
+
+    @property
+    def epsilon_local(self) -> float:
+        return self.epsilon
+
+    @property
+    def mixture_alpha(self) -> float:
+        """Of one message at ``epsilon_message`` (GRR over g buckets for every seed)."""
+        return alpha_olh(self.epsilon_message, self.buckets)
+
+    @property
+    def message_bits(self) -> int:
+        return ((self.seed_family - 1).bit_length() + (self.buckets - 1).bit_length()
+                + max(1, (self.channels - 1).bit_length()))
+
+    def _check_items(self, items: np.ndarray) -> np.ndarray:
+        arr = np.asarray(items)
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise ValueError("items must be a 1-D integer batch of item hashes (see item_hash)")
+        if arr.dtype.kind == "i" and arr.size and arr.min() < 0:
+            raise ValueError("item hashes must be non-negative")
+        out = arr.astype(np.uint64)
+        if self.item_bits < 64 and out.size and out.max() >> np.uint64(self.item_bits):
+            raise ValueError(f"item hashes must lie below 2^{self.item_bits}")
+        return out
+
+    def prefixes(self, items: np.ndarray, channel: np.ndarray | int) -> np.ndarray:
+        """Prefix of each item at each given level (channel)."""
+        shift = self.item_bits - np.asarray(self.prefix_lengths, dtype=np.int64)[channel]
+        return np.asarray(items, dtype=np.uint64) >> np.asarray(shift).astype(np.uint64)
+
+    def _randomize(self, prefix: np.ndarray, channel: np.ndarray, rng: Randomness) -> np.ndarray:
+        n = prefix.size
+        seeds = rng.integers(0, self.seed_family, n)
+        keep = rng.random(n) < self.p
+        r = rng.integers(0, self.buckets - 1, n)
+        h = hash_to_buckets(seeds, prefix, self.buckets)
+        out = np.empty(n, dtype=self.report_dtype)
+        out["channel"], out["seed"], out["z"] = channel, seeds, np.where(keep, h, r + (r >= h))
+        return out
+
+    def encode_messages(self, items: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
+        """(reports, owner): one message on a random level ("sample") or one per level ("all")."""
+        x = self._check_items(items)
+        n = x.size
+        if self.levels == "sample":
+            channel = rng.integers(0, self.channels, n)
+            return self._randomize(self.prefixes(x, channel), channel, rng), np.arange(n, dtype=np.int64)
+        parts = [self._randomize(self.prefixes(x, j), np.full(n, j), rng) for j in range(self.channels)]
+        return np.stack(parts, axis=1).reshape(-1), np.repeat(np.arange(n, dtype=np.int64), self.channels)
+
+    def encode(self, items: np.ndarray, rng: Randomness) -> np.ndarray:
+        return self.encode_messages(items, rng)[0]
+
+    def validate(self, reports: np.ndarray) -> np.ndarray:
+        arr = np.asarray(reports)
+        names = arr.dtype.names or ()
+        if any(f not in names for f in self.report_dtype.names):
+            return np.zeros(arr.shape[:1], dtype=bool)
+        ch, seed, z = arr["channel"], arr["seed"], arr["z"]
+        return ((ch >= 0) & (ch < self.channels) & (seed >= 0) & (seed < self.seed_family)
+                & (z >= 0) & (z < self.buckets))
+
+    def new_accumulator(self) -> HeavyHittersAccumulator:
+        return HeavyHittersAccumulator(self)
+
+    def parameters(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "item_bits": self.item_bits, "level_bits": self.level_bits,
+                "levels": self.levels, "g": self.buckets, "seed_family": self.seed_family, "width": self.width}
+
+    def epsilon_central(self, n: int, delta: float) -> float:
+        """As ``DyadicRange.epsilon_central``: "sample" hides a client among its level's clients (delta/2 lower
+        quantile of 1 + Bin(n - 1, 1/L)); "all" composes L shuffled levels of n messages at eps/L."""
+        if self.levels == "sample":
+            return central_epsilon_sampled(n, self.channels, self.mixture_alpha, self.epsilon, delta)
+        return central_epsilon_split(n, [self.mixture_alpha] * self.channels, self.epsilon_message, delta)
+
+    def exact_message_distribution(self, item: int) -> np.ndarray:
+        """Law of a client's message set over (channel, seed, z), flattened as ``DyadicRange``'s (tiny setups)."""
+        x = self._check_items(np.array([item]))
+        laws = []
+        for j in range(self.channels):
+            h = hash_to_buckets(np.arange(self.seed_family), np.full(self.seed_family, self.prefixes(x, j)[0]),
+                                self.buckets)
+            law = np.full((self.seed_family, self.buckets), self.q_other)
+            law[np.arange(self.seed_family), h] = self.p
+            laws.append(law.ravel() / self.seed_family)
+        if self.levels == "sample":
+            return np.concatenate(laws) / self.channels
+        out = np.ones(1)
+        for law in laws:
+            out = np.multiply.outer(out, law).ravel()
+        return out
+
+
+class HeavyHittersAccumulator:
+    """One seed_family x g count table per level, messages per level, and clients; merges by addition."""
+
+    def __init__(self, mechanism: PrefixHeavyHitters) -> None:
+        self.mechanism = mechanism
+        m = mechanism
+        self.counts = np.zeros((m.channels, m.seed_family, m.buckets), dtype=np.int64)
+        self.messages = np.zeros(m.channels, dtype=np.int64)
+        self.n = 0
+
+    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
+        """Fold messages of ``clients`` clients (default: one message per client in "sample" mode)."""
+        arr = np.asarray(reports)
+        m = self.mechanism
+        if clients is None:
+            if m.levels == "all" and len(arr) % m.channels:
+                raise ValueError(f"'all' mode: {len(arr)} messages are not whole sets of {m.channels}; pass clients")
+            clients = len(arr) if m.levels == "sample" else len(arr) // m.channels
+        if arr.size:
+            valid = m.validate(arr)
+            if not valid.all():
+                raise ValueError(f"{int((~valid).sum())} of {arr.size} reports are outside the output domain; "
+                                 "filter them with validate() first")
+            cells = (arr["channel"] * m.seed_family + arr["seed"]) * m.buckets + arr["z"]
+            self.counts += np.bincount(cells, minlength=self.counts.size).reshape(self.counts.shape)
+            self.messages += np.bincount(arr["channel"], minlength=m.channels)
+        self.n += int(clients)
+
+    def merge(self, other: HeavyHittersAccumulator) -> None:
+        if type(other) is not type(self) or other.mechanism != self.mechanism:
+            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        self.counts += other.counts
+        self.messages += other.messages
+        self.n += other.n
+
+    # -- decoding -----------------------------------------------------------------------------------
+
+    def _cells(self, candidates: np.ndarray) -> np.ndarray:
+        """Flat (seed, bucket) cell of every (seed, candidate): S x K int64."""
+        m = self.mechanism
+        out = np.empty((m.seed_family, candidates.size), dtype=np.int64)
+        seeds = np.arange(m.seed_family, dtype=np.uint64)[:, None]
+        step = max(1, _CANDIDATE_CHUNK // m.seed_family)
+        for start in range(0, candidates.size, step):
+            block = candidates[None, start : start + step]
+            out[:, start : start + step] = hash_to_buckets(seeds, block, m.buckets)
+        return out + np.arange(m.seed_family, dtype=np.int64)[:, None] * m.buckets
+
+    def level_counts(self, level: int, candidates: np.ndarray, exact: bool = True) -> np.ndarray:
+        """Count estimates (the level's own scale) of candidate prefixes at ``level`` (0-based)."""
+        m = self.mechanism
+        nj, g, S = int(self.messages[level]), m.buckets, m.seed_family
+        cells = self._cells(np.asarray(candidates, dtype=np.uint64))
+        support = self.counts[level].ravel()[cells].sum(axis=0).astype(np.float64)
+        rhs = support - nj / g
+        textbook = rhs / (m.p - 1.0 / g)
+        if not exact or candidates.size < 2 or not np.any(rhs):
+            return textbook
+        a, K = m.p - m.q_other, candidates.size
+        flat = cells.ravel()
+
+        def matvec(x: np.ndarray) -> np.ndarray:
+            x = np.ravel(x)
+            sums = np.bincount(flat, weights=np.broadcast_to(x, (S, K)).ravel(), minlength=S * g)
+            return a * (sums[cells].sum(axis=0) / S - x.sum() / g)
+
+        solution, info = cg(LinearOperator((K, K), matvec=matvec, dtype=np.float64), rhs, x0=textbook,
+                            rtol=1e-8, atol=0.0, maxiter=200)
+        return solution if info == 0 else textbook
+
+    def _population(self, level: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scale level counts to the population; stderr = oracle (plug-in) + level sampling."""
+        m, n, nj = self.mechanism, self.n, int(self.messages[level])
+        s = n / nj
+        var = s**2 * rr_count_variance(np.clip(counts, 0, nj), nj, m.p, 1.0 / m.buckets)
+        if m.levels == "sample" and m.channels > 1:
+            f = np.clip(counts / nj, 0.0, 1.0)
+            var = var + n**2 / (n - 1) * (s - 1.0) * f * (1.0 - f)
+        return counts * s, np.sqrt(var)
+
+    def _check_ready(self) -> None:
+        if self.n < 2 or self.messages.min() < 1:
+            raise ValueError(f"need >= 2 clients and >= 1 message per level, got n={self.n}, per level "
+                             f"{self.messages.tolist()}")
+
+    def estimate(self, width: int | None = None, threshold: float | None = None, exact: bool = True) -> HeavyHitters:
+        """Expand the prefix tree keeping the ``width`` best candidates per level (and, if given, only those
+        with population-scale estimate >= ``threshold``); return the last level's kept items, best first."""
+        self._check_ready()
+        m = self.mechanism
+        keep_width = m.width if width is None else int(width)
+        fanout = np.arange(1 << m.level_bits, dtype=np.uint64)
+        kept = np.zeros(1, dtype=np.uint64)
+        decoded = []
+        for level in range(m.channels):
+            cand = ((kept[:, None] << np.uint64(m.level_bits)) | fanout[None, :]).ravel()
+            decoded.append(int(cand.size))
+            est, se = self._population(level, self.level_counts(level, cand, exact))
+            order = np.argsort(-est, kind="stable")[:keep_width]
+            if threshold is not None:
+                order = order[est[order] >= threshold]
+            kept, best, best_se = cand[order], est[order], se[order]
+            if kept.size == 0:
+                break
+        return HeavyHitters(items=kept, count=best, stderr=best_se, n=self.n, candidates=tuple(decoded),
+                            extras={"messages_per_level": self.messages.tolist()})
+
+    def query(self, items: np.ndarray, z: float = 3.0) -> FrequencyQuery:
+        """Any items' counts (last level, textbook decoding) and the count-min bound min_j(x_j + z se_j)."""
+        self._check_ready()
+        m = self.mechanism
+        x = m._check_items(items)
+        upper = np.full(x.size, np.inf)
+        count = stderr = np.zeros(x.size)
+        for level in range(m.channels):
+            est, se = self._population(level, self.level_counts(level, m.prefixes(x, level), exact=False))
+            upper = np.minimum(upper, est + z * se)
+            count, stderr = est, se
+        return FrequencyQuery(items=x, count=count, stderr=stderr, upper=upper)
+
+    def __repr__(self) -> str:
+        return f"HeavyHittersAccumulator({self.mechanism!r}, n={self.n})"

@@ -1,0 +1,289 @@
+"""Range counting over [0, 2^bits) by a dyadic tree of frequency oracles (MECHANISMS.md §10.3, §10.5).
+
+Level j of the tree is a frequency oracle over the 2^{l_j} prefixes of length ``l_j`` (``l_j`` = j * log2
+branching, or an explicit ``prefix_lengths``); the root count is n, public. A client holding leaf x sends:
+
+* ``levels="sample"`` (default): ONE message, on a uniformly drawn level j, of ``x >> (bits - l_j)`` with
+  the full epsilon. The level sizes n_j vary, so the analyzer is told how many clients a batch holds
+  (``add(reports, clients)``) and rescales each level by n / n_j; the tree's error then includes the
+  sampling of the levels (``range_tree``).
+* ``levels="all"``: one message per level, each with epsilon / L (basic composition: epsilon-LDP in total).
+
+Messages carry their level as the ``channel`` (channel j = j-th prefix length); payload = the oracle's
+fields (``channel_oracles``). The estimate is a :class:`~transforms.mechanisms.range_tree.RangeTree`:
+consistent counts, ``answer(lo, hi)`` and ``quantile(q)`` with exact standard errors, and rows for storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import pairwise
+from typing import Any, ClassVar
+
+import numpy as np
+
+from transforms.mechanisms.base import Randomness, check_epsilon, check_values
+from transforms.mechanisms.channel_oracles import (
+    ChannelOracles,
+    central_epsilon_sampled,
+    central_epsilon_split,
+)
+from transforms.mechanisms.range_tree import RangeTree
+
+__all__ = ["LEVEL_MODES", "DyadicRange", "DyadicRangeAccumulator", "bucket_bounds", "bucketize", "dyadic_cover"]
+
+LEVEL_MODES = ("sample", "all")
+MAX_TREE_BITS = 24
+
+
+def bucketize(values: np.ndarray, lo: float, hi: float, bits: int) -> np.ndarray:
+    """Leaf index of each number: 2^bits equal buckets over [lo, hi); values outside are clamped to the end
+    buckets (a client never fails to report), NaN is refused."""
+    if not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+        raise ValueError(f"need finite lo < hi, got [{lo!r}, {hi!r})")
+    x = np.asarray(values, dtype=np.float64)
+    if np.isnan(x).any():
+        raise ValueError("cannot bucketize NaN values")
+    size = 1 << int(bits)
+    leaf = np.floor((x - lo) / (hi - lo) * size)
+    return np.clip(leaf, 0, size - 1).astype(np.int64)
+
+
+def bucket_bounds(leaf: np.ndarray | int, lo: float, hi: float, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """[lower, upper) edges of leaf buckets in the original units (inverse of :func:`bucketize`)."""
+    width = (hi - lo) / (1 << int(bits))
+    leaf_a = np.asarray(leaf, dtype=np.float64)
+    return lo + leaf_a * width, lo + (leaf_a + 1) * width
+
+
+def dyadic_cover(lo: int, hi: int, prefix_lengths: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Disjoint tree nodes covering leaves [lo, hi): (prefix length, first index, end index) per run of
+    siblings, at most 2 (fanout - 1) nodes per level; prefix length 0 is the root."""
+    lengths = (0, *prefix_lengths)
+    if not 0 <= lo <= hi <= 1 << lengths[-1]:
+        raise ValueError(f"range [{lo}, {hi}) is not inside [0, 2^{lengths[-1]})")
+    out: list[tuple[int, int, int]] = []
+    a, b = int(lo), int(hi)
+    for j in range(len(lengths) - 1, 0, -1):
+        if a >= b:
+            return out
+        f = 1 << (lengths[j] - lengths[j - 1])
+        pa, pb = -(-a // f), b // f
+        if pa >= pb:
+            out.append((lengths[j], a, b))
+            return out
+        if a < pa * f:
+            out.append((lengths[j], a, pa * f))
+        if pb * f < b:
+            out.append((lengths[j], pb * f, b))
+        a, b = pa, pb
+    if a < b:
+        out.append((0, 0, 1))
+    return out
+
+
+def _check_mode(levels: str) -> str:
+    mode = str(levels).lower()
+    if mode not in LEVEL_MODES:
+        raise ValueError(f"levels must be one of {LEVEL_MODES} (how a client spreads over levels), got {levels!r}")
+    return mode
+
+
+def tree_prefix_lengths(bits: int, branching: int, prefix_lengths: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Prefix lengths of the levels: explicit (increasing, ending at bits) or every log2(branching) bits."""
+    if prefix_lengths is not None:
+        lengths = tuple(int(x) for x in prefix_lengths)
+        if not lengths or lengths[-1] != bits or lengths[0] < 1 or any(b <= a for a, b in pairwise(lengths)):
+            raise ValueError(f"prefix_lengths must increase from >= 1 to bits={bits}, got {prefix_lengths!r}")
+        return lengths
+    if isinstance(branching, bool) or int(branching) != branching or branching < 2 or branching & (branching - 1):
+        raise ValueError(f"branching must be a power of two >= 2, got {branching!r}")
+    step = int(branching).bit_length() - 1
+    if bits % step:
+        raise ValueError(f"bits={bits} is not a multiple of log2(branching)={step}; pass prefix_lengths instead")
+    return tuple(range(step, bits + 1, step))
+
+
+@dataclass(frozen=True)
+class DyadicRange:
+    """Dyadic-tree range counting: one frequency oracle per level, levels sampled or budget-split.
+
+    ``values`` for encode are leaf indices in [0, 2^bits) (see :func:`bucketize` for numbers).
+    """
+
+    name: ClassVar[str] = "dyadic_range"
+    single_message: ClassVar[bool] = False
+    messages_per_channel: ClassVar[int] = 1
+    bits: int
+    epsilon: float
+    oracle: str = "llh"
+    levels: str = "sample"
+    branching: int = 2
+    prefix_lengths: tuple[int, ...] | None = None
+    g: int | None = None
+    seed_family: int = 1024
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
+        object.__setattr__(self, "epsilon", float(self.epsilon))
+        if isinstance(self.bits, bool) or int(self.bits) != self.bits or not 1 <= self.bits <= MAX_TREE_BITS:
+            raise ValueError(f"bits must be an integer in [1, {MAX_TREE_BITS}], got {self.bits!r}")
+        object.__setattr__(self, "bits", int(self.bits))
+        object.__setattr__(self, "levels", _check_mode(self.levels))
+        lengths = tree_prefix_lengths(self.bits, self.branching, self.prefix_lengths)
+        object.__setattr__(self, "prefix_lengths", lengths)
+        _ = self.oracles
+
+    @property
+    def channels(self) -> int:
+        assert self.prefix_lengths is not None
+        return len(self.prefix_lengths)
+
+    @property
+    def epsilon_message(self) -> float:
+        """Budget of one message: all of epsilon ("sample") or epsilon / levels ("all")."""
+        return self.epsilon if self.levels == "sample" else self.epsilon / self.channels
+
+    @cached_property
+    def oracles(self) -> ChannelOracles:
+        assert self.prefix_lengths is not None
+        return ChannelOracles(self.oracle, self.prefix_lengths, self.epsilon_message, g=self.g,
+                              seed_family=self.seed_family)
+
+    @property
+    def payload_kind(self) -> str:
+        return self.oracles.payload_kind
+
+    @property
+    def bit_length(self) -> int:
+        """``length`` of an OUE bits payload (vectors are padded to the largest level)."""
+        return self.oracles.bit_length
+
+    @property
+    def d(self) -> int:
+        return 1 << self.bits
+
+    @property
+    def report_dtype(self) -> np.dtype:
+        return self.oracles.report_dtype
+
+    @property
+    def epsilon_local(self) -> float:
+        """LDP of a client's whole message set: one eps message, or L messages of eps/L (basic composition)."""
+        return self.epsilon
+
+    @property
+    def mixture_alpha(self) -> float:
+        """Mixture parameter of ONE message at ``epsilon_message`` (worst level); see :meth:`epsilon_central`."""
+        return self.oracles.mixture_alpha
+
+    @property
+    def message_bits(self) -> int:
+        return self.oracles.message_bits
+
+    def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
+        """(reports, owner): one message per client ("sample") or L consecutive ones ("all")."""
+        x = check_values(values, self.d)
+        n, lengths = x.size, np.asarray(self.prefix_lengths, dtype=np.int64)
+        if self.levels == "sample":
+            channel = rng.integers(0, self.channels, n)
+            prefix = x >> (self.bits - lengths[channel])
+            return self.oracles.encode(prefix, channel, rng), np.arange(n, dtype=np.int64)
+        parts = []
+        for j, length in enumerate(lengths):
+            parts.append(self.oracles.encode(x >> (self.bits - length), np.full(n, j), rng))
+        reports = np.stack(parts, axis=1).reshape(-1)  # client-major: a client's messages are consecutive
+        return reports, np.repeat(np.arange(n, dtype=np.int64), self.channels)
+
+    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
+        """All messages of the batch (owners dropped): see :meth:`encode_messages`."""
+        return self.encode_messages(values, rng)[0]
+
+    def validate(self, reports: np.ndarray) -> np.ndarray:
+        return self.oracles.validate(reports)
+
+    def new_accumulator(self) -> DyadicRangeAccumulator:
+        return DyadicRangeAccumulator(self)
+
+    def parameters(self) -> dict[str, Any]:
+        return {"bits": self.bits, "epsilon": self.epsilon, "oracle": self.oracle, "levels": self.levels,
+                "prefix_lengths": list(self.prefix_lengths or ()), "g": self.g, "seed_family": self.seed_family}
+
+    def epsilon_central(self, n: int, delta: float) -> float:
+        """Central epsilon of n clients. "sample": a client's one message hides among its level's n_j clients,
+        taken at the delta/2 lower quantile of 1 + Bin(n - 1, 1/L) (the rest of delta for the shuffle bound);
+        "all": n messages per level at eps/L, composed over the L levels."""
+        if self.levels == "sample":
+            return central_epsilon_sampled(n, self.channels, self.mixture_alpha, self.epsilon, delta)
+        alphas = [m.mixture_alpha for m in self.oracles.mechanisms]
+        return central_epsilon_split(n, alphas, self.epsilon_message, delta)
+
+    def exact_message_distribution(self, value: int, seeds: np.ndarray | None = None) -> np.ndarray:
+        """Law of a client's whole message set, flattened. "sample": index ``j * K + y`` over levels j and the
+        oracle outcomes y of :meth:`ChannelOracles.exact_distribution` (K = the largest level's outcome count,
+        zero-padded); "all": the outer product over levels (C order, level 0 slowest). Small bits only."""
+        x = int(check_values(np.array([value]), self.d)[0])
+        assert self.prefix_lengths is not None
+        laws = [self.oracles.exact_distribution(j, x >> (self.bits - b), seeds)
+                for j, b in enumerate(self.prefix_lengths)]
+        if self.levels == "sample":
+            width = max(law.size for law in laws)
+            table = np.zeros((self.channels, width))
+            for j, law in enumerate(laws):
+                table[j, : law.size] = law / self.channels
+            return table.ravel()
+        out = np.ones(1)
+        for law in laws:
+            out = np.multiply.outer(out, law).ravel()
+        return out
+
+
+class DyadicRangeAccumulator:
+    """Per-level oracle counts (count arrays) and the number of clients; merges by addition."""
+
+    def __init__(self, mechanism: DyadicRange) -> None:
+        self.mechanism = mechanism
+        self.counts = mechanism.oracles.new_counts()
+        self.n = 0
+
+    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
+        """Fold the messages of ``clients`` clients. In "sample" mode a client sends exactly one message, so
+        ``clients`` defaults to ``len(reports)``; in "all" mode it must be given (or equal len / L)."""
+        arr = np.asarray(reports)
+        m = self.mechanism
+        if clients is None:
+            if m.levels == "all" and len(arr) % m.channels:
+                raise ValueError(f"'all' mode: {len(arr)} messages are not whole sets of {m.channels}; pass clients")
+            clients = len(arr) if m.levels == "sample" else len(arr) // m.channels
+        if arr.size:
+            self.counts.add(arr)
+        self.n += int(clients)
+
+    def merge(self, other: DyadicRangeAccumulator) -> None:
+        if type(other) is not type(self) or other.mechanism != self.mechanism:
+            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        self.counts.merge(other.counts)
+        self.n += other.n
+
+    def estimate(self) -> RangeTree:
+        """The tree of raw level estimates (population scale) with its variance model."""
+        m = self.mechanism
+        messages = self.counts.messages
+        if self.n < 2 or messages.min() < 1:
+            raise ValueError(f"need >= 2 clients and >= 1 message per level, got n={self.n}, per level "
+                             f"{messages.tolist()}")
+        raw, icpt, slope, beta = [], [], [], []
+        for j in range(m.channels):
+            raw.append(self.counts.counts(j) * (self.n / messages[j]))
+            a, b, c = self.counts.variance_model(j)
+            icpt.append(a)
+            slope.append(b)
+            beta.append(c)
+        assert m.prefix_lengths is not None
+        return RangeTree(prefix_lengths=m.prefix_lengths, n=self.n, clients=tuple(int(x) for x in messages),
+                         raw=tuple(raw), var_intercept=tuple(icpt), var_slope=tuple(slope), cov_beta=tuple(beta))
+
+    def __repr__(self) -> str:
+        return f"DyadicRangeAccumulator({self.mechanism!r}, n={self.n})"
+

@@ -1,0 +1,180 @@
+"""``esa privacy`` reports of the fragmented unary encodings of 001: attribute-fragmented k-RAPPOR (``rappor``)
+and report fragmenting with a privacy backstop (``rappor_fragments``).
+
+Both are multi-message mechanisms accounted in 001's **removal** model (local and central): the report states
+``"neighbouring": "removal"`` and gives the replacement equivalents beside. ``eps_central`` is the ledger value:
+001 Lemma II.6 (Cheu et al.) on the bit channel that protects the user's value -- the attribute channel for
+``rappor``, the backstop channel for ``rappor_fragments`` (the fragments are a post-processing of it). It is
+the published accountant and reproduces 001's tables (MECHANISMS.md §11.1). ``eps_central_tight`` is the tight
+§1.6 bound, also a valid removal bound and usually ~3x smaller; the ledger keeps Lemma II.6 and falls back to
+the tight bound only where Lemma II.6's validity window (lambda >= 14 ln(4/delta)) excludes the parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._checks import check_delta, check_epsilon, check_int
+from .closed_forms import ClosedForm, lemma_ii6_rappor, theorem_iii1
+from .composition import fragment_epsilon
+from .fragments import (
+    default_fragment_epsilon,
+    fragment_alpha,
+    fragment_rows_bound,
+    fragments_tight,
+    rappor_tight,
+    replacement_central,
+    theorem_iv2,
+)
+from .mixture import alpha_binary_rr
+
+__all__ = ["FRAGMENTED_PRIVACY_MECHANISMS", "format_fragmented_report", "fragmented_privacy_report"]
+
+FRAGMENTED_PRIVACY_MECHANISMS: tuple[str, ...] = ("rappor", "rappor_fragments")
+
+
+def _forms(*forms: ClosedForm) -> dict[str, dict[str, Any]]:
+    return {form.name: {"epsilon": form.epsilon, "reason": form.reason} for form in forms}
+
+
+def _ledger(lemma: ClosedForm, tight: float, channel: str) -> tuple[float, str]:
+    if lemma.epsilon is not None:
+        return lemma.epsilon, (
+            f"lemma_ii6: 001 Lemma II.6 on the {channel} channel, lambda = 2n/(1 + e^eps); removal central DP of "
+            "the whole report (a removal changes one channel); the published accountant of 001's tables"
+        )
+    return tight, f"tight: Lemma II.6 does not apply ({lemma.reason}); tight §1.6 bound of the {channel} channel"
+
+
+def _unary_messages(d: int, eps: float) -> float:
+    """Expected ones of one-hot binary RR at removal budget eps: p + (d - 1) q."""
+    q = alpha_binary_rr(eps)  # 1/(1 + e^eps)
+    return (1.0 - q) + (d - 1) * q
+
+
+def _rappor_report(domain: int, eps: float, n: int, delta: float) -> dict[str, Any]:
+    lemma = lemma_ii6_rappor(n, eps, delta)
+    tight = rappor_tight(n, eps, delta)
+    eps_c, rule = _ledger(lemma, tight, "attribute")
+    eps_rep, delta_rep = replacement_central(eps_c, delta)
+    return {
+        "mechanism": "rappor",
+        "domain": domain,
+        "neighbouring": "removal",
+        "epsilon_local": eps,
+        "epsilon_local_replacement": 2.0 * eps,
+        "n": n,
+        "delta": delta,
+        "alpha": alpha_binary_rr(eps),
+        "alpha_rule": "per attribute channel (binary RR): 1/(e^eps + 1)",
+        "eps_central": eps_c,
+        "eps_central_rule": rule,
+        "eps_central_tight": tight,
+        "eps_central_replacement": {"epsilon": eps_rep, "delta": delta_rep},
+        "expected_messages": _unary_messages(domain, eps),
+        "closed_forms": _forms(lemma, theorem_iii1(n, eps, delta)),
+    }
+
+
+def _fragments_report(
+    domain: int, eps_b: float, n: int, delta: float, tau: int, eps_f: float | None
+) -> dict[str, Any]:
+    if eps_f is None:
+        eps_f, f_rule = default_fragment_epsilon(eps_b, tau), "default: sinh(eps_f/2) = sinh(eps_b/2)/sqrt(tau)"
+    else:
+        eps_f, f_rule = check_epsilon("epsilon_fragment", eps_f), "given"
+    exposed = [fragment_epsilon(eps_b, eps_f, t) for t in range(1, tau + 1)]
+    lemma = lemma_ii6_rappor(n, eps_b, delta)
+    tight = fragments_tight(n, eps_b, eps_f, tau, delta)
+    eps_c, rule = _ledger(lemma, tight, "backstop")
+    eps_rep, delta_rep = replacement_central(eps_c, delta)
+    backstop = theorem_iii1(n, eps_b, delta)
+    return {
+        "mechanism": "rappor_fragments",
+        "domain": domain,
+        "neighbouring": "removal",
+        "fragments": tau,
+        "epsilon_backstop": eps_b,
+        "epsilon_fragment": eps_f,
+        "epsilon_fragment_rule": f_rule,
+        "epsilon_one_fragment": exposed[0],
+        "epsilon_exposed": exposed,
+        "epsilon_local": exposed[-1],
+        "epsilon_local_replacement": 2.0 * exposed[-1],
+        "n": n,
+        "delta": delta,
+        "alpha": fragment_alpha(eps_b, eps_f, tau),
+        "alpha_rule": "per bit, all tau fragments together (LDP eps(tau)): 1/(e^eps(tau) + 1)",
+        "eps_central": eps_c,
+        "eps_central_rule": rule,
+        "eps_central_tight": tight,
+        "eps_central_replacement": {"epsilon": eps_rep, "delta": delta_rep},
+        # each fragment bit is binary RR of the true bit at the composite budget eps(1) (symmetric flips)
+        "expected_messages": tau * _unary_messages(domain, exposed[0]),
+        "closed_forms": _forms(lemma, backstop, theorem_iv2(n, eps_b, eps_f, tau, delta),
+                               fragment_rows_bound(n, eps_b, eps_f, tau, delta)),
+    }
+
+
+def fragmented_privacy_report(
+    mechanism: str,
+    domain: int,
+    epsilon: float,
+    n: int,
+    delta: float,
+    *,
+    fragments: int | None = None,
+    epsilon_fragment: float | None = None,
+) -> dict[str, Any]:
+    """Removal (eps_c, delta) of n users of ``rappor`` (epsilon = attribute budget) or ``rappor_fragments``
+    (epsilon = backstop budget, ``fragments`` = tau, ``epsilon_fragment`` = eps_f or None for the §7.1 default).
+
+    A JSON-serialisable dict; see the module docstring for which number is ``eps_central`` and why.
+    """
+    if mechanism not in FRAGMENTED_PRIVACY_MECHANISMS:
+        raise ValueError(f"mechanism must be one of {', '.join(FRAGMENTED_PRIVACY_MECHANISMS)}; got {mechanism!r}")
+    domain = check_int("domain", domain, 2)
+    epsilon = check_epsilon("epsilon", epsilon)
+    n = check_int("n", n, 2)
+    delta = check_delta("delta", delta)
+    if mechanism == "rappor":
+        if fragments is not None or epsilon_fragment is not None:
+            raise ValueError("fragments / epsilon_fragment apply to rappor_fragments only")
+        return _rappor_report(domain, epsilon, n, delta)
+    tau = 1 if fragments is None else check_int("fragments", fragments, 1)
+    return _fragments_report(domain, epsilon, n, delta, tau, epsilon_fragment)
+
+
+def _value(form: dict[str, Any]) -> str:
+    return f"{form['epsilon']:.6g}" if form["epsilon"] is not None else f"n/a: {form['reason']}"
+
+
+def format_fragmented_report(report: dict[str, Any]) -> str:
+    """Human-readable rendering of ``fragmented_privacy_report``'s dict."""
+    lines = [f"mechanism        {report['mechanism']} (domain {report['domain']}, removal DP)"]
+    if report["mechanism"] == "rappor_fragments":
+        exposed = report["epsilon_exposed"]
+        lines += [
+            f"fragments tau    {report['fragments']}",
+            f"backstop eps_b   {report['epsilon_backstop']:g}",
+            f"fragment eps_f   {report['epsilon_fragment']:.6g}  [{report['epsilon_fragment_rule']}]",
+            f"local eps(1)     {report['epsilon_one_fragment']:.6g}  (adversary holding one fragment)",
+        ]
+        if len(exposed) > 2:
+            middle = ", ".join(f"{e:.4g}" for e in exposed[1:-1][:8]) + (", ..." if len(exposed) > 10 else "")
+            lines.append(f"local eps(t)     t=2..{len(exposed) - 1}: {middle}")
+    lines += [
+        f"local epsilon    {report['epsilon_local']:.6g} removal, {report['epsilon_local_replacement']:.6g} replacement"
+        + ("  (all fragments: eps(tau))" if report["mechanism"] == "rappor_fragments" else ""),
+        f"users n          {report['n']}",
+        f"delta            {report['delta']:g}",
+        f"messages/user    {report['expected_messages']:.6g} (expected)",
+        f"central epsilon  {report['eps_central']:.6g}  [{report['eps_central_rule']}]",
+        f"  replacement    {report['eps_central_replacement']['epsilon']:.6g} at delta "
+        f"{report['eps_central_replacement']['delta']:g} (two channels change)",
+        f"  tight §1.6     {report['eps_central_tight']:.6g}  (alpha {report['alpha']:.6g}: {report['alpha_rule']})",
+        "closed forms (comparison only):",
+    ]
+    width = max(len(name) for name in report["closed_forms"])
+    lines += [f"  {name:<{width}}  {_value(form)}" for name, form in report["closed_forms"].items()]
+    return "\n".join(lines)
