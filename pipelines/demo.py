@@ -146,6 +146,7 @@ def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, est
 def print_summary(facts: dict[str, Any], out: Path) -> None:
     a = facts["accounting"]
     balance = "balanced" if facts["accounting_balanced"] else "NOT BALANCED"
+    expanded = f" + {a['expanded']:,} extra messages" if a.get("expanded") else ""
     lines = [
         f"esa demo — {facts['spec_id']}",
         ("items", facts["items"]),
@@ -156,7 +157,7 @@ def print_summary(facts: dict[str, Any], out: Path) -> None:
         ("delta", f"{facts['delta']:g}"),
         ("n (reports analyzed)", f"{facts['n_reports']:,}"),
         ("deleted by crowd threshold", f"{facts['deleted']:,}"),
-        ("records", f"read {a['read']:,} = dead-lettered {a['dead_lettered']:,} + deleted {a['deleted']:,} "
+        ("records", f"read {a['read']:,}{expanded} = dead-lettered {a['dead_lettered']:,} + deleted {a['deleted']:,} "
                     f"+ analyzed {a['analyzed']:,} (valid {a['valid']:,}): {balance}"),
         ("pipeline time", f"{facts['pipeline_seconds']} s"),
         ("outputs", f"{out}/estimates.parquet, truth.parquet, dead_letters.avro, {PLOT_FILE}"),
