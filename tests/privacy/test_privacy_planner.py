@@ -233,7 +233,9 @@ def test_vector_plan_reproduces_002_rules() -> None:
     assert plan_vector_mean(100, 50_000, 0.95, 0.5).k_round == 2  # k* = 2.06 rounded
     two = plan_vector_mean(100, 50_000, 0.95, 0.5, k_round=3, t=2)
     assert two.gamma == pytest.approx(0.536628, abs=1e-6)
-    assert two.eps_central is None and two.eps_local_user == pytest.approx(2 * two.eps_local_message)
+    assert two.eps_local_user == pytest.approx(2 * two.eps_local_message)
+    assert two.alpha == pytest.approx(1 / (math.exp(two.eps_local_user) + 1), rel=1e-12)  # generic, t reports
+    assert two.eps_central == epsilon_central(50_000, two.alpha, two.eps_local_user, 0.5)
 
 
 def test_vector_plan_refuses_infeasible_with_what_to_raise() -> None:
@@ -243,8 +245,6 @@ def test_vector_plan_refuses_infeasible_with_what_to_raise() -> None:
         plan_vector_mean(100, 50_000, 6.5, 1e-5, k_round=3)
     # exactly at the advertised n the rule becomes feasible
     assert plan_vector_mean(100, 205_064, 0.5, 1e-5, k_round=3).gamma < 1.0
-    with pytest.raises(ValueError, match="t = 1"):
-        plan_vector_mean(100, 50_000, 0.5, 1e-5, t=2, accountant="tight")
 
 
 def test_vector_tight_accountant_meets_the_target_where_002_cannot() -> None:
@@ -257,6 +257,10 @@ def test_vector_tight_accountant_meets_the_target_where_002_cannot() -> None:
     assert fixed.gamma == pytest.approx(plan.gamma, rel=1e-6)
     coarser = plan_vector_mean(100, 50_000, 0.5, 1e-5, k_round=1, accountant="tight")
     assert coarser.mse_mean_noise > plan.mse_mean_noise
+    two = plan_vector_mean(100, 50_000, 0.5, 1e-5, k_round=plan.k_round, t=2, accountant="tight")
+    assert two.eps_central == pytest.approx(0.5, rel=1e-3) and two.eps_central <= 0.5
+    assert two.eps_local_user == pytest.approx(2 * two.eps_local_message)
+    assert two.gamma > plan.gamma  # the generic alpha of two reports certifies less per report
 
 
 # --- esa plan ---------------------------------------------------------------------------------------------

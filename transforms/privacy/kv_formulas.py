@@ -235,7 +235,7 @@ def _pair_error(s: int, d: int, holder: tuple[float, float], other: float, c_sum
     (h_same, h_opp), (o_same, o_opp) = holder, (other, other)
     var_sum = s * (h_same + h_opp) * (1 - h_same - h_opp) + (d - s) * (o_same + o_opp) * (1 - o_same - o_opp)
     var_diff = s * (h_same + h_opp - (h_same - h_opp) ** 2) + (d - s) * (o_same + o_opp)
-    var_sum, var_diff = c_sum**2 * var_sum, 1.1 * c_diff**2 * var_diff
+    var_sum, var_diff = c_sum**2 * var_sum, c_diff**2 * var_diff
     return KVError((var_sum + var_diff) / 2.0, var_diff)
 
 

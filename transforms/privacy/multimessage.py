@@ -63,13 +63,14 @@ __all__ = [
 
 EPSILON_SEARCH_MAX = 64.0  # central epsilons beyond this are reported as "not certified" (inf)
 HADAMARD_WINDOW_SDS = 40.0
+TAIL_TRIM = 1e-30  # binomial tails below this are not summed but added to delta (conservative)
 COUNTMIN_WINDOW_SDS = 15.0
 MAX_RHO = 1 << 22
 MAX_GRID_POINTS = 1 << 24
 TRUNCATION_SHARE = 0.01  # fraction of delta spent on capping the count-min blanket
 
 
-def _bisect_epsilon(delta_of: Callable[[float], float], delta: float, steps: int = 40) -> float:
+def _bisect_epsilon(delta_of: Callable[[float], float], delta: float, steps: int = 32) -> float:
     """Smallest certified eps in [0, EPSILON_SEARCH_MAX] found by doubling then bisection; inf if none.
 
     ``delta_of`` need not be monotone (chained swaps and blanket truncation grow with e^eps), so the upper
@@ -116,6 +117,19 @@ def hadamard_paper_rho(epsilon: float, delta: float, k_set: int = 1) -> int:
     return math.ceil(36.0 * log_inv_delta1 / (eps1 * eps1))
 
 
+def _window(trials: int, p: float) -> tuple[int, int, float]:
+    """Support window of Bin(trials, p) outside which each tail is below 1e-30, and the mass outside it."""
+    w = HADAMARD_WINDOW_SDS
+    mean, sd = trials * p, math.sqrt(trials * p * (1.0 - p))
+    lo = max(0, math.floor(mean - w * sd - w))
+    hi = min(trials, math.ceil(mean + w * sd + w))
+    k = np.arange(lo, hi + 1)
+    lower, upper = binom_cdf(k, trials, p), binom_sf(k, trials, p)
+    lo = int(k[np.argmax(lower >= TAIL_TRIM)]) if lower[-1] >= TAIL_TRIM else lo
+    hi = int(k[np.argmax(upper < TAIL_TRIM)]) if upper[-1] < TAIL_TRIM else hi
+    return lo, hi, float(binom_cdf(lo - 1, trials, p) + binom_sf(hi, trials, p))
+
+
 def hadamard_swap_divergence(n: int, rho: int, tau: int, eps: float) -> float:
     """``D_{e^eps}`` of the Lemma 4.4 view under one element swap (both directions are equal by symmetry)."""
     n = check_int("n", n, 1)
@@ -127,16 +141,11 @@ def hadamard_swap_divergence(n: int, rho: int, tau: int, eps: float) -> float:
     p_both = p_in * p_in
     p_only = p_in - p_both
     e = math.exp(eps)
-    w = HADAMARD_WINDOW_SDS
-    mean_c = trials * p_both
-    c_hi = min(trials, math.ceil(mean_c + w * math.sqrt(mean_c) + w))
-    c = np.arange(c_hi + 1, dtype=np.int64)
+    c_lo, c_hi, outside = _window(trials, p_both)
+    c = np.arange(c_lo, c_hi + 1, dtype=np.int64)
     weight_c = binom_pmf(c, trials, p_both)
-    outside = float(binom_sf(c_hi, trials, p_both))
     r_a = p_only / (1.0 - p_both)  # A | C=c ~ Bin(trials - c, r_a)
-    mean_a, sd_a = trials * r_a, math.sqrt(trials * r_a * (1.0 - r_a))
-    a_lo = max(0, math.floor(mean_a - w * sd_a - w))
-    a_hi = min(trials, math.ceil(mean_a + w * sd_a + w))
+    a_lo, a_hi, _ = _window(trials, r_a)
     a = np.arange(a_lo, a_hi + 1, dtype=np.int64)[None, :]
     cc = c[:, None]
     trials_a = trials - cc

@@ -5,9 +5,14 @@ Two accountants:
 
 * ``"002"`` (default): 002's rules (§4.5 for t = 1, Thm 4.1 with advanced composition for t > 1). For t = 1
   the tight bound of the resulting gamma is reported too, which shows how conservative the rule is.
-* ``"tight"`` (t = 1 only): the largest per-report budget eps0 whose tight bound (§1.6 with the k-RR alpha
-  1/(e^eps0 + k), ``vector_formulas.alpha_vector``) meets the target, i.e. the smallest gamma; with no k_round
-  given, k is chosen to minimise the per-report variance bound at each k's own smallest gamma.
+* ``"tight"``: the largest per-report budget eps0 whose tight bound (§1.6) meets the target, i.e. the smallest
+  gamma; with no k_round given, k is chosen to minimise the per-report variance bound at each k's own smallest
+  gamma. For t = 1 the alpha is k-RR's 1/(e^eps0 + k) (``vector_formulas.alpha_vector``). For t > 1 a user's
+  t messages are treated as one report of budget t eps0 with the generic alpha 1/(e^(t eps0) + 1): shuffling
+  the messages one by one is a post-processing of shuffling whole tuples (the message multiset is a function
+  of the tuple multiset), so the single-report bound holds, loosely.
+
+Whatever the accountant, ``eps_central`` is the tight bound of the final parameters with that alpha.
 
 MSEs are on the [0, 1] scale of §9 (multiply by 4 for data mapped from [-1, 1]), for the Horvitz-Thompson
 mean estimator (d/(t n)) DeBias(z_l), summed over the d coordinates: ``mse_mean_noise`` = d^2/(t n) x the
@@ -22,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._checks import check_delta, check_epsilon, check_int
+from .mixture import alpha_generic
 from .plan_search import FeasibilityOracle, largest_feasible_eps
 from .shuffle_bound import epsilon_central as tight_epsilon_central
 from .vector_formulas import (
@@ -55,8 +61,8 @@ class VectorMeanPlan:
     gamma: float
     eps_local_message: float
     eps_local_user: float
-    alpha: float | None
-    eps_central: float | None
+    alpha: float
+    eps_central: float
     mse_mean_noise: float
     mse_mean_sampling: float
     mse_mean: float
@@ -88,15 +94,22 @@ def _rule_002(d: int, n: int, eps_c: float, delta: float, t: int, k_round: int |
         needed = math.floor(1 + (n - 1) * gamma) + 1  # gamma is proportional to 1/(n - 1)
         out["reason"] = (f"002's rule needs gamma = {gamma:.6g} >= 1 (d={d}, k_round={k}, n={n}, eps_c={eps_c:g}, "
                          f"delta={delta:g}): raise n to at least {needed}, or raise epsilon_central, or lower "
-                         f"{'k_round or d' if k > 1 else 'd'}{'; or use the tight accountant' if t == 1 else ''}")
+                         f"{'k_round or d' if k > 1 else 'd'}; or use the tight accountant")
         return out
     out.update(valid=True, normalized_mse_bound=normalized_mse_bound_002(d, n, eps_c, delta, gamma, t))
     return out
 
 
-def _tight_gamma(oracle: FeasibilityOracle, target: float, k: int, grid_checks: int) -> float:
-    search = largest_feasible_eps(lambda eps0: oracle(alpha_vector(eps0, k), eps0), target, grid_checks=grid_checks)
-    return search.eps
+def _alpha(eps0: float, k: int, t: int) -> float:
+    """Mixture alpha of one user's t reports (module docstring), with local budget t * eps0."""
+    return alpha_vector(eps0, k) if t == 1 else alpha_generic(t * eps0)
+
+
+def _tight_eps0(oracle: FeasibilityOracle, target: float, k: int, t: int, grid_checks: int) -> float:
+    """Largest eps0 whose user-level budget t * eps0 meets the target with ``_alpha``."""
+    search = largest_feasible_eps(lambda eps_user: oracle(_alpha(eps_user / t, k, t), eps_user), target,
+                                  grid_checks=grid_checks)
+    return search.eps / t
 
 
 def plan_vector_mean(
@@ -130,24 +143,22 @@ def plan_vector_mean(
         k_rule = "given" if k_round is not None else f"002 rule, k* = {rule['k_star']:.4g} rounded"
         eps0 = eps0_from_gamma(gamma, k)
     else:
-        if t != 1:
-            raise ValueError("the tight accountant covers one report per user (t = 1); use accountant='002' for t > 1")
         if k_round is not None:
             k, k_rule = k_round, "given"
         else:  # the bound falls then rises in k: scan until it has risen twice in a row
             bounds: list[float] = []
             while len(bounds) < K_SEARCH_LIMIT and not (len(bounds) >= 3 and bounds[-1] >= bounds[-2] >= bounds[-3]):
                 k = len(bounds) + 1
-                bounds.append(report_variance_bound(k, gamma_from_eps0(_tight_gamma(oracle, target, k, 0), k)))
+                bounds.append(report_variance_bound(k, gamma_from_eps0(_tight_eps0(oracle, target, k, t, 0), k)))
             k, k_rule = 1 + bounds.index(min(bounds)), "minimises the per-report bound under the tight bound"
-        eps0 = _tight_gamma(oracle, target, k, 8)
+        eps0 = _tight_eps0(oracle, target, k, t, 8)
         gamma = gamma_from_eps0(eps0, k)
-        if eps0 >= 30.0:
-            notes.append("per-report epsilon capped at 30")
-    alpha = alpha_vector(eps0, k) if t == 1 else None
-    achieved = tight_epsilon_central(n, alpha, eps0, delta) if alpha is not None else None
+        if t * eps0 >= 30.0:
+            notes.append("user-level epsilon capped at 30")
+    alpha = _alpha(eps0, k, t)
+    achieved = tight_epsilon_central(n, alpha, t * eps0, delta)
     if t > 1:
-        notes.append("t > 1: only 002's composition-based guarantee applies (no tight bound for several reports)")
+        notes.append("t > 1: tight bound with the generic alpha of a user's t reports (budget t eps0), loose")
     noise = d * d / (t * n) * report_variance_bound(k, gamma)
     sampling = d * (d - t) / (t * n)
     return VectorMeanPlan(
@@ -160,7 +171,6 @@ def plan_vector_mean(
 
 def format_vector_plan(plan: VectorMeanPlan) -> str:
     """Human-readable rendering of a ``VectorMeanPlan``."""
-    central = "n/a (t > 1)" if plan.eps_central is None else f"{plan.eps_central:.6g}"
     lines = [
         f"plan             vector_mean (002), d={plan.d} coordinates, t={plan.t} per user, n={plan.n}",
         f"central target   eps_c={plan.eps_central_target:g}, delta={plan.delta:g} (replacement DP)",
@@ -169,10 +179,10 @@ def format_vector_plan(plan: VectorMeanPlan) -> str:
         f"gamma            {plan.gamma:.6g}  (blanket probability)",
         f"local epsilon    {plan.eps_local_message:.6g} per report, {plan.eps_local_user:.6g} per user",
     ]
-    if plan.alpha is not None:
-        lines.append(f"mixture alpha    {plan.alpha:.6g}  [k-RR over k+1 values: gamma/(k+1)]")
+    rule = "k-RR over k+1 values: gamma/(k+1)" if plan.t == 1 else "generic 1/(e^(t eps0) + 1) for t reports"
     lines += [
-        f"central epsilon  {central}  (tight bound, MECHANISMS.md §1.6, at this gamma)",
+        f"mixture alpha    {plan.alpha:.6g}  [{rule}]",
+        f"central epsilon  {plan.eps_central:.6g}  (tight bound, MECHANISMS.md §1.6, at this gamma)",
         f"expected MSE     {plan.mse_mean:.6g} = noise {plan.mse_mean_noise:.6g} + coordinate sampling "
         f"<= {plan.mse_mean_sampling:.6g}  (sum over d means, [0, 1] scale)",
     ]
