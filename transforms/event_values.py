@@ -10,11 +10,13 @@ mechanism's ``encode``; it may draw randomness (kv discretisation), always throu
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 import numpy as np
 
 from transforms.mechanisms.base import Randomness
+from transforms.mechanisms.kv_encoding import KeyValueEncoder
 from transforms.spec import AnalysisSpec
 
 
@@ -57,17 +59,70 @@ def ordered_value(spec: AnalysisSpec, value: Any) -> int:
     return min(int((value - lo) / (hi - lo) * 2**bits), 2**bits - 1)
 
 
+def kv_encoder(spec: AnalysisSpec) -> KeyValueEncoder:
+    """The spec's real-valued key-value encoder (keys, s and value range shared with the mechanism)."""
+    return _kv_encoder(spec)
+
+
+@cache
+def _kv_encoder(spec: AnalysisSpec) -> KeyValueEncoder:
+    return KeyValueEncoder.for_mechanism(spec.randomizer, spec.categories, spec.domain["value_range"])
+
+
+def kv_value(spec: AnalysisSpec, value: Any) -> dict[str, float]:
+    """A map<string, double> event over the spec's keys (unknown keys, NaN/inf, out-of-range are refused)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"a {_kind_name(value)} value cannot feed kv_mean analysis {spec.name} (needs a map)")
+    reason = kv_encoder(spec).event_error(value)
+    if reason is not None:
+        raise ValueError(reason)
+    return value
+
+
+def vector_value(spec: AnalysisSpec, value: Any) -> np.ndarray:
+    """A DenseVector event of the spec's dimension with finite entries in its value range."""
+    if not (isinstance(value, tuple) and value[0].endswith("DenseVector")):
+        raise ValueError(f"a {_kind_name(value)} value cannot feed vector_mean analysis {spec.name} "
+                         "(needs a DenseVector)")
+    x = np.asarray(value[1]["values"], dtype=np.float64)
+    if x.shape != (spec.d,):
+        raise ValueError(f"vector of length {x.size}, expected {spec.d}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"vector entry {int(np.argmin(np.isfinite(x)))} is not finite")
+    lo, hi = spec.domain["value_range"]
+    outside = (x < lo) | (x > hi)
+    if outside.any():
+        i = int(np.argmax(outside))
+        raise ValueError(f"vector entry {i} = {x[i]!r} outside the value_range [{lo:g}, {hi:g}]")
+    return x
+
+
+def hashed_item(spec: AnalysisSpec, value: Any) -> int:
+    """A heavy-hitter item (string or integer) as its ``bits``-bit hash."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(f"a {_kind_name(value)} value cannot feed heavy_hitters analysis {spec.name}")
+    from transforms.mechanisms.heavy_hitters import item_hash
+
+    return int(item_hash([str(value)], spec.domain["bits"])[0])
+
+
+_CHECKS = {"histogram": category_of, "range": ordered_value, "quantile": ordered_value, "kv_mean": kv_value,
+           "vector_mean": vector_value, "heavy_hitters": hashed_item}
+
+
 def event_value(spec: AnalysisSpec, value: Any) -> Any:
     """Check one decoded event value against the spec (``ValueError`` with the reason if it does not fit)."""
-    if spec.kind == "histogram":
-        return category_of(spec, value)
-    if spec.kind in ("range", "quantile"):
-        return ordered_value(spec, value)
-    raise ValueError(f"analysis kind {spec.kind} has no event adapter")
+    return _CHECKS[spec.kind](spec, value)
 
 
 def client_inputs(spec: AnalysisSpec, values: list[Any], rng: Randomness) -> Any:
     """Stack checked values into the mechanism's ``encode`` input."""
-    if spec.kind in ("histogram", "range", "quantile"):
-        return np.fromiter(values, dtype=np.int64, count=len(values))
-    raise ValueError(f"analysis kind {spec.kind} has no event adapter")
+    if spec.kind == "kv_mean":
+        return kv_encoder(spec).encode_events(values, rng)
+    if spec.kind == "vector_mean":
+        x = np.stack(values) if values else np.zeros((0, spec.d))
+        if spec.mechanism == "vector_sum":  # 002 sums values on [0, 1]
+            lo, hi = spec.domain["value_range"]
+            x = (x - lo) / (hi - lo)
+        return x
+    return np.fromiter(values, dtype=np.uint64 if spec.kind == "heavy_hitters" else np.int64, count=len(values))

@@ -47,7 +47,39 @@ def histogram_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     return _items(spec.categories, postprocessed(spec.postprocess, raw), result.stderr, raw)
 
 
-READOUTS = {"histogram": histogram_items}
+def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
+    """Per key: non-missing frequency, mean (normalised units, a missing key counting as the range middle)
+    and conditional mean (value units). ``[postprocess] method = "simplex"`` projects f/s onto the simplex
+    of the 2d items and multiplies back by s (MECHANISMS.md §8.7) before the per-key quantities are formed."""
+    from transforms.event_values import kv_encoder
+
+    s = spec.domain["s"]
+    freq = np.asarray(result.frequency, dtype=np.float64)
+    proc = postprocessed(spec.postprocess, freq / s) * s if spec.postprocess != "none" else freq
+    plus, minus = proc[1::2], proc[0::2]
+    mean, nonmissing = plus - minus, plus + minus
+    with np.errstate(divide="ignore", invalid="ignore"):
+        conditional = np.where(nonmissing > 0, mean / nonmissing, np.nan)
+    encoder = kv_encoder(spec)
+    cond_value, _ = encoder.denormalise(conditional)
+    raw_cond, cond_se = encoder.denormalise(result.conditional_mean, result.conditional_mean_stderr)
+    keys = spec.categories
+    d = len(keys)
+    return (_items([f"{k}:frequency" for k in keys], nonmissing, result.nonmissing_stderr, result.nonmissing)
+            + _items([f"{k}:mean" for k in keys], mean, result.mean_stderr, result.mean, offset=d)
+            + _items([f"{k}:conditional_mean" for k in keys], cond_value, cond_se, raw_cond, offset=2 * d))
+
+
+def vector_items(spec: AnalysisSpec, result: Any) -> list[Item]:
+    """Per coordinate: the mean in value units (002's [0, 1] sums are mapped back to the value range)."""
+    mean, stderr = np.asarray(result.mean, dtype=np.float64), np.asarray(result.stderr, dtype=np.float64)
+    if spec.mechanism == "vector_sum":
+        lo, hi = spec.domain["value_range"]
+        mean, stderr = lo + (hi - lo) * mean, (hi - lo) * stderr
+    return _items(spec.categories, mean, stderr, mean)
+
+
+READOUTS = {"histogram": histogram_items, "kv_mean": kv_items, "vector_mean": vector_items}
 
 
 def readout(spec: AnalysisSpec, result: Any) -> list[Item]:
