@@ -26,9 +26,10 @@ CASES: list[Mech] = [
 
 
 def all_inputs(d: int, s: int) -> np.ndarray:
-    """Every set of s items over distinct keys: C(d, s) key sets x 2^s sign patterns, as ``[m, s]`` items."""
-    rows = [[2 * k + b for k, b in zip(keys, bits, strict=True)]
-            for keys in itertools.combinations(range(d), s) for bits in itertools.product((0, 1), repeat=s)]
+    """Every set of at most s items over distinct keys (key sets x sign patterns), padded with -1 to ``[m, s]``."""
+    rows = [[2 * k + b for k, b in zip(keys, bits, strict=True)] + [-1] * (s - size)
+            for size in range(s + 1) for keys in itertools.combinations(range(d), size)
+            for bits in itertools.product((0, 1), repeat=size)]
     return np.array(rows, dtype=np.int64)
 
 
@@ -58,11 +59,11 @@ def test_exact_ldp_ratio(mech: Mech) -> None:
     assert np.all(tab > 0)
     worst = worst_ratio(tab)
     assert worst <= math.exp(mech.epsilon_local) * (1 + 1e-12)
-    if isinstance(mech, PrivKV) and mech.s < mech.d:  # holder vs non-holder of a key exists
+    if isinstance(mech, PrivKV):  # holder vs non-holder of a key
         assert worst == pytest.approx(math.exp(mech.tight_epsilon), rel=1e-12)
     if isinstance(mech, PCKVUE) and mech.d >= 2 * mech.s and mech.ell == mech.s:
         assert worst == pytest.approx(math.exp(mech.epsilon), rel=1e-12)  # the allocation is tight
-    if isinstance(mech, PCKVGRR) and mech.s < mech.d:
+    if isinstance(mech, PCKVGRR):
         assert worst == pytest.approx(math.exp(mech.sampled_epsilon), rel=1e-12)
 
 
@@ -89,15 +90,11 @@ def test_alphas_agree_with_the_planner(d: int, s: int, eps: float) -> None:
     """transforms.privacy.kv_formulas is an independent copy for the planner: the mechanisms must agree."""
     assert PrivKV(d, s, eps).mixture_alpha == pytest.approx(kv_formulas.alpha_privkv(eps), rel=1e-12)
     assert PCKVUE(d, s, eps).mixture_alpha == pytest.approx(kv_formulas.alpha_pckv_ue(eps), rel=1e-12)
-    grr = PCKVGRR(d, s, eps).mixture_alpha
-    if d >= 2 * s:
-        assert grr == pytest.approx(kv_formulas.alpha_pckv_grr(eps, d, s), rel=1e-12)
-    else:  # forced key overlaps lower the worst-case TV; the planner's value stays a valid upper bound
-        assert grr <= kv_formulas.alpha_pckv_grr(eps, d, s)
+    assert PCKVGRR(d, s, eps).mixture_alpha == pytest.approx(kv_formulas.alpha_pckv_grr(eps, d, s), rel=1e-12)
 
 
 EMPIRICAL = [PrivKV(3, 2, 1.0, epsilon_key=0.3), PCKVUE(3, 1, 1.5, ell=2), PCKVUE(4, 2, 2.0),
-             PCKVGRR(3, 1, 1.0, ell=3), PCKVGRR(4, 2, 2.0)]
+             PCKVGRR(3, 1, 1.0, ell=3), PCKVGRR(4, 2, 2.0)]  # inputs: empty, a middle one, a full one
 
 
 @pytest.mark.parametrize("mech", EMPIRICAL, ids=repr)
@@ -155,6 +152,9 @@ def test_encode_refuses_malformed_items(mech: Mech) -> None:
         mech.encode(np.array([[2, 3]]), rng)  # key 1 with both signs
     with pytest.raises(ValueError, match="outside"):
         mech.encode(np.array([[0, 8]]), rng)
+    with pytest.raises(ValueError, match="outside"):
+        mech.encode(np.array([[0, -2]]), rng)
+    assert mech.validate(mech.encode(np.array([[-1, -1], [5, -1]]), rng)).all()  # empty slots are allowed
     with pytest.raises(ValueError, match="shape"):
         mech.encode(np.array([0, 2]), rng)
     with pytest.raises(TypeError):

@@ -103,6 +103,8 @@ class CoCo:
 
     ``t`` (even, >= 2s + 2) defaults to ``t_rule``: ``"variance"`` (minimise the mean estimator's total variance)
     or ``"paper"`` (Thm 7's mean rule). Other parameters as for :class:`~transforms.mechanisms.collision.Collision`.
+    Estimate extras: ``plus``/``minus`` [d] supports, ``family_variance`` {mean, nonmissing}, ``family_share``
+    (mean estimator), ``t``.
     """
 
     name: ClassVar[str] = "coco"

@@ -78,6 +78,8 @@ class Collision:
 
     ``t`` defaults to ``t_rule``: ``"variance"`` (minimise the exact total variance) or ``"paper"`` (003's t*).
     ``seed_family`` seeds (uint32 on the wire) of the family ``hash_seed``; ``max_keys``: see the module docstring.
+    Estimate extras: ``support`` [2d], ``family_variance`` (added to every item's variance), ``family_share``
+    (its ratio to the median item sampling variance), ``t``.
     """
 
     name: ClassVar[str] = "collision"

@@ -15,7 +15,7 @@ histogram, so it can be inverted exactly. Here a non-holder of item y is counted
 ``P[z = H(y)]``, which depends on whether ``H(y)`` hits *any* of the client's own cells and on how many distinct
 cells they occupy (an OR over the whole set). Its average over a finite family is therefore a function of the
 distribution of whole sets (co-occurrences), not of the item frequencies: no linear decoder of the S x t counts
-is unbiased for every dataset (for s = 1 it reduces to OLH's solvable case). The textbook decoder is exactly
+is unbiased for every dataset (the expectation is linear only for s = 1, OLH's case). The textbook decoder is exactly
 unbiased *averaged over a random family* (``hash_seed`` picks one); for the family in use, the first-order bias of
 an item is a sum over the other items x of ``f_x (Pc[y, x] - 1/t)``, with ``Pc`` the empirical collision rate,
 whose spread over families is

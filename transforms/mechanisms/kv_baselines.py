@@ -103,20 +103,22 @@ class _PCKV:
         return self.epsilon  # tight for the perturbation; sampling can only lower it (see PCKVGRR.sampled_epsilon)
 
     def sample_pairs(self, items: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
-        """Padding-and-sampling: ``(key, v*)`` per client; a sampled dummy has a uniform dummy key, v* a fair coin."""
+        """Padding-and-sampling: ``(key, v*)`` per client. A client with m <= s real items (empty slots -1) is padded
+        with ell - m distinct random dummies; a sampled dummy therefore has a uniform dummy key and v* a fair coin."""
         keys, signs = check_items(items, self.d, self.s)
         n = keys.shape[0]
         pick, dummy, coin = rng.integers(0, self.pairs, n), rng.integers(0, self.pairs, n), rng.random(n)
-        real = pick < self.s
         col = np.minimum(pick, self.s - 1)[:, None]
-        key = np.where(real, np.take_along_axis(keys, col, axis=1)[:, 0], self.d + dummy)
+        slot_key = np.take_along_axis(keys, col, axis=1)[:, 0]
+        real = (pick < self.s) & (slot_key >= 0)  # an empty slot is padded like the slots beyond s
+        key = np.where(real, slot_key, self.d + dummy)
         vstar = np.where(real, np.take_along_axis(signs, col, axis=1)[:, 0], np.where(coin < 0.5, 1, -1))
         return key, vstar
 
     def class_probabilities(self) -> np.ndarray:
         """``(P+, P-)`` of supporting (k, +1) / (k, -1): holder of k+, of k-, of neither (§8.4 [D])."""
         a, b, p, ell = self.a, self.b, self.p, self.pairs
-        hit, miss = a * p / ell + (1 - 1 / ell) * b / 2, a * (1 - p) / ell + b / 2
+        hit, miss = a * p / ell + (1 - 1 / ell) * b / 2, a * (1 - p) / ell + (1 - 1 / ell) * b / 2
         return np.array([[hit, miss], [miss, hit], [b / 2, b / 2]])
 
     def weights(self) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -159,8 +161,8 @@ class _PCKV:
     def _pair_mixture(self, items_row: np.ndarray) -> list[tuple[float, int, int]]:
         """(weight, key, v*) of the sampled pair, dummies spread over their keys and coins."""
         keys, signs = check_items(np.asarray(items_row).reshape(1, -1), self.d, self.s)
-        out = [(1 / self.pairs, int(k), int(v)) for k, v in zip(keys[0], signs[0], strict=True)]
-        w = (self.pairs - self.s) / self.pairs / (2 * self.pairs)
+        out = [(1 / self.pairs, int(k), int(v)) for k, v in zip(keys[0], signs[0], strict=True) if k >= 0]
+        w = (self.pairs - len(out)) / self.pairs / (2 * self.pairs)
         if w > 0:
             out += [(w, self.d + j, v) for j in range(self.pairs) for v in (-1, 1)]
         return out
@@ -304,14 +306,12 @@ class PCKVGRR(_PCKV):
 
     @property
     def mixture_alpha(self) -> float:
-        """``max TV / (e^eps - 1)`` from the output table (§8.6): a neighbour differs on at most s keys' pairs,
-        each contributing ``(|a p - b/2| + |a (1-p) - b/2|)/ell`` (disjoint keys) or ``a (2p - 1)/ell`` (same key,
-        flipped sign; forced for ``2s - d`` keys when d < 2s)."""
-        a, b, p = self.a, self.b, self.p
-        overlap = max(0, 2 * self.s - self.d)
-        tv = ((self.s - overlap) * (abs(a * p - b / 2) + abs(a * (1 - p) - b / 2))
-              + overlap * a * (2 * p - 1)) / self.pairs
-        return alpha_from_tv(tv, self.epsilon)
+        """``max TV / (e^eps - 1)`` from the output table (§8.6) [D]: a client's law is ``b/2`` everywhere plus
+        ``1/ell`` times a bump per real item (``a p - b/2`` on (k, v*), ``a(1-p) - b/2`` on (k, -v*)) plus the
+        dummy share spread over the dummy outputs. Worst pair: s real items against none (or s disjoint ones),
+        ``TV = (s/ell)(a - b)`` because ``a (1-p) >= b/2`` under every allowed allocation. With the default
+        allocation and ell = s this is k-RR's ``1/(e^eps + 2d' - 1)`` (kv_formulas.alpha_pckv_grr)."""
+        return alpha_from_tv(self.s / self.pairs * (self.a - self.b), self.epsilon)
 
     @property
     def message_bits(self) -> int:

@@ -36,10 +36,11 @@ __all__ = [
 
 
 def check_items(items: np.ndarray, d: int, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a batch of key-value sets and return ``(keys, signs)``, both int64 ``[n, s]`` (signs in {-1, +1}).
+    """Validate a batch of key-value sets and return ``(keys, signs)``, both int64 ``[n, s]``.
 
-    ``items[i]`` holds the s item indices ``item(j, b) = 2 j + (1 if b = +1 else 0)`` of client i (MECHANISMS.md
-    §8); a key may appear only once per client (a value cannot be both +1 and -1).
+    ``items[i]`` holds the item indices ``item(j, b) = 2 j + (1 if b = +1 else 0)`` of client i (MECHANISMS.md
+    §8), ``-1`` marking an empty slot (a client with fewer than s keys, as for Collision); a key may appear only
+    once per client. Empty slots come back as key -1 and sign 0; other signs are -1/+1.
     """
     arr = np.asarray(items)
     if arr.ndim != 2 or arr.shape[1] != s:
@@ -47,17 +48,17 @@ def check_items(items: np.ndarray, d: int, s: int) -> tuple[np.ndarray, np.ndarr
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"items must be integer item indices, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
-    if arr.size and (arr.min() < 0 or arr.max() >= 2 * d):
-        bad = arr[(arr < 0) | (arr >= 2 * d)][0]
-        raise ValueError(f"item {bad} outside [0, 2d) = [0, {2 * d})")
-    keys = arr >> 1
+    if arr.size and (arr.min() < -1 or arr.max() >= 2 * d):
+        bad = arr[(arr < -1) | (arr >= 2 * d)][0]
+        raise ValueError(f"item {bad} outside [0, 2d) = [0, {2 * d}) (use -1 for an empty slot)")
+    keys = arr >> 1  # -1 stays -1
     if s > 1 and arr.size:
         ordered = np.sort(keys, axis=1)
-        dup = np.any(ordered[:, 1:] == ordered[:, :-1], axis=1)
+        dup = np.any((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0), axis=1)
         if dup.any():
             row = int(np.argmax(dup))
             raise ValueError(f"client {row} lists a key twice (items {arr[row].tolist()}); keys must be distinct")
-    return keys, 2 * (arr & 1) - 1
+    return keys, np.where(arr >= 0, 2 * (arr & 1) - 1, 0)
 
 
 def freeze_sparsity(mech: Any) -> None:

@@ -72,7 +72,7 @@ class CountMinMultiRR:
     per-client cap of blanket messages (the ledger then charges its truncation cost to delta).
     """
 
-    name: ClassVar[str] = "countmin_rr"
+    name: ClassVar[str] = "mm_countmin"
     payload_kind: ClassVar[str] = "hashed"
     single_message: ClassVar[bool] = False
     channels: ClassVar[int] = 1
@@ -284,7 +284,7 @@ class CountMinMultiRR:
         if bad is not None:
             return bad
         row, z = reports["seed"], reports["z"]
-        return (reports["channel"] == 0) & (row < self.rows_) & (z >= 0) & (z < self.buckets_)
+        return (reports["channel"] == 0) & (row >= 0) & (row < self.rows_) & (z >= 0) & (z < self.buckets_)
 
     # -- analyzer -----------------------------------------------------------------------------------------
 

@@ -10,12 +10,13 @@ tau uniform indices: ``k_set + rho`` messages of ``tau log2 B'`` bits, always th
 that flips the parity of ``(j + 1) & u``, a bijection between C_j and its complement.
 
 **Decoding**: the items supported by a message ``(u_1..u_tau)`` are ``{j : (j + 1) . u_r = 0 over GF(2) for
-all r}``, the kernel of a ``tau x log2 B'`` bit matrix (004 Lemma 4.6). We row-reduce all messages of a batch
-at once (one vectorised pass per bit) and enumerate each kernel (``~ B' 2^-tau`` elements, plus the true
-item), so the analyzer keeps only a count per item. ``c_j`` counts the messages supporting j and
-``x_hat_j = (c_j - n (k_set + rho) 2^-tau) / (1 - 2^-tau)`` is unbiased with the exact variance
-``(n (k_set + rho) - x_j) 2^-tau / (1 - 2^-tau)``: every message not sent for j is independently in
-``C_j^tau`` with probability exactly 2^-tau (distinct non-zero rows share B'/4 of their supports).
+all r}``, the kernel of a ``tau x log2 B'`` bit matrix (004 Lemma 4.6). We eliminate all messages of a batch
+at once, bit-sliced (64 messages per uint64 word, one vectorised pass per row), and enumerate each kernel
+(``~ B' 2^-tau`` elements, plus the true item), so the analyzer keeps only a count per item.
+``c_j`` counts the messages supporting j and ``x_hat_j = (c_j - n (k_set + rho) 2^-tau) / (1 - 2^-tau)`` is
+unbiased with the exact variance ``(n (k_set + rho) - x_j) 2^-tau / (1 - 2^-tau)``: every message not sent for
+j is independently in ``C_j^tau`` with probability exactly 2^-tau (distinct non-zero rows share B'/4 of their
+supports).
 """
 
 from __future__ import annotations

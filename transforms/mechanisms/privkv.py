@@ -202,5 +202,7 @@ class PrivKV:
         p1, p2 = self.p1, self.p2
         table = np.tile([(1 - p1) / 2, p1, (1 - p1) / 2], (self.d, 1))
         for k, sgn in zip(keys[0], signs[0], strict=True):
+            if k < 0:
+                continue  # empty slot
             table[k, 1 + sgn], table[k, 1 - sgn], table[k, 1] = p1 * p2, p1 * (1 - p2), 1 - p1
         return table.ravel() / self.d

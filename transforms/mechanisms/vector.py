@@ -5,7 +5,8 @@ LDP-SGD (§7.3) lives in ``ldp_sgd`` and is re-exported here.
 **Client** (002 Alg. 2 with Alg. 1): sample t distinct coordinates, randomly round each value to the grid
 {0..k_round} (unbiased), then keep the level w.p. 1 - gamma or replace it by a uniform level. gamma is derived
 from the *central* target (epsilon, delta) and the public number of clients n (002 §4.3/§4.5 [P*]), so
-``epsilon`` here is the shuffle-model epsilon; the local guarantee is ``epsilon_local = t ln(1 + (k+1)(1-gamma)/gamma)``.
+``epsilon`` here is the shuffle-model epsilon; the local guarantee is
+``epsilon_local = t ln(1 + (k+1)(1-gamma)/gamma)`` [D].
 **Message**: payload ``coordinates`` -- ``indices`` int64 (t,) ascending, ``values`` float64 (t,) holding the
 integer level (exact in a double). We chose it over ``integers`` because the record is self-describing (index and
 level travel as separate named arrays) and is the schema's record for exactly this mechanism.
@@ -258,7 +259,7 @@ class VectorSummation:
         """P(level = y | value x) for y in {0..k}, one reported coordinate."""
         out = np.full(self.levels, self.gamma / self.levels)
         scaled = x * self.k_round  # type: ignore[operator]
-        low = int(math.floor(scaled))
+        low = math.floor(scaled)
         out[low] += (1 - self.gamma) * (1 - (scaled - low))
         if low < self.k_round:  # type: ignore[operator]
             out[low + 1] += (1 - self.gamma) * (scaled - low)

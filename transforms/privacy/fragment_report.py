@@ -141,8 +141,9 @@ def fragmented_privacy_report(
         if fragments is not None or epsilon_fragment is not None:
             raise ValueError("fragments / epsilon_fragment apply to rappor_fragments only")
         return _rappor_report(domain, epsilon, n, delta)
-    tau = 1 if fragments is None else check_int("fragments", fragments, 1)
-    return _fragments_report(domain, epsilon, n, delta, tau, epsilon_fragment)
+    if fragments is None:
+        raise ValueError("rappor_fragments needs fragments (tau, the number of fragments per bit)")
+    return _fragments_report(domain, epsilon, n, delta, check_int("fragments", fragments, 1), epsilon_fragment)
 
 
 def _value(form: dict[str, Any]) -> str:

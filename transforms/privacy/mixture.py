@@ -85,12 +85,15 @@ def alpha_oue(eps: float) -> float:
 
 def alpha_collision(eps: float, s: int, t: int) -> float:
     """s/Omega with Omega = s e^eps + t - s, for Collision and CoCo (003's printed value is a TV, see
-    MECHANISMS_NOTES.md A.1); it matches the lower-bound construction of 003 Thm 6, so it is also tight."""
+    MECHANISMS_NOTES.md A.1); it matches the lower-bound construction of 003 Thm 6, so it is also tight.
+
+    For t < 2s, s/Omega exceeds 1/(e^eps + 1) and breaks the mixture condition (1 + e^eps) alpha <= 1 of
+    §1.6; the generic value, valid for every eps-LDP randomizer, is used there instead."""
     eps = check_epsilon("eps", eps)
     s = check_int("s", s, 1)
     t = check_int("t", t, s + 1)
     tail = math.exp(-eps)
-    return s * tail / (s + (t - s) * tail)
+    return min(s * tail / (s + (t - s) * tail), tail / (1.0 + tail))
 
 
 def olh_buckets(eps: float) -> int:

@@ -18,8 +18,10 @@ independent Bin(n, gamma) blanket noise. A swap moves <= tau cells by +1 and <= 
 a sum of <= 2 tau independent single-cell losses ``ln p(X)/p(X+1)`` and ``ln p(Y)/p(Y-1)`` (infinite where
 the shifted pmf vanishes). We compose the 2 tau losses by FFT on a grid after rounding every loss *up* to the
 grid (``delta(eps) = E[(1 - e^{eps - L})_+]`` is non-decreasing in L, so rounding up only overestimates);
-mass outside a 15-sd window counts as infinite loss. The paper's gamma (Lemma 4.10 constants) is infeasible
-(> 1) except for huge n, which is why the numeric calibration is the default.
+mass outside a 15-sd window counts as infinite loss. Fewer distinct cells (shared buckets) or adding/removing
+one element (tau cells move, one direction) are marginals of this pair, hence never worse than it.
+The paper's gamma (Lemma 4.10 constants) is infeasible (> 1) except for huge n,
+which is why the numeric calibration is the default.
 
 **Truncation.** A count-min client sends at most ``cap`` blanket messages (the shuffler's flood quota needs a
 bound). Capping changes each client's output with probability ``P[Bin(tau s, gamma) > cap]``, hence the
