@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="local epsilon (rappor: removal budget; rappor_fragments: backstop budget)")
     priv.add_argument("--n", type=_positive_int, required=True, help="number of shuffled reports")
     priv.add_argument("--delta", type=_positive_float, required=True)
-    priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments: tau (default 1)")
+    priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
     priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
                       help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
     priv.add_argument("--json", action="store_true", help="machine-readable output")

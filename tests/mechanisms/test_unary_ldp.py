@@ -280,7 +280,7 @@ def test_fragments_surface() -> None:
                                  "fragments": 4}
     assert pickle.loads(pickle.dumps(mech)) == mech
     assert mech.mixture_alpha == pytest.approx(1 / (math.exp(mech.epsilon_local) + 1), rel=1e-12)
-    reports, owner = mech.encode_messages(np.arange(8), seeded_rng(1))
+    reports, _ = mech.encode_messages(np.arange(8), seeded_rng(1))
     assert mech.validate(reports).all() and reports["channel"].max() < 32
     with pytest.raises(ValueError, match="t must be"):
         mech.epsilon_exposed(5)

@@ -21,8 +21,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate, Randomness, check_domain, check_values
-from transforms.mechanisms.counting import empty_mask_if_malformed, freeze_domain_and_epsilon, rr_count_variance
+from transforms.mechanisms.base import Randomness, check_domain, check_values
+from transforms.mechanisms.counting import freeze_domain_and_epsilon, rr_count_variance
+from transforms.mechanisms.unary_counts import (
+    CHANNEL_DTYPE,
+    MessageCountAccumulator,
+    channel_messages,
+    validate_channels,
+)
 from transforms.mechanisms.unary_sampling import (
     OVERFLOW_TAIL,
     bernoulli_positions,
@@ -52,7 +58,6 @@ __all__ = [
 # Flip probabilities 1/(1+e^eps) below ~2e-9 are not represented accurately by 53-bit uniforms (relative error
 # 2^-53/q on the flip probability): refuse such budgets rather than silently randomize at a different eps.
 MAX_UNARY_EPSILON = 20.0
-_CHANNEL_DTYPE = np.dtype([("channel", "<i8")])
 
 
 def _check_budget(name: str, eps: float) -> float:
@@ -64,20 +69,6 @@ def _check_budget(name: str, eps: float) -> float:
             f"represent accurately), got {eps!r}"
         )
     return float(eps)
-
-
-def _validate_channels(reports: np.ndarray, channels: int) -> np.ndarray:
-    bad = empty_mask_if_malformed(reports, _CHANNEL_DTYPE)
-    if bad is not None:
-        return bad
-    channel = reports["channel"]
-    return (channel >= 0) & (channel < channels)
-
-
-def _messages(channel: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    reports = np.empty(channel.size, dtype=_CHANNEL_DTYPE)
-    reports["channel"] = channel
-    return reports, owner.astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True)
@@ -129,7 +120,7 @@ class AttributeFragmentedRappor:
 
     @property
     def report_dtype(self) -> np.dtype:
-        return _CHANNEL_DTYPE
+        return CHANNEL_DTYPE
 
     @property
     def epsilon_local(self) -> float:
@@ -156,14 +147,14 @@ class AttributeFragmentedRappor:
         Draws per client: 1 + min(cap, d - 1) uniforms, whatever the value."""
         v = check_values(values, self.d)
         owner, channel = np.divmod(unary_keys(v, rng, self.d, self.p, self.q, self.cap), self.d)
-        return _messages(channel, owner)
+        return channel_messages(channel, owner)
 
     def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
         """The messages of ``encode_messages`` without their owners."""
         return self.encode_messages(values, rng)[0]
 
     def validate(self, reports: np.ndarray) -> np.ndarray:
-        return _validate_channels(reports, self.channels)
+        return validate_channels(reports, self.channels)
 
     def new_accumulator(self) -> MessageCountAccumulator:
         return MessageCountAccumulator(self)
@@ -207,6 +198,12 @@ class ReportFragmentedRappor:
     by its tau fragments. Across windows the *same* backstop must be reused, or fresh backstops compose and
     eps_b no longer caps the long-term loss: a device computes ``backstop_bits`` once, stores its row, and
     calls ``fragments_from_backstop`` with fresh randomness each window.
+
+    **Caps** (``unary_sampling``). ``backstop_cap`` bounds the stored backstop ones (overflow probability
+    < 2^-64/(1 + e^eps_b)) and ``fragment_cap`` each fragment's messages (< 2^-64). Both truncations are
+    post-processing (of the backstop, of a fragment), so eps_b holds exactly. The finer eps(t) < eps_b of Thm IV.1
+    rely on bits being independent instances, which a truncated backstop is not on its overflow event (adding
+    the value's bit can push out another one); there they hold as (eps(t), delta) with delta < 2^-64.
     """
 
     name: ClassVar[str] = "rappor_fragments"
@@ -310,7 +307,7 @@ class ReportFragmentedRappor:
 
     @property
     def report_dtype(self) -> np.dtype:
-        return _CHANNEL_DTYPE
+        return CHANNEL_DTYPE
 
     def backstop_bits(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
         """The permanent backstop of each client: (n, backstop_cap) int64, ascending set bits, padded with d.
@@ -329,11 +326,13 @@ class ReportFragmentedRappor:
             raise ValueError(f"backstop entries must lie in [0, {self.d}] ({self.d} = padding)")
         rows = rows.astype(np.int64, copy=False)
         n, d, tau, cap = rows.shape[0], self.d, self.fragments, self.fragment_cap
+        stored = rows < d
+        backstop_keys = padded_to_keys(rows, d, d)  # row-major, like stored's True entries
         per_fragment = []  # (client, bit, rank within the client's fragment) of each fragment's messages
         for _ in range(tau):  # tau vectorised passes over the batch
             noise = bernoulli_positions(rng, n, d, self.q_fragment, min(cap, d))
-            boosted = np.where(rng.random(rows.shape) < self.keep_boost, rows, d)
-            keys = first_keys(merge_keys(padded_to_keys(noise, d, d), padded_to_keys(boosted, d, d)), d, cap)
+            boosted = backstop_keys[(rng.random(rows.shape) < self.keep_boost)[stored]]
+            keys = first_keys(merge_keys(padded_to_keys(noise, d, d), boosted), d, cap)
             owner, bit = np.divmod(keys, d)
             per_fragment.append((owner, bit, row_ranks(owner)))
         # Order messages by (client, fragment, bit) without sorting: offsets from per-(client, fragment) counts.
@@ -345,7 +344,7 @@ class ReportFragmentedRappor:
             at = starts[owner, i] + rank
             channel[at] = i * d + bit
             owner_out[at] = owner
-        return _messages(channel, owner_out)
+        return channel_messages(channel, owner_out)
 
     def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
         """Backstop then fragments with the same randomness source (one window, backstop not stored)."""
@@ -356,7 +355,7 @@ class ReportFragmentedRappor:
         return self.encode_messages(values, rng)[0]
 
     def validate(self, reports: np.ndarray) -> np.ndarray:
-        return _validate_channels(reports, self.channels)
+        return validate_channels(reports, self.channels)
 
     def new_accumulator(self) -> MessageCountAccumulator:
         return MessageCountAccumulator(self)
@@ -409,60 +408,3 @@ class ReportFragmentedRappor:
     def exact_reference_distribution(self) -> np.ndarray:
         """The removal reference: the same pipeline applied to the all-zero vector."""
         return self._law(np.full(self.d, self.q_backstop))
-
-
-class MessageCountAccumulator:
-    """Per-channel message counts (``channels`` int64) and the number of clients ``n`` (from the shuffler).
-
-    Merge by addition. ``add`` needs ``clients``: the analyzer cannot count clients from set bits (a client may
-    send nothing). Consistency (no channel holds more messages than clients) is checked at ``estimate`` so
-    that messages and client counts may arrive in separate ``add`` calls.
-    """
-
-    def __init__(self, mechanism: AttributeFragmentedRappor | ReportFragmentedRappor) -> None:
-        self.mechanism = mechanism
-        self.counts = np.zeros(mechanism.channels, dtype=np.int64)
-        self.n = 0
-
-    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
-        """Fold the messages of ``clients`` clients (validated: invalid ones are refused, not miscounted)."""
-        if clients is None:
-            raise ValueError(
-                f"{self.mechanism.name} accumulators need clients=<number of clients whose messages these are> "
-                "(published by the shuffler): set bits alone cannot tell how many clients sent nothing"
-            )
-        if isinstance(clients, bool) or int(clients) != clients or clients < 0:
-            raise ValueError(f"clients must be an integer >= 0, got {clients!r}")
-        arr = np.asarray(reports)
-        if arr.size:
-            valid = self.mechanism.validate(arr)
-            if not valid.all():
-                raise ValueError(
-                    f"{int((~valid).sum())} of {arr.size} messages are outside the {self.mechanism.name} channels "
-                    f"[0, {self.mechanism.channels}); filter them with validate() first"
-                )
-            self.counts += np.bincount(arr["channel"], minlength=self.mechanism.channels)
-        self.n += int(clients)
-
-    def merge(self, other: Any) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
-        self.counts += other.counts
-        self.n += other.n
-
-    def estimate(self) -> FrequencyEstimate:
-        """Unbiased counts and frequencies with closed-form standard errors (fractions of the n clients)."""
-        if self.n == 0:
-            raise ValueError("no clients")
-        if self.counts.max(initial=0) > self.n:
-            channel = int(np.argmax(self.counts))
-            raise ValueError(
-                f"channel {channel} holds {int(self.counts[channel])} messages from {self.n} clients; a client "
-                "sends at most one message per channel (wrong clients count?)"
-            )
-        count = self.mechanism.decode(self.counts, self.n)
-        stderr = np.sqrt(self.mechanism.variance(count, self.n)) / self.n
-        return FrequencyEstimate(count=count, frequency=count / self.n, stderr=stderr, n=self.n)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.mechanism!r}, n={self.n})"

@@ -10,9 +10,9 @@ uniforms -- a *cap* K fixed by the public parameters -- so a ``KeyedRandom`` rep
 ascending index order). Every function here returns exactly "the first K ones of the ideal vector": when the
 ideal vector has at most K ones that *is* the ideal vector; otherwise its ones beyond the K-th are dropped.
 Truncation is a fixed, data-independent function of the ideal output, i.e. post-processing, so it never
-weakens a randomizer's (removal or replacement) LDP; it only biases counts by at most the overflow
-probability, which ``ones_cap`` keeps below 2^-64 (a cap of d means no truncation is possible at all, the
-case of every small domain). Beyond that, the law is exact up to the 2^-53 resolution of float64 uniforms,
+weakens a randomizer's (removal or replacement) LDP; it only biases each count by at most n times the
+overflow probability, which ``ones_cap`` keeps below 2^-64 (a cap of d means no truncation is possible at all,
+the case of every small domain). Beyond that, the law is exact up to the 2^-53 resolution of float64 uniforms,
 like every randomizer of this package.
 """
 
