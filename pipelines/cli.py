@@ -64,10 +64,13 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="embedded broker + simulation + pipeline + summary + plot")
     demo.add_argument("--clients", type=_positive_int, default=50_000)
-    demo.add_argument("--mechanism", default=None, help="override the spec's mechanism (grr, oue, olh)")
+    demo.add_argument("--kind", default="histogram",
+                      help="which demo: histogram (app languages), grid (locations, attribute fragmenting), "
+                           "kv_mean, vector_mean, range, quantile, heavy_hitters")
+    demo.add_argument("--mechanism", default=None, help="override the spec's mechanism (e.g. grr, oue, olh, rappor)")
     demo.add_argument("--epsilon", type=_positive_float, default=None, help="override the spec's local epsilon")
     demo.add_argument("--out", type=Path, default=Path("out/demo"))
-    demo.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    demo.add_argument("--spec", type=Path, default=None, help="run this spec instead of the kind's example")
     demo.add_argument("--distribution", default="zipf", help="zipf or uniform")
     demo.add_argument("--zipf-s", type=_positive_float, default=1.1)
     demo.add_argument("--bad-per-kind", type=int, default=3,
@@ -193,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipelines.demo import run_demo
 
         run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,
-                 spec_path=args.spec, distribution=args.distribution, zipf_s=args.zipf_s,
+                 spec_path=args.spec, kind=args.kind, distribution=args.distribution, zipf_s=args.zipf_s,
                  bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap)
         return 0
     except ValueError as err:  # includes SpecError: bad spec fields, bad parameters

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.broker import LocalBroker
+from pipelines.demo_plots import plot, plot_file_name
 from pipelines.end_to_end import run
 from pipelines.job import JobConfig, RunSummary
 from pipelines.population import synthesize, truth_table
@@ -30,7 +31,9 @@ from pipelines.simulate import produce_population
 from transforms.spec import DEFAULT_SPEC, AnalysisSpec, load_spec
 
 LOG = logging.getLogger(__name__)
-PLOT_FILE = "estimates_vs_truth.png"
+EXAMPLES = DEFAULT_SPEC.parent
+# The spec each ``esa demo --kind`` runs by default (``--spec`` runs any other).
+DEMO_SPECS: dict[str, Path] = {"histogram": DEFAULT_SPEC, "grid": EXAMPLES / "grid.toml"}
 
 
 @dataclass(frozen=True)
@@ -75,67 +78,52 @@ def heartbeat(label: str, every_s: float = 10.0) -> Iterator[None]:
 
 
 def compare(estimates: pa.Table, truth: pa.Table) -> pa.Table:
-    """Join estimates with the truth on (window, item) and add error and error/stderr columns."""
-    est = {(w, i): (e, s) for w, i, e, s in zip(estimates["window_start"].to_pylist(),
-                                                 estimates["item_index"].to_pylist(),
-                                                 estimates["estimate"].to_pylist(),
-                                                 estimates["stderr"].to_pylist(), strict=True)}
-    rows: dict[str, list] = {k: [] for k in ("window_start", "item", "item_index", "truth", "estimate", "stderr")}
-    for w, item, idx, f in zip(truth["window_start"].to_pylist(), truth["item"].to_pylist(),
-                               truth["item_index"].to_pylist(), truth["frequency"].to_pylist(), strict=True):
-        if (w, idx) not in est:
-            continue  # a window the shuffler withheld: nothing to compare
-        e, s = est[(w, idx)]
-        for key, value in zip(rows, (w, item, idx, f, e, s), strict=True):
-            rows[key].append(value)
+    """Join estimates with the truth on (window, crowd, item); errors and z-scores use the raw (unbiased)
+    estimate, which is what the stderr describes."""
+    est = {}
+    for row in estimates.select(["window_start", "crowd_id", "item_index", "estimate", "raw_estimate",
+                                 "stderr"]).to_pylist():
+        est[(row["window_start"], row["crowd_id"], row["item_index"])] = row
+    names = ("window_start", "crowd_id", "item", "item_index", "truth", "estimate", "raw_estimate", "stderr")
+    rows: dict[str, list] = {k: [] for k in names}
+    for t in truth.select(["window_start", "crowd_id", "item", "item_index", "truth"]).to_pylist():
+        e = est.get((t["window_start"], t["crowd_id"], t["item_index"]))
+        if e is None:
+            continue  # a window or crowd the shuffler withheld: nothing to compare
+        for key in names:
+            rows[key].append(t[key] if key in t else e[key])
     table = pa.table(rows)
-    error = np.asarray(table["estimate"]) - np.asarray(table["truth"])
-    z = np.abs(error) / np.asarray(table["stderr"])
+    error = np.asarray(table["raw_estimate"], dtype=float) - np.asarray(table["truth"], dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.abs(error) / np.asarray(table["stderr"], dtype=float)
     return table.append_column("error", pa.array(error)).append_column("abs_error_over_stderr", pa.array(z))
 
 
-def plot(comparison: pa.Table, facts: dict[str, Any], path: Path) -> None:
-    """Estimate +/- 2 stderr against the truth, items ordered by true frequency."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    truth = np.asarray(comparison["truth"])
-    order = np.argsort(-truth, kind="stable")
-    est, se = np.asarray(comparison["estimate"])[order], np.asarray(comparison["stderr"])[order]
-    items = np.asarray(comparison["item"].to_pylist(), dtype=object)[order]
-    x = np.arange(len(order))
-    fig, ax = plt.subplots(figsize=(max(8, len(order) * 0.18), 4.8), dpi=110)
-    ax.errorbar(x, est, yerr=2 * se, fmt="o", ms=3, color="tab:blue", ecolor="tab:blue", elinewidth=0.8,
-                capsize=1.5, label="private estimate ± 2 stderr")
-    ax.plot(x, truth[order], "_", ms=9, mew=2, color="black", label="truth")
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xticks(x, items, rotation=90, fontsize=7)
-    ax.set_ylabel("frequency")
-    ax.set_title(f"{facts['mechanism'].upper()}  n={facts['n_reports']:,}  ε_local={facts['eps_local']:g}  "
-                 f"ε_central={facts['eps_central']:.4f}  δ={facts['delta']:g}  "
-                 f"{100 * facts['fraction_within_3_stderr']:.1f}% within 3 stderr", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, estimates: pa.Table) -> dict[str, Any]:
-    z = np.asarray(comparison["abs_error_over_stderr"])
-    first = estimates.slice(0, 1).to_pylist()[0] if estimates.num_rows else {}
+    z = np.asarray(comparison["abs_error_over_stderr"], dtype=float)
+    z = z[np.isfinite(z)]
+    crowds = {(r["window_start"], r["crowd_id"]): r for r in estimates.to_pylist()} if estimates.num_rows else {}
+    n_clients = sum(r["n_clients"] for r in crowds.values())
+    n_reports = sum(r["n_reports"] for r in crowds.values())
+    truth = np.asarray(comparison["truth"], dtype=float)
+    first = next(iter(crowds.values()), {})
     return {
         "spec_id": spec.spec_id,
+        "kind": spec.kind,
         "mechanism": spec.mechanism,
         "items": int(comparison.num_rows),
+        "crowds": len(crowds),
         "max_abs_error_over_stderr": float(z.max()) if z.size else float("nan"),
         "fraction_within_3_stderr": float(np.mean(z <= 3)) if z.size else float("nan"),
+        "rmse_raw": _rmse(np.asarray(comparison["raw_estimate"], dtype=float), truth),
+        "rmse": _rmse(np.asarray(comparison["estimate"], dtype=float), truth),
+        "postprocess": spec.postprocess,
         "eps_local": first.get("eps_local", spec.epsilon),
-        "eps_central": first.get("eps_central", float("nan")),
+        "eps_central": max((r["eps_central"] for r in crowds.values()), default=float("nan")),
         "delta": spec.delta,
-        "n_reports": int(first.get("n_reports", 0)),
-        "messages_per_client": 1,
+        "n_reports": int(n_reports),
+        "n_clients": int(n_clients),
+        "messages_per_client": round(n_reports / n_clients, 3) if n_clients else float("nan"),
         "deleted": summary.count("reports_deleted"),
         "accounting": summary.accounting,
         "accounting_balanced": summary.balanced,
@@ -143,33 +131,43 @@ def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, est
     }
 
 
-def print_summary(facts: dict[str, Any], out: Path) -> None:
+def _rmse(estimate: np.ndarray, truth: np.ndarray) -> float:
+    ok = np.isfinite(estimate)
+    return float(np.sqrt(np.mean((estimate[ok] - truth[ok]) ** 2))) if ok.any() else float("nan")
+
+
+def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
     a = facts["accounting"]
     balance = "balanced" if facts["accounting_balanced"] else "NOT BALANCED"
     expanded = f" + {a['expanded']:,} extra messages" if a.get("expanded") else ""
+    processed = f"  (after {facts['postprocess']}: {facts['rmse']:.3g})" if facts["postprocess"] != "none" else ""
     lines = [
-        f"esa demo — {facts['spec_id']}",
+        f"esa demo — {facts['spec_id']} ({facts['kind']}, {facts['crowds']} crowd(s))",
         ("items", facts["items"]),
         ("max |error| / stderr", f"{facts['max_abs_error_over_stderr']:.2f}"),
         ("items within 3 stderr", f"{100 * facts['fraction_within_3_stderr']:.1f}%"),
-        ("eps_local", f"{facts['eps_local']:g} ({facts['mechanism']}, {facts['messages_per_client']} message/client)"),
-        ("eps_central (tight, shuffled)", f"{facts['eps_central']:.5f}"),
+        ("RMSE (raw, unbiased)", f"{facts['rmse_raw']:.3g}{processed}"),
+        ("eps_local", f"{facts['eps_local']:g} ({facts['mechanism']}, {facts['messages_per_client']} messages/client)"),
+        ("eps_central (shuffled)", f"{facts['eps_central']:.5f}"),
         ("delta", f"{facts['delta']:g}"),
-        ("n (reports analyzed)", f"{facts['n_reports']:,}"),
-        ("deleted by crowd threshold", f"{facts['deleted']:,}"),
+        ("clients analyzed", f"{facts['n_clients']:,} ({facts['n_reports']:,} messages)"),
+        ("deleted by crowd threshold", f"{facts['deleted']:,} messages"),
         ("records", f"read {a['read']:,}{expanded} = dead-lettered {a['dead_lettered']:,} + deleted {a['deleted']:,} "
                     f"+ analyzed {a['analyzed']:,} (valid {a['valid']:,}): {balance}"),
         ("pipeline time", f"{facts['pipeline_seconds']} s"),
-        ("outputs", f"{out}/estimates.parquet, truth.parquet, dead_letters.avro, {PLOT_FILE}"),
+        ("outputs", f"{out}/estimates.parquet, truth.parquet, dead_letters.avro, {plot_file}"),
     ]
     print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<30}{x[1]}" for x in lines) + "\n")
 
 
 def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out: Path,
-             spec_path: Path = DEFAULT_SPEC, distribution: str = "zipf", zipf_s: float = 1.1,
-             bad_per_kind: int = 3, seed: int | None = None, bootstrap: str | None = None) -> DemoOutcome:
-    """Run the whole demo; uses an embedded broker unless ``bootstrap`` names one."""
-    spec = load_spec(spec_path).with_mechanism(mechanism, epsilon)
+             spec_path: Path | None = None, kind: str = "histogram", distribution: str = "zipf",
+             zipf_s: float = 1.1, bad_per_kind: int = 3, seed: int | None = None,
+             bootstrap: str | None = None) -> DemoOutcome:
+    """Run the whole demo of one kind (``DEMO_SPECS``); uses an embedded broker unless ``bootstrap`` names one."""
+    if kind not in DEMO_SPECS:
+        raise ValueError(f"demo kind must be one of {', '.join(DEMO_SPECS)} (got {kind!r})")
+    spec = load_spec(spec_path or DEMO_SPECS[kind]).with_mechanism(mechanism, epsilon)
     out.mkdir(parents=True, exist_ok=True)
     run_id = secrets.token_hex(4)
     raw_topic, reports_topic = f"telemetry-{run_id}", f"reports-{run_id}"
@@ -191,9 +189,10 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     comparison = compare(estimates, truth)
     facts = summarize(spec, summary, comparison, estimates)
     (out / "summary.json").write_text(json.dumps(facts, indent=2))
+    plot_file = plot_file_name(spec)
     if comparison.num_rows:
-        plot(comparison, facts, out / PLOT_FILE)
-    print_summary(facts, out)
+        plot(spec, comparison, facts, out / plot_file)
+    print_summary(facts, out, plot_file)
     return DemoOutcome(summary, comparison, facts)
 
 

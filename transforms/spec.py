@@ -207,7 +207,9 @@ def _domain(reader: _Reader, kind: str) -> tuple[tuple[str, ...], tuple[tuple[st
             reader.fail("domain", key, f"is not a field of a {kind} domain (fields: {', '.join(sorted(allowed))})")
     params: dict[str, Any] = {}
     if kind == "histogram":
-        return _categories(reader), ()
+        names = _categories(reader)
+        grid = domain.get("grid")
+        return names, ((("grid", (int(grid[0]), int(grid[1]))),) if grid else ())
     if kind == "kv_mean":
         keys = _names(reader, "keys")
         s = reader.get("domain", "s", int, 1)
