@@ -92,8 +92,8 @@ class AnalysisSpec:
 
     @cached_property
     def domain(self) -> dict[str, Any]:
-        """Domain values the mechanism is built from: d plus the kind's ``domain_params``."""
-        return {"d": self.d, **dict(self.domain_params)}
+        """Domain values the mechanism is built from: d, the central delta and the kind's ``domain_params``."""
+        return {"d": self.d, "delta": self.delta, **dict(self.domain_params)}
 
     @cached_property
     def spec_id(self) -> str:

@@ -226,7 +226,8 @@ def test_cms_large_domain_decodes_row_by_row(monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"k": 0}, "k \\(hash rows\\)"), ({"m": 1}, "m \\(sketch width\\)"), ({"hash_seed": -1}, "hash_seed"),
-     ({"k": 2.5}, "k \\(hash rows\\)"), ({"epsilon": 0.0}, "epsilon"), ({"d": 1}, "domain size")],
+     ({"k": 2.5}, "k \\(hash rows\\)"), ({"epsilon": 0.0}, "epsilon"), ({"d": 1}, "domain size"),
+     ({"k": 2**20, "m": 1024}, "lower k")],
 )
 def test_cms_parameter_errors(kwargs: dict[str, float], match: str) -> None:
     params = {"d": 10, "epsilon": 1.0, **kwargs}

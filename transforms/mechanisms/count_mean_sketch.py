@@ -53,6 +53,7 @@ DEFAULT_ROWS = 256
 DEFAULT_WIDTH = 1024
 MAX_ROWS = 2**32  # rows and hash seeds share one uint64 seed: hash_seed * 2^32 + j
 MAX_HASH_SEED = 2**32
+MAX_CELLS = 2**27  # analyzer counts per window
 MAX_CACHED_TABLE = 1 << 23  # k * d entries (int32) kept in memory; larger tables are hashed row by row
 MAX_ENUMERATED_OUTPUTS = 1 << 20
 _DIRECT_BITS = 1 << 22  # batches of at most this many bits (n * m) are unpacked; larger ones histogrammed
@@ -83,6 +84,11 @@ class CountMeanSketch:
                 raise ValueError(f"{label} must be an integer in [{low}, {high}], got {value!r}")
         for name in ("k", "m", "hash_seed"):
             object.__setattr__(self, name, int(getattr(self, name)))
+        if self.k * (self.m + 1) > MAX_CELLS:
+            raise ValueError(
+                f"k * (m + 1) = {self.k * (self.m + 1)} counts exceed {MAX_CELLS} (1 GiB of int64 per window); "
+                "lower k (hash rows) or m (sketch width)"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the public parameters only (Beam ships mechanisms to workers; hash tables are rebuilt)."""

@@ -88,7 +88,10 @@ def build_mechanism(name: str, kind: str, domain: dict[str, Any], epsilon: float
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]} is not a parameter of {name} "
                          f"(parameters: {', '.join(sorted(entry.parameters())) or 'none'})")
+    cls = entry.load()
+    if "delta" in domain and "delta" in entry.parameters() and "delta" not in params:
+        params = {**params, "delta": domain["delta"]}  # mechanisms calibrated to a delta default to the spec's
     try:
-        return entry.load()(**entry.domain_args(domain), **{entry.epsilon_arg: epsilon}, **params)
+        return cls(**entry.domain_args(domain), **{entry.epsilon_arg: epsilon}, **params)
     except TypeError as err:
         raise ValueError(f"bad parameters for {name}: {err}") from None
