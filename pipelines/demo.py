@@ -33,7 +33,9 @@ from transforms.spec import DEFAULT_SPEC, AnalysisSpec, load_spec
 LOG = logging.getLogger(__name__)
 EXAMPLES = DEFAULT_SPEC.parent
 # The spec each ``esa demo --kind`` runs by default (``--spec`` runs any other).
-DEMO_SPECS: dict[str, Path] = {"histogram": DEFAULT_SPEC, "grid": EXAMPLES / "grid.toml"}
+DEMO_SPECS: dict[str, Path] = {"histogram": DEFAULT_SPEC, "grid": EXAMPLES / "grid.toml",
+                               "kv_mean": EXAMPLES / "feature_usage.toml",
+                               "vector_mean": EXAMPLES / "sensor_vector.toml"}
 
 
 @dataclass(frozen=True)

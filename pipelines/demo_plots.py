@@ -91,11 +91,40 @@ def plot_grid(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], p
     plt.close(fig)
 
 
+def plot_kv(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], path: Path) -> None:
+    """Key-value estimates in three panels (share of devices, normalised mean, conditional mean in value
+    units), each estimate +/- 2 stderr against the truth, keys in spec order."""
+    plt = _pyplot()
+    rows = comparison.to_pylist()
+    first = (rows[0]["window_start"], rows[0]["crowd_id"])
+    rows = [r for r in rows if (r["window_start"], r["crowd_id"]) == first]
+    groups = [("frequency", "share of devices holding the key"), ("mean", "mean (normalised, missing = 0)"),
+              ("conditional_mean", "conditional mean (value units)")]
+    fig, axes = plt.subplots(3, 1, figsize=(max(8, len(spec.categories) * 0.3), 9), dpi=110, sharex=True)
+    x = np.arange(len(spec.categories))
+    for ax, (suffix, label) in zip(axes, groups, strict=True):
+        mine = {r["item"].rsplit(":", 1)[0]: r for r in rows if r["item"].endswith(":" + suffix)}
+        est = np.array([mine[k]["raw_estimate"] if k in mine else np.nan for k in spec.categories])
+        se = np.array([mine[k]["stderr"] if k in mine else np.nan for k in spec.categories])
+        truth = np.array([mine[k]["truth"] if k in mine else np.nan for k in spec.categories])
+        ax.errorbar(x, est, yerr=2 * se, fmt="o", ms=3, color="tab:blue", elinewidth=0.8, capsize=1.5,
+                    label="estimate ± 2 stderr")
+        ax.plot(x, truth, "_", ms=9, mew=2, color="black", label="truth")
+        ax.set_ylabel(label, fontsize=8)
+    axes[-1].set_xticks(x, spec.categories, rotation=90, fontsize=7)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title(f"{ledger_title(facts)}  {100 * facts['fraction_within_3_stderr']:.1f}% within 3 stderr",
+                      fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def is_grid(spec: AnalysisSpec) -> bool:
     return spec.kind == "histogram" and "grid" in spec.domain
 
 
-PLOTS: dict[str, PlotFn] = {"histogram": plot_bars}
+PLOTS: dict[str, PlotFn] = {"histogram": plot_bars, "kv_mean": plot_kv, "vector_mean": plot_bars}
 
 
 def plot_file_name(spec: AnalysisSpec) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.grid_image import grid_density
+from pipelines.value_laws import kv_truth, kv_values, vector_truth, vector_values
 from transforms.mechanisms.randomness import os_entropy_rng, seeded_rng
 from transforms.spec import AnalysisSpec
 
@@ -63,7 +64,8 @@ def histogram_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: 
 
 
 ValueLaw = Callable[[AnalysisSpec, int, np.random.Generator, Law], Any]
-VALUE_LAWS: dict[str, ValueLaw] = {"histogram": histogram_values}
+VALUE_LAWS: dict[str, ValueLaw] = {"histogram": histogram_values, "kv_mean": kv_values,
+                                    "vector_mean": vector_values}
 
 
 def synthesize(spec: AnalysisSpec, n: int, *, distribution: str = "zipf", zipf_s: float = 1.1, windows: int = 1,
@@ -111,7 +113,7 @@ def histogram_truth(spec: AnalysisSpec, values: Any) -> dict[str, np.ndarray]:
 
 
 TruthOf = Callable[[AnalysisSpec, Any], dict[str, np.ndarray]]
-TRUTHS: dict[str, TruthOf] = {"histogram": histogram_truth}
+TRUTHS: dict[str, TruthOf] = {"histogram": histogram_truth, "kv_mean": kv_truth, "vector_mean": vector_truth}
 
 
 def _subset(values: Any, mask: np.ndarray) -> Any:
