@@ -42,6 +42,7 @@ __all__ = [
     "ChannelOracles",
     "central_epsilon_sampled",
     "central_epsilon_split",
+    "lower_level_clients",
 ]
 
 ORACLES = ("llh", "grr", "olh", "oue")

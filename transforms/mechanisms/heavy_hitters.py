@@ -10,7 +10,9 @@ level only for the children of the ``width`` best candidates of the level above.
 ``C_v = sum_s T[s, H_s(v)]`` costs O(seed_family). With a finite family the textbook estimate
 ``(C - n/g)/(p - 1/g)`` is biased by the empirical collisions of v with the heavy items; we remove the part
 due to the other candidates by solving OLH's exact system (``olh.py``) restricted to the candidates,
-``(p - q')(Pc - J/g) c = C - n/g``, which is exact when all the mass sits on candidates.
+``(p - q')(Pc - J/g) c = C - n/g``, which is exact when all the mass sits on candidates (conjugate gradients
+warm-started at the textbook estimate, O(seed_family * K) per iteration; skipped above MAX_EXACT_CELLS).
+Kept candidates are the largest estimates, so their estimates carry the usual winners' curse.
 
 ``query(items)`` (on the accumulator) answers any item: the last level's estimate, and a count-min style
 upper bound: an item's count is at most every one of its prefixes' counts, so ``min_j (x_j + z se_j)`` over
@@ -36,6 +38,9 @@ __all__ = ["FrequencyQuery", "HeavyHitters", "HeavyHittersAccumulator", "PrefixH
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 _CANDIDATE_CHUNK = 1 << 22  # seeds * candidates per hashing pass
+MAX_EXACT_CELLS = 1 << 24  # seeds * candidates of the exact correction (int32 lookup: 64 MiB)
+CG_RTOL = 1e-4  # residual ~1e-4 of ||C - n/g||: far below the noise of any candidate
+CG_MAXITER = 60
 MAX_LEVEL_BITS = 16
 
 
@@ -134,6 +139,11 @@ class PrefixHeavyHitters:
     @property
     def channels(self) -> int:
         return self.item_bits // self.level_bits
+
+    @property
+    def d(self) -> int:
+        """Size of the (hashed) item domain, 2^item_bits: never enumerated."""
+        return 1 << self.item_bits
 
     @property
     def prefix_lengths(self) -> tuple[int, ...]:
@@ -292,37 +302,46 @@ class HeavyHittersAccumulator:
     # -- decoding -----------------------------------------------------------------------------------
 
     def _cells(self, candidates: np.ndarray) -> np.ndarray:
-        """Flat (seed, bucket) cell of every (seed, candidate): S x K int64."""
+        """Flat (seed, bucket) cell of every (seed, candidate): S x K int32 (the count trick's lookup)."""
         m = self.mechanism
-        out = np.empty((m.seed_family, candidates.size), dtype=np.int64)
         seeds = np.arange(m.seed_family, dtype=np.uint64)[:, None]
-        step = max(1, _CANDIDATE_CHUNK // m.seed_family)
-        for start in range(0, candidates.size, step):
-            block = candidates[None, start : start + step]
-            out[:, start : start + step] = hash_to_buckets(seeds, block, m.buckets)
-        return out + np.arange(m.seed_family, dtype=np.int64)[:, None] * m.buckets
+        h = hash_to_buckets(seeds, candidates[None, :], m.buckets)
+        return (h + np.arange(m.seed_family, dtype=np.int64)[:, None] * m.buckets).astype(np.int32)
 
-    def level_counts(self, level: int, candidates: np.ndarray, exact: bool = True) -> np.ndarray:
-        """Count estimates (the level's own scale) of candidate prefixes at ``level`` (0-based)."""
+    def _support(self, level: int, candidates: np.ndarray) -> np.ndarray:
+        """``C_v = sum_s T[s, H_s(v)]`` of each candidate, in chunks of bounded memory."""
+        table = self.counts[level].ravel()
+        step = max(1, _CANDIDATE_CHUNK // self.mechanism.seed_family)
+        parts = [table[self._cells(candidates[i : i + step])].sum(axis=0) for i in range(0, candidates.size, step)]
+        return np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+
+    def level_counts(self, level: int, candidates: np.ndarray, exact: bool = True) -> tuple[np.ndarray, bool]:
+        """Count estimates (the level's own scale) of candidate prefixes at ``level`` (0-based), and whether the
+        candidate-restricted exact correction was applied (it needs seed_family x K <= MAX_EXACT_CELLS)."""
         m = self.mechanism
         nj, g, S = int(self.messages[level]), m.buckets, m.seed_family
-        cells = self._cells(np.asarray(candidates, dtype=np.uint64))
-        support = self.counts[level].ravel()[cells].sum(axis=0).astype(np.float64)
+        cand = np.asarray(candidates, dtype=np.uint64)
+        K = cand.size
+        exact = exact and K >= 2 and S * K <= MAX_EXACT_CELLS
+        cells = self._cells(cand) if exact else None
+        support = (self.counts[level].ravel()[cells].sum(axis=0).astype(np.float64) if cells is not None
+                   else self._support(level, cand))
         rhs = support - nj / g
         textbook = rhs / (m.p - 1.0 / g)
-        if not exact or candidates.size < 2 or not np.any(rhs):
-            return textbook
-        a, K = m.p - m.q_other, candidates.size
-        flat = cells.ravel()
+        if cells is None or not np.any(rhs):
+            return textbook, False
+        a, flat = m.p - m.q_other, cells.ravel()
 
         def matvec(x: np.ndarray) -> np.ndarray:
             x = np.ravel(x)
             sums = np.bincount(flat, weights=np.broadcast_to(x, (S, K)).ravel(), minlength=S * g)
             return a * (sums[cells].sum(axis=0) / S - x.sum() / g)
 
+        # CG from the textbook estimate decreases the A-norm error at every step: an unconverged iterate is still
+        # a better correction than none, so it is kept (and reported as not converged)
         solution, info = cg(LinearOperator((K, K), matvec=matvec, dtype=np.float64), rhs, x0=textbook,
-                            rtol=1e-8, atol=0.0, maxiter=200)
-        return solution if info == 0 else textbook
+                            rtol=CG_RTOL, atol=0.0, maxiter=CG_MAXITER)
+        return solution, info == 0
 
     def _population(self, level: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Scale level counts to the population; stderr = oracle (plug-in) + level sampling."""
@@ -347,11 +366,13 @@ class HeavyHittersAccumulator:
         keep_width = m.width if width is None else int(width)
         fanout = np.arange(1 << m.level_bits, dtype=np.uint64)
         kept = np.zeros(1, dtype=np.uint64)
-        decoded = []
+        decoded, corrected = [], []
         for level in range(m.channels):
             cand = ((kept[:, None] << np.uint64(m.level_bits)) | fanout[None, :]).ravel()
             decoded.append(int(cand.size))
-            est, se = self._population(level, self.level_counts(level, cand, exact))
+            counts, done = self.level_counts(level, cand, exact)
+            corrected.append(done)
+            est, se = self._population(level, counts)
             order = np.argsort(-est, kind="stable")[:keep_width]
             if threshold is not None:
                 order = order[est[order] >= threshold]
@@ -359,7 +380,7 @@ class HeavyHittersAccumulator:
             if kept.size == 0:
                 break
         return HeavyHitters(items=kept, count=best, stderr=best_se, n=self.n, candidates=tuple(decoded),
-                            extras={"messages_per_level": self.messages.tolist()})
+                            extras={"messages_per_level": self.messages.tolist(), "exact_correction": corrected})
 
     def query(self, items: np.ndarray, z: float = 3.0) -> FrequencyQuery:
         """Any items' counts (last level, textbook decoding) and the count-min bound min_j(x_j + z se_j)."""
@@ -369,7 +390,7 @@ class HeavyHittersAccumulator:
         upper = np.full(x.size, np.inf)
         count = stderr = np.zeros(x.size)
         for level in range(m.channels):
-            est, se = self._population(level, self.level_counts(level, m.prefixes(x, level), exact=False))
+            est, se = self._population(level, self.level_counts(level, m.prefixes(x, level), exact=False)[0])
             upper = np.minimum(upper, est + z * se)
             count, stderr = est, se
         return FrequencyQuery(items=x, count=count, stderr=stderr, upper=upper)

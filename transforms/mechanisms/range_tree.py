@@ -18,6 +18,11 @@ weights use data-independent variances (the node variance under uniform data), s
 fixed linear projection onto consistent trees: unbiased, and the variance of any answer ``w . u_L`` is
 exact through its adjoint ``w -> (a_j)``, evaluated with plug-in counts (consistent, clipped leaves).
 
+**Queries.** ``answer(lo, hi)`` sums the consistent leaves of [lo, hi) (= the sum over its dyadic cover,
+``ranges.dyadic_cover``); its stderr comes from the adjoint, which for an interval is piecewise constant
+(O(levels^2 * fanout) work, ~1 ms at 16 bits). ``quantile(q)`` searches an isotonic fit of the CDF (§10.5)
+and inverts the band ``CDF -/+ z stderr`` for an interval.
+
 **Rows.** ``to_rows()``/``from_rows()`` carry the raw nodes with the per-level variance model, so a tree
 stored as Parquet answers ranges and quantiles with the same numbers as the live accumulator.
 """
@@ -31,6 +36,7 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
+from scipy.optimize import isotonic_regression
 
 __all__ = ["ROW_DTYPE", "QuantileEstimate", "RangeTree"]
 
@@ -44,7 +50,6 @@ ROW_DTYPE = np.dtype([
     ("var_slope", "<f8"),
     ("cov_beta", "<f8"),
 ])
-_QUERY_CHUNK = 8
 
 
 def _agg(x: np.ndarray, fanout: int) -> np.ndarray:
@@ -59,8 +64,8 @@ def _spread(x: np.ndarray, fanout: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class QuantileEstimate:
-    """q-quantile at leaf resolution: ``leaf`` is the smallest leaf j whose estimated CDF P(j+1) = #{x <= j}
-    reaches q n (MECHANISMS.md §10.5; report the bucket's upper edge ``leaf + 1``).
+    """q-quantile at leaf resolution: ``leaf`` is the smallest leaf j whose estimated (monotone) CDF
+    P(j+1) = #{x <= j} reaches q n (MECHANISMS.md §10.5; report the bucket's upper edge ``leaf + 1``).
 
     Error: ``rank_stderr`` is the standard error of the estimated rank at the answer; ``[lower, upper]`` is
     the leaf interval obtained by inverting the band ``P(j+1) -/+ z stderr`` (a ~z-sigma confidence interval
@@ -220,6 +225,68 @@ class RangeTree:
             total = total - sampling * ((phi * phi) @ f[-1] - mean**2)
         return np.maximum(total, 0.0)
 
+    @cached_property
+    def _plug_in_cumulative(self) -> list[np.ndarray]:
+        """Per level, cumulative plug-in mass over node indices (leading 0): interval sums in O(1)."""
+        return [np.concatenate(([0.0], np.cumsum(f))) for f in self._plug_in]
+
+    def _interval_variance(self, lo: int, hi: int) -> float:
+        """``variance_of(1[lo <= leaf < hi])`` without dense arrays.
+
+        For an interval, ``ub_j`` is the covered fraction of each node, so ``ztd_j`` is non-zero only on the
+        children of the <= 2 partially covered parents, and ``zb_j`` (hence ``a_j``) is piecewise constant with
+        O(levels * fanout) pieces. Each piece contributes through interval sums of the plug-in masses. Because
+        the post-processing reproduces every consistent tree with root n, ``sum_j phi_j = w - const`` on the
+        leaves, so the sampling term's ``Var_f(sum_j phi_j)`` is ``F(1 - F)`` with F the interval's mass.
+        """
+        if hi <= lo or (lo == 0 and hi == 1 << self.bits):
+            return 0.0  # empty, or the whole domain: n, known exactly
+        alpha, fan, B = self._weights, self._fanout, self.bits
+        bounds, values = np.array([0, 1]), np.array([0.0])  # zb on the root level (unused, zero)
+        total, sampling_part = 0.0, 0.0
+        previous_width = 1 << B
+        for j, length in enumerate(self.prefix_lengths):
+            width = 1 << (B - length)
+            decay = 1.0 - alpha[j - 1] if j else 0.0
+            bounds, values = bounds * fan[j], values * decay
+            parents = {lo // previous_width, (hi - 1) // previous_width}
+            nodes, deltas = [], []
+            for parent in sorted(parents):
+                start, end = parent * previous_width, (parent + 1) * previous_width
+                cover_parent = (min(hi, end) - max(lo, start)) / previous_width
+                if not 0.0 < cover_parent < 1.0:
+                    continue
+                children = parent * fan[j] + np.arange(fan[j])
+                left = np.maximum(lo, children * width)
+                right = np.minimum(hi, (children + 1) * width)
+                nodes.append(children)
+                deltas.append(np.maximum(right - left, 0) / width - cover_parent)
+            if nodes:
+                u, d = np.concatenate(nodes), np.concatenate(deltas)
+                merged = np.union1d(bounds, np.concatenate((u, u + 1)))
+                starts = merged[:-1]
+                base = values[np.searchsorted(bounds, starts, side="right") - 1]
+                pos = np.minimum(np.searchsorted(u, starts), u.size - 1)
+                bounds, values = merged, base + np.where(u[pos] == starts, d[pos], 0.0)
+            a = alpha[j] * values
+            lengths = np.diff(bounds)
+            cum = self._plug_in_cumulative[j]
+            mass = cum[bounds[1:]] - cum[bounds[:-1]]
+            s1, s2 = float(a @ lengths), float((a * a) @ lengths)
+            saf, sa2f = float(a @ mass), float((a * a) @ mass)
+            nj, s, beta = self.clients[j], self._scale[j], self.cov_beta[j]
+            ldp = self.var_intercept[j] * s2 + self.var_slope[j] * nj * sa2f
+            if beta:
+                ldp -= nj * beta**2 * (s1**2 - s2) + 2 * beta * nj * (s1 * saf - sa2f)
+            total += s**2 * ldp
+            sampling_part += s * (sa2f - saf**2)
+            previous_width = width
+        if self.sampled:
+            cum = self._plug_in_cumulative[-1]
+            mass_range = cum[hi] - cum[lo]
+            total += self._sampling_factor() * (sampling_part - mass_range * (1.0 - mass_range))
+        return max(total, 0.0)
+
     # -- queries ------------------------------------------------------------------------------------
 
     def _check_bounds(self, lo: np.ndarray, hi: np.ndarray) -> None:
@@ -232,12 +299,7 @@ class RangeTree:
         self._check_bounds(lo_a, hi_a)
         cum = self._cumulative
         estimate = cum[hi_a] - cum[lo_a]
-        var = np.empty(lo_a.size)
-        leaves = np.arange(1 << self.bits)
-        for start in range(0, lo_a.size, _QUERY_CHUNK):
-            sl = slice(start, start + _QUERY_CHUNK)
-            w = ((leaves >= lo_a[sl, None]) & (leaves < hi_a[sl, None])).astype(np.float64)
-            var[sl] = self.variance_of(w)
+        var = np.array([self._interval_variance(int(a), int(b)) for a, b in zip(lo_a, hi_a, strict=True)])
         return estimate, np.sqrt(var)
 
     def answer(self, lo: int, hi: int) -> tuple[float, float]:
@@ -252,22 +314,37 @@ class RangeTree:
     def cdf_stderr_profile(self, points: int = 33) -> tuple[np.ndarray, np.ndarray]:
         """Exact CDF standard errors at ~2 * points cut points (uniform in c and at estimated CDF quantiles), for
         interpolating se(P(c)) at every c without one O(tree) adjoint per leaf."""
+        cache = self.__dict__.setdefault("_profiles", {})
+        if points in cache:
+            return cache[points]
         size = 1 << self.bits
         uniform = np.linspace(0, size, points).round()
         targets = np.linspace(0, self.n, points)[1:-1]
         at_mass = np.searchsorted(self._cumulative, targets)
         cuts = np.unique(np.clip(np.concatenate((uniform, at_mass)), 0, size).astype(np.int64))
         _, se = self.answers(np.zeros_like(cuts), cuts)
+        cache[points] = (cuts, se)
         return cuts, se
 
+    @cached_property
+    def monotone_cdf(self) -> np.ndarray:
+        """Isotonic (least-squares nondecreasing) fit of P(j + 1), j = 0..2^bits - 1 (MECHANISMS.md §10.5's
+        optional monotonicity step). The consistent CDF is rough at leaf scale, so its FIRST crossing of q n is
+        pulled early by the noise maximum over the approach (a first-passage bias of ~1-2 rank stderr); the
+        crossing of the isotonic fit is not."""
+        weights = np.ones(1 << self.bits)
+        weights[-1] = 1e12  # P(2^bits) = n exactly
+        fit = isotonic_regression(self._cumulative[1:], weights=weights).x
+        return np.clip(fit, 0.0, float(self.n))
+
     def quantile(self, q: float, z: float = 1.96, profile_points: int = 33) -> QuantileEstimate:
-        """q-quantile (0 < q <= 1): the first leaf whose consistent CDF reaches q n (a linear scan, so a locally
-        non-monotone CDF is handled by definition), with the exact rank stderr there and the band inversion
-        ``first j with P(j+1) +/- z se(j+1) >= q n`` (se interpolated between exact profile points)."""
+        """q-quantile (0 < q <= 1): the first leaf where the monotone CDF reaches q n, with the exact stderr of the
+        linear CDF estimate there as rank error, and ``[lower, upper]`` = the first crossings of the monotone
+        CDF -/+ z se (se interpolated between exact profile points)."""
         if not 0.0 < q <= 1.0:
             raise ValueError(f"quantile level q must lie in (0, 1], got {q!r}")
         target = q * self.n
-        cum = self._cumulative[1:]  # cum[j] = P(j + 1)
+        cum = self.monotone_cdf
         cuts, se_cuts = self.cdf_stderr_profile(profile_points)
         se = np.interp(np.arange(1, cum.size + 1), cuts, se_cuts)
 

@@ -208,7 +208,8 @@ class DyadicRange:
 
     def parameters(self) -> dict[str, Any]:
         return {"bits": self.bits, "epsilon": self.epsilon, "oracle": self.oracle, "levels": self.levels,
-                "prefix_lengths": list(self.prefix_lengths or ()), "g": self.g, "seed_family": self.seed_family}
+                "branching": self.branching, "prefix_lengths": list(self.prefix_lengths or ()), "g": self.g,
+                "seed_family": self.seed_family}
 
     def epsilon_central(self, n: int, delta: float) -> float:
         """Central epsilon of n clients. "sample": a client's one message hides among its level's n_j clients,

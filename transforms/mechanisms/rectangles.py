@@ -68,6 +68,11 @@ class DyadicRectangle:
         return len(self.pairs)
 
     @property
+    def d(self) -> int:
+        """Cells of the finest grid, 2^(bits_x + bits_y)."""
+        return 1 << (self.bits_x + self.bits_y)
+
+    @property
     def epsilon_message(self) -> float:
         return self.epsilon if self.levels == "sample" else self.epsilon / self.channels
 

@@ -1,0 +1,54 @@
+"""LLH is exactly unbiased, its closed-form variance is exact, and distinct items' estimates are uncorrelated
+(MECHANISMS.md §0.4 steps 1-2; the claims of ``linear_hashing``'s docstring)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from transforms.mechanisms.linear_hashing import LinearLocalHashing
+from transforms.mechanisms.randomness import seeded_rng
+
+pytestmark = pytest.mark.slow
+
+Z_MAX = 4.5  # Bonferroni over <= 64 coordinates: P(max |z| > 4.5) < 64 * 6.8e-6 ~ 4e-4
+SE_MAX = 4.0
+
+
+def zipf_counts(d: int, n: int, s: float = 1.1) -> np.ndarray:
+    w = 1.0 / np.arange(1, d + 1) ** s
+    c = np.floor(n * w / w.sum()).astype(np.int64)
+    c[0] += n - c.sum()
+    return c
+
+
+def run(m: LinearLocalHashing, counts: np.ndarray, runs: int, seed: int) -> np.ndarray:
+    n = int(counts.sum())
+    values = np.repeat(np.arange(m.d), counts)
+    rng = seeded_rng(seed)
+    reports = m.encode(np.tile(values, runs), rng)
+    out = np.empty((runs, m.d))
+    for r in range(runs):
+        acc = m.new_accumulator()
+        acc.add(reports[r * n : (r + 1) * n])
+        out[r] = acc.estimate().count
+    return out
+
+
+@pytest.mark.parametrize("m,n,runs", [(LinearLocalHashing(64, 1.0), 2000, 400),
+                                      (LinearLocalHashing(50, 3.0), 2000, 400)], ids=repr)
+def test_unbiased_exact_variance_and_uncorrelated(m: LinearLocalHashing, n: int, runs: int) -> None:
+    counts = zipf_counts(m.d, n)
+    est = run(m, counts, runs, seed=2024)
+    var = m.variance(counts, n)
+    z = (est.mean(axis=0) - counts) / np.sqrt(var / runs)
+    assert np.max(np.abs(z)) < Z_MAX, np.max(np.abs(z))
+    # summed squared error vs summed closed-form variance (CLT standard error of the mean of t_r)
+    t = np.sum((est - counts) ** 2, axis=1)
+    se = np.std(t, ddof=1) / np.sqrt(runs)
+    assert abs(t.mean() - var.sum()) < SE_MAX * se, (t.mean(), var.sum(), se)
+    assert se < 0.05 * var.sum()
+    # zero covariance: the error of the SUM of all items has variance sum_v Var_v (no cross terms)
+    total = (est - counts).sum(axis=1)
+    ratio = np.mean(total**2) / var.sum()
+    assert abs(ratio - 1.0) < SE_MAX * np.sqrt(2.0 / runs), ratio
