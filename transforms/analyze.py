@@ -31,7 +31,7 @@ from schemas import SCHEMA_VERSION, WireFormatError, decode_record
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import Accumulator, Mechanism
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.readout import readout
+from transforms.readout import readout, readout_parameters
 from transforms.records import ShuffledBatch, SourceRef, count_clients, dead_letter, payload_from_avro, rows_to_array
 from transforms.spec import AnalysisSpec
 
@@ -132,10 +132,16 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "eps_central": central_epsilon(mechanism, clients, spec.delta, k),
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
-        "parameters": json.dumps(mechanism.parameters(), sort_keys=True, default=str),
+        "parameters": json.dumps(_parameters(spec, mechanism, result), sort_keys=True, default=str),
     }
     return [{**common, "item": item.name, "item_index": item.index, "estimate": item.estimate,
              "stderr": item.stderr, "raw_estimate": item.raw} for item in readout(spec, result)]
+
+
+def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[str, Any]:
+    """The mechanism's public parameters, plus what a stored reader needs to answer queries (``readout``)."""
+    extra = readout_parameters(spec, result)
+    return {**mechanism.parameters(), **({"readout": extra} if extra else {})}
 
 
 class EstimateRowsFn(beam.DoFn):

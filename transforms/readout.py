@@ -79,7 +79,70 @@ def vector_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     return _items(spec.categories, mean, stderr, mean)
 
 
-READOUTS = {"histogram": histogram_items, "kv_mean": kv_items, "vector_mean": vector_items}
+def tree_items(spec: AnalysisSpec, tree: Any) -> list[Item]:
+    """Every node of the dyadic tree: ``estimate`` the consistent count, ``raw`` the unbiased one (what
+    ``RangeTree.from_rows`` rebuilds the tree from), ``stderr`` the raw node's. Item ``"level/index"``
+    (level = prefix length in bits, 0 = the root holding n)."""
+    rows = tree.to_rows()
+    consistent = {int(length): np.asarray(c, dtype=np.float64)
+                  for length, c in zip(tree.prefix_lengths, tree.consistent, strict=True)}
+    processed = [float(tree.n) if level == 0 else float(consistent[int(level)][int(index)])
+                 for level, index in zip(rows["level"].tolist(), rows["index"].tolist(), strict=True)]
+    names = [f"{level}/{index}" for level, index in zip(rows["level"].tolist(), rows["index"].tolist(), strict=True)]
+    return _items(names, np.asarray(processed), rows["stderr"], rows["estimate"])
+
+
+def leaf_value(spec: AnalysisSpec, leaf_edge: float) -> float:
+    """A leaf boundary in value units (the spec's value_range split in 2^bits buckets), or the leaf itself."""
+    value_range = spec.domain.get("value_range")
+    if value_range is None:
+        return float(leaf_edge)
+    lo, hi = value_range
+    return lo + (hi - lo) * float(leaf_edge) / 2 ** spec.domain["bits"]
+
+
+def quantile_items(spec: AnalysisSpec, tree: Any) -> list[Item]:
+    """The tree's nodes, then one row per spec quantile: the upper edge of the quantile's bucket in value
+    units, with stderr = half the width of its z = 1.96 confidence interval / 1.96."""
+    items = tree_items(spec, tree)
+    z = 1.96
+    for q in spec.domain["quantiles"]:
+        answer = tree.quantile(q, z=z)
+        value = leaf_value(spec, answer.leaf + 1)
+        width = leaf_value(spec, answer.upper + 1) - leaf_value(spec, answer.lower)
+        items.append(Item(f"quantile:{q:g}", len(items), value, width / (2 * z), value))
+    return items
+
+
+def heavy_hitter_items(spec: AnalysisSpec, result: Any) -> list[Item]:
+    """The top items (as hex hashes: the analyzer never sees the strings) by estimated frequency."""
+    top = spec.domain["top"]
+    digits = (spec.domain["bits"] + 3) // 4
+    n = max(int(result.n), 1)
+    names = [f"{int(h):0{digits}x}" for h in np.asarray(result.items)[:top].tolist()]
+    freq = np.asarray(result.count, dtype=np.float64)[:top] / n
+    return _items(names, freq, np.asarray(result.stderr, dtype=np.float64)[:top] / n, freq)
+
+
+def tree_parameters(spec: AnalysisSpec, tree: Any) -> dict[str, Any]:
+    """Per-level constants a range tree needs to be rebuilt from its stored rows (``esa query``)."""
+    rows = tree.to_rows()
+    levels = {}
+    for level in np.unique(rows["level"]).tolist():
+        first = rows[rows["level"] == level][0]
+        levels[str(level)] = [float(first[k]) for k in ("clients", "var_intercept", "var_slope", "cov_beta")]
+    return {"bits": spec.domain["bits"], "value_range": spec.domain.get("value_range"), "levels": levels}
+
+
+READOUTS = {"histogram": histogram_items, "kv_mean": kv_items, "vector_mean": vector_items, "range": tree_items,
+            "quantile": quantile_items, "heavy_hitters": heavy_hitter_items}
+READOUT_PARAMETERS = {"range": tree_parameters, "quantile": tree_parameters}
+
+
+def readout_parameters(spec: AnalysisSpec, result: Any) -> dict[str, Any] | None:
+    """What a stored reader needs beyond the rows (a range tree's per-level constants), or None."""
+    fn = READOUT_PARAMETERS.get(spec.kind)
+    return fn(spec, result) if fn else None
 
 
 def readout(spec: AnalysisSpec, result: Any) -> list[Item]:

@@ -30,6 +30,10 @@ def _bits(domain: dict[str, Any]) -> dict[str, Any]:
     return {"bits": domain["bits"]}
 
 
+def _item_bits(domain: dict[str, Any]) -> dict[str, Any]:
+    return {"item_bits": domain["bits"]}
+
+
 @dataclass(frozen=True)
 class Entry:
     """One registered mechanism: the analysis kinds it serves and how to build it from a spec."""
@@ -45,7 +49,7 @@ class Entry:
 
     def parameters(self) -> set[str]:
         """Constructor fields a spec's ``[mechanism]`` table may set."""
-        fixed = {"d", "s", "bits", self.epsilon_arg}
+        fixed = {"d", "s", "bits", "item_bits", self.epsilon_arg}
         return {f.name for f in dataclasses.fields(self.load()) if f.init and f.name not in fixed}
 
 
@@ -68,8 +72,8 @@ MECHANISMS: dict[str, Entry] = {
     "pckv-grr": Entry(KV_MEAN, "kv_baselines", "PCKVGRR", _d_s),
     "vector_sum": Entry(VECTOR_MEAN, "vector", "VectorSummation", _d),
     "ldp_sgd": Entry(VECTOR_MEAN, "vector", "LdpSgdRandomizer", _d),
-    "dyadic": Entry(RANGES, "ranges", "DyadicRange", _bits),
-    "prefix_tree": Entry(("heavy_hitters",), "heavy_hitters", "PrefixTreeHeavyHitters", _bits),
+    "dyadic_range": Entry(RANGES, "ranges", "DyadicRange", _bits),
+    "prefix_heavy_hitters": Entry(("heavy_hitters",), "heavy_hitters", "PrefixHeavyHitters", _item_bits),
 }
 
 
