@@ -139,9 +139,22 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
 
 
 def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[str, Any]:
-    """The mechanism's public parameters, plus what a stored reader needs to answer queries (``readout``)."""
+    """The mechanism's public parameters, plus the ledger details a mechanism has beyond eps_local (local
+    epsilon when 1..tau report fragments are exposed; a multi-message protocol's messages, bits and
+    numerical accounting) and what a stored reader needs to answer queries (``readout``)."""
+    out = dict(mechanism.parameters())
+    exposed = getattr(mechanism, "epsilon_exposed", None)
+    if callable(exposed):
+        out["epsilon_exposed"] = {str(t): float(exposed(t)) for t in range(1, mechanism.fragments + 1)}
+    if hasattr(mechanism, "expected_messages"):
+        out["expected_messages_per_client"] = float(mechanism.expected_messages)
+    ledger = getattr(mechanism, "ledger", None)
+    if callable(ledger):
+        out["ledger"] = ledger(int(result.n))
     extra = readout_parameters(spec, result)
-    return {**mechanism.parameters(), **({"readout": extra} if extra else {})}
+    if extra:
+        out["readout"] = extra
+    return out
 
 
 class EstimateRowsFn(beam.DoFn):
