@@ -93,7 +93,7 @@ def vector_value(spec: AnalysisSpec, value: Any) -> np.ndarray:
     outside = (x < lo) | (x > hi)
     if outside.any():
         i = int(np.argmax(outside))
-        raise ValueError(f"vector entry {i} = {x[i]!r} outside the value_range [{lo:g}, {hi:g}]")
+        raise ValueError(f"vector entry {i} = {float(x[i])!r} outside the value_range [{lo:g}, {hi:g}]")
     return x
 
 
