@@ -131,7 +131,8 @@ def tree_parameters(spec: AnalysisSpec, tree: Any) -> dict[str, Any]:
     for level in np.unique(rows["level"]).tolist():
         first = rows[rows["level"] == level][0]
         levels[str(level)] = [float(first[k]) for k in ("clients", "var_intercept", "var_slope", "cov_beta")]
-    return {"bits": spec.domain["bits"], "value_range": spec.domain.get("value_range"), "levels": levels}
+    return {"bits": spec.domain["bits"], "value_range": spec.domain.get("value_range"), "levels": levels,
+            "structure": getattr(tree, "structure", "dyadic")}
 
 
 READOUTS = {"histogram": histogram_items, "kv_mean": kv_items, "vector_mean": vector_items, "range": tree_items,

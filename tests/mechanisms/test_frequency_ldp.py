@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
 from transforms.mechanisms.frequency import GRR, OLH, OUE
-from transforms.mechanisms.randomness import seeded_rng
 
 CASES = [
     *(GRR(d, eps) for d in (2, 3, 5) for eps in (0.5, 2.0)),
@@ -41,13 +41,8 @@ def _table(mech: GRR | OUE | OLH) -> np.ndarray:
 
 @pytest.mark.parametrize("mech", CASES, ids=_ids)
 def test_exact_ldp_ratio(mech: GRR | OUE | OLH) -> None:
-    table = _table(mech)
-    np.testing.assert_allclose(table.sum(axis=1), 1.0, rtol=0, atol=1e-12)
-    assert np.all(table > 0)
-    worst = max(float(np.max(table[x] / table[x2])) for x in range(mech.d) for x2 in range(mech.d))
-    bound = math.exp(mech.epsilon_local)
-    assert worst <= bound * (1 + 1e-12)
-    assert worst == pytest.approx(bound, rel=1e-12)  # tight (OLH: some seed separates some pair)
+    worst = assert_exact_ldp(_table(mech), mech.epsilon_local)
+    assert worst == pytest.approx(math.exp(mech.epsilon_local), rel=1e-12)  # tight (OLH: some seed separates some pair)
 
 
 @pytest.mark.parametrize("mech", CASES, ids=_ids)
@@ -64,14 +59,4 @@ def test_mixture_alpha_bounds_total_variation(mech: GRR | OUE | OLH) -> None:
 
 @pytest.mark.parametrize("mech", EMPIRICAL, ids=_ids)
 def test_enumeration_matches_encode(mech: GRR | OUE | OLH) -> None:
-    draws = 200_000
-    rng = seeded_rng(1234)
-    table = _table(mech)
-    for x in range(mech.d):
-        reports = mech.encode(np.full(draws, x), rng)
-        assert mech.validate(reports).all()
-        freq = np.bincount(outcome_index(mech, reports), minlength=table.shape[1])
-        assert freq.size == table.shape[1]  # no report outside the enumerated outputs
-        expected = draws * table[x]
-        z = (freq - expected) / np.sqrt(expected * (1 - table[x]))
-        assert np.max(np.abs(z)) < 5, (x, np.max(np.abs(z)))
+    assert_encode_matches_table(mech, _table(mech), outcome_index, draws=200_000, seed=1234)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy.linalg import hadamard
 
+from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
 from transforms.mechanisms import count_mean_sketch as cms_module
 from transforms.mechanisms.base import FrequencyEstimate
 from transforms.mechanisms.count_mean_sketch import CountMeanSketch
@@ -53,12 +54,8 @@ def _separating_fraction(mech: CountMeanSketch) -> np.ndarray:
 
 @pytest.mark.parametrize("mech", HR_CASES + CMS_CASES, ids=_ids)
 def test_exact_ldp_ratio(mech: Mech) -> None:
-    table = _table(mech)
-    np.testing.assert_allclose(table.sum(axis=1), 1.0, rtol=0, atol=1e-12)
-    assert np.all(table > 0)
-    worst = max(float(np.max(table[x] / table[x2])) for x in range(mech.d) for x2 in range(mech.d))
+    worst = assert_exact_ldp(_table(mech), mech.epsilon_local)
     bound = math.exp(mech.epsilon_local)
-    assert worst <= bound * (1 + 1e-12)
     if isinstance(mech, CountMeanSketch) and not np.any(_separating_fraction(mech) > 0):
         pytest.fail("test case has no pair separated by any hash row: pick another hash_seed")
     assert worst == pytest.approx(bound, rel=1e-12)  # tight: some row separates some pair
@@ -83,17 +80,7 @@ def test_mixture_alpha_bounds_total_variation(mech: Mech) -> None:
 
 @pytest.mark.parametrize("mech", EMPIRICAL, ids=_ids)
 def test_enumeration_matches_encode(mech: Mech) -> None:
-    draws = 100_000
-    rng = seeded_rng(4321)
-    table = _table(mech)
-    for x in range(mech.d):
-        reports = mech.encode(np.full(draws, x), rng)
-        assert mech.validate(reports).all()
-        freq = np.bincount(outcome_index(mech, reports), minlength=table.shape[1])
-        assert freq.size == table.shape[1]  # no report outside the enumerated outputs
-        expected = draws * table[x]
-        z = (freq - expected) / np.sqrt(expected * (1 - table[x]))
-        assert np.max(np.abs(z)) < 5, (x, np.max(np.abs(z)))
+    assert_encode_matches_table(mech, _table(mech), outcome_index, draws=100_000, seed=4321)
 
 
 def test_hadamard_supports_are_rows_of_the_sylvester_matrix() -> None:

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.mechanisms.ldp_helpers import assert_counts_follow_law, assert_exact_ldp
 from transforms.mechanisms.channel_oracles import central_epsilon_sampled, lower_level_clients
 from transforms.mechanisms.hashing import hash_to_buckets
 from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters, item_hash
@@ -25,11 +26,7 @@ def _table(m: PrefixHeavyHitters) -> np.ndarray:
 
 @pytest.mark.parametrize("m", TINY, ids=repr)
 def test_exact_ldp_of_message_set(m: PrefixHeavyHitters) -> None:
-    table = _table(m)
-    np.testing.assert_allclose(table.sum(axis=1), 1.0, atol=1e-12)
-    assert np.all(table > 0)
-    worst = float(np.max(table[:, None, :] / table[None, :, :]))
-    assert worst <= math.exp(m.epsilon_local) * (1 + 1e-12)
+    assert_exact_ldp(_table(m), m.epsilon_local)
     # per message (one level, at epsilon_message): TV / (e^eps_msg - 1) <= mixture_alpha
     for j in range(m.channels):
         laws = np.stack([_level_law(m, j, x) for x in range(1 << m.item_bits)])
@@ -60,10 +57,7 @@ def test_enumeration_matches_encode(m: PrefixHeavyHitters) -> None:
             assert np.array_equal(owner, np.repeat(np.arange(draws), m.channels))
             per = (reports["seed"] * m.buckets + reports["z"]).reshape(-1, m.channels)
             index = per[:, 0] * size + per[:, 1]
-        freq = np.bincount(index, minlength=table.shape[1])
-        expected = draws * table[x]
-        z = (freq - expected) / np.sqrt(expected * (1 - table[x]))
-        assert np.max(np.abs(z)) < 5
+        assert_counts_follow_law(np.bincount(index, minlength=table.shape[1]), table[x], draws, x)
         # pooled: the fraction of messages reporting their true bucket is p (sensitive to a 2% error in p)
         prefix = m.prefixes(np.full(len(reports), x, dtype=np.uint64), reports["channel"])
         kept = reports["z"] == hash_to_buckets(reports["seed"], prefix, m.buckets)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.mechanisms.ldp_helpers import assert_counts_follow_law, assert_exact_ldp
 from transforms.mechanisms.linear_hashing import (
     LinearLocalHashing,
     fwht,
@@ -26,11 +27,7 @@ def _table(m: LinearLocalHashing) -> np.ndarray:
 
 @pytest.mark.parametrize("m", CASES, ids=repr)
 def test_exact_ldp_ratio_is_tight(m: LinearLocalHashing) -> None:
-    table = _table(m)
-    np.testing.assert_allclose(table.sum(axis=1), 1.0, atol=1e-12)
-    assert np.all(table > 0)
-    worst = float(np.max(table[:, None, :] / table[None, :, :]))
-    assert worst <= math.exp(m.epsilon_local) * (1 + 1e-12)
+    assert_exact_ldp(_table(m), m.epsilon_local)
     # per seed, GRR over g buckets: some seed separates some pair, so the bound is attained
     per_seed = np.stack([m.exact_output_distribution(x, SEEDS) for x in range(m.d)])
     assert float(np.max(per_seed[:, None] / per_seed[None, :])) == pytest.approx(math.exp(m.epsilon), rel=1e-12)
@@ -55,9 +52,7 @@ def test_enumeration_matches_encode(m: LinearLocalHashing) -> None:
         reports = m.encode(np.full(draws, x), rng)
         assert m.validate(reports).all()
         offset = (reports["z"] - linear_hash(reports["seed"], np.full(draws, x), m.k)) % m.buckets
-        freq = np.bincount(offset, minlength=m.buckets)
-        z = (freq - draws * expected) / np.sqrt(draws * expected * (1 - expected))
-        assert np.max(np.abs(z)) < 5
+        assert_counts_follow_law(np.bincount(offset, minlength=m.buckets), expected, draws, x)
     # seeds are uniform 63-bit words: every bit is a fair coin
     bit_means = ((reports["seed"][:, None] >> np.arange(63)) & 1).mean(axis=0)
     assert np.max(np.abs(bit_means - 0.5)) < 5 * 0.5 / math.sqrt(draws)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.mechanisms.ldp_helpers import assert_counts_follow_law
 from transforms.mechanisms.linear_hashing import linear_hash
 from transforms.mechanisms.randomness import KeyedRandom, seeded_rng
 from transforms.mechanisms.ranges import DyadicRange
@@ -112,10 +113,7 @@ def test_llh_levels_match_encode(m: DyadicRange) -> None:
         law = np.full((m.channels, g), q)
         law[:, 0] = p
         law /= m.channels
-        freq = np.bincount(ch * g + offset, minlength=law.size)
-        expected = len(reports) * law.ravel()
-        z = (freq - expected) / np.sqrt(expected * (1 - law.ravel()))
-        assert np.max(np.abs(z)) < 5
+        assert_counts_follow_law(np.bincount(ch * g + offset, minlength=law.size), law.ravel(), len(reports), x)
 
 
 @pytest.mark.parametrize("oracle", ["grr", "oue", "olh", "llh"])

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 
+from tests.privacy.spec_tables import TABLE_11_2
 from transforms.privacy.composition import (
     advanced_composition_drv,
     basic_composition,
@@ -16,17 +17,6 @@ from transforms.privacy.composition import (
     drv_step_epsilon,
     fragment_epsilon,
 )
-
-# §11.2: (eps_b, eps_f, t, eps(t)).
-TABLE_11_2 = [
-    (2.94, 1.5897, 1, 1.369979),
-    (2.94, 1.5897, 4, 2.907865),
-    (2.94, 0.5586, 1, 0.499995),
-    (2.94, 0.5586, 16, 2.937525),
-    (8.55, 7.163, 1, 6.939998),
-    (1.0, 1.0, 1, 0.433781),
-    (5.0, 0.5, 3, 1.471752),
-]
 
 
 @pytest.mark.parametrize(("eps_b", "eps_f", "t", "expected"), TABLE_11_2)

@@ -14,6 +14,7 @@ from scipy.signal import fftconvolve
 from scipy.stats import binom
 
 from pipelines.cli import main
+from tests.privacy.spec_tables import TABLE_11_2
 from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 from transforms.privacy.closed_forms import lemma_ii6, lemma_ii6_rappor, theorem_iii1
 from transforms.privacy.composition import bun_steinke_composition, fragment_epsilon
@@ -38,16 +39,6 @@ TABLE_11_1 = [
     ("Child", 50_409_435, 5e-9, 10.435, 0.5, 0.50036, 0.94112),
     ("Heavy-hitter", 203_950_512, 5e-10, 1.78, 0.0025, 0.00251, 0.00651),
     ("Heavy-hitter", 203_950_512, 5e-10, 12.99, 1.0, 1.00093, 1.77037),
-]
-# §11.2: (eps_b, eps_f, t, eps(t))
-TABLE_11_2 = [
-    (2.94, 1.5897, 1, 1.369979),
-    (2.94, 1.5897, 4, 2.907865),
-    (2.94, 0.5586, 1, 0.499995),
-    (2.94, 0.5586, 16, 2.937525),
-    (8.55, 7.163, 1, 6.939998),
-    (1.0, 1.0, 1, 0.433781),
-    (5.0, 0.5, 3, 1.471752),
 ]
 PRINTED = 6e-6  # the §11.1 columns are printed with 5 decimals
 

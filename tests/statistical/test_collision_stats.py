@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance
 from transforms.mechanisms.collision import CoCo, Collision
 from transforms.mechanisms.kv_encoding import KeyValueEncoder
 from transforms.mechanisms.randomness import seeded_rng
@@ -17,8 +18,7 @@ from transforms.mechanisms.randomness import seeded_rng
 pytestmark = pytest.mark.slow
 
 Mech = Collision | CoCo
-Z_MAX = 4.5  # Bonferroni over <= 3 x 2d coordinates: P(max |z| > 4.5) < 60 * 6.8e-6 ~ 4e-4
-SE_MAX = 4.0
+# Z_MAX (stats_helpers): Bonferroni over <= 3 x 2d coordinates: P(max |z| > 4.5) < 60 * 6.8e-6 ~ 4e-4
 
 
 def distinct_rows(d: int, s: int, count: int, seed: int, max_empty: int) -> np.ndarray:
@@ -73,17 +73,6 @@ def run(mech: Mech, items: np.ndarray, runs: int, seed: int, **kw: str) -> np.nd
     return np.array(out)
 
 
-def assert_centered(est: np.ndarray, centre: np.ndarray, var: np.ndarray, label: str) -> None:
-    z = (est.mean(axis=0) - centre) / np.sqrt(var / est.shape[0])
-    assert np.max(np.abs(z)) < Z_MAX, f"{label}: max |z| = {np.max(np.abs(z)):.2f}"
-
-
-def assert_summed_variance(est: np.ndarray, centre: np.ndarray, var: np.ndarray, label: str) -> None:
-    """Mean of ``||est_r - centre||^2`` vs ``sum var`` within 4 standard errors of that mean (CLT over runs)."""
-    t = np.sum((est - centre) ** 2, axis=1)
-    se = float(np.std(t, ddof=1) / np.sqrt(t.size))
-    assert abs(t.mean() - var.sum()) < SE_MAX * se, f"{label}: {t.mean():.4g} vs closed form {var.sum():.4g}"
-    assert se < 0.06 * var.sum()
 
 
 CASES = [
@@ -108,11 +97,11 @@ def test_encode_decode_match_the_exact_expectation_and_closed_form_variance(mech
     centre = moments(exact_expectation(mech, rows, weights, n))
     est = moments(run(mech, np.repeat(rows, multiplicity, axis=0), runs, seed=mech.cells))
     var = closed_form(mech, truth, n)
-    assert_centered(est, centre, var, repr(mech))
+    assert_mean(est, centre, var, repr(mech))
     assert np.max(np.abs(centre - moments(truth)) / np.sqrt(var / runs)) > Z_MAX  # the family bias is visible
     k = 2 * mech.d
-    assert_summed_variance(est[:, :k], centre[:k], var[:k], f"{mech!r} items")
-    assert_summed_variance(est[:, k:k + mech.d], centre[k:k + mech.d], var[k:k + mech.d], f"{mech!r} means")
+    assert_summed_variance(est[:, :k], centre[:k], var[:k].sum(), f"{mech!r} items")
+    assert_summed_variance(est[:, k:k + mech.d], centre[k:k + mech.d], var[k:k + mech.d].sum(), f"{mech!r} means")
 
 
 @pytest.mark.parametrize("mech", [Collision(10, 3, 1.0, seed_family=2**15), CoCo(10, 3, 1.0, seed_family=2**15)],
@@ -127,9 +116,9 @@ def test_unbiased_for_the_truth_with_a_large_family(mech: Mech) -> None:
     assert acc.estimate().extras["family_share"] * runs < 0.05  # family bias negligible against SE / sqrt(runs)
     est = moments(run(mech, items, runs, seed=11))
     var = closed_form(mech, truth, n)
-    assert_centered(est, moments(truth), var, repr(mech))
+    assert_mean(est, moments(truth), var, repr(mech))
     assert_summed_variance(est[:, 2 * mech.d:3 * mech.d], moments(truth)[2 * mech.d:3 * mech.d],
-                           var[2 * mech.d:3 * mech.d], f"{mech!r} means")
+                           var[2 * mech.d:3 * mech.d].sum(), f"{mech!r} means")
 
 
 @pytest.mark.parametrize("cls", [Collision, CoCo])
@@ -210,6 +199,6 @@ def test_real_values_with_key_sampling_end_to_end(cls: type[Mech]) -> None:
         item = mech.variance(np.stack([f_minus, f_plus], axis=1).ravel() * n, n) / n**2
         vm = vn = item[1::2] + item[0::2]
     target, var = np.concatenate([mean_true, present]), np.concatenate([vm + disc, vn])
-    assert_centered(np.array(est), target, var, f"{mech!r} corrected")
-    assert_centered(np.array(shrunk), target / 2, var / 4, f"{naive!r} uncorrected = (s/L) x truth")
-    assert_summed_variance(np.array(est)[:, :d], mean_true, vm + disc, f"{mech!r} means")
+    assert_mean(np.array(est), target, var, f"{mech!r} corrected")
+    assert_mean(np.array(shrunk), target / 2, var / 4, f"{naive!r} uncorrected = (s/L) x truth")
+    assert_summed_variance(np.array(est)[:, :d], mean_true, (vm + disc).sum(), f"{mech!r} means")

@@ -9,22 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance, zipf_counts
 from transforms.mechanisms.frequency import GRR, OLH, OUE
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow
 
 Mech = GRR | OUE | OLH
-Z_MAX = 4.5  # Bonferroni over <= 16 coordinates: P(max |z| > 4.5) < 16 * 6.8e-6 ~ 1e-4
-SE_MAX = 4.0
-
-
-def zipf_counts(d: int, n: int, s: float = 1.1) -> np.ndarray:
-    """Deterministic Zipf-like true counts summing to n (every item present, heavy head)."""
-    w = 1.0 / np.arange(1, d + 1) ** s
-    c = np.floor(n * w / w.sum()).astype(np.int64)
-    c[0] += n - c.sum()
-    return c
+# Z_MAX (stats_helpers): Bonferroni over <= 16 coordinates: P(max |z| > 4.5) < 16 * 6.8e-6 ~ 1e-4
 
 
 def run_estimates(mech: Mech, counts: np.ndarray, runs: int, seed: int) -> np.ndarray:
@@ -45,10 +37,7 @@ def run_estimates(mech: Mech, counts: np.ndarray, runs: int, seed: int) -> np.nd
 
 
 def assert_unbiased(mech: Mech, counts: np.ndarray, est: np.ndarray) -> None:
-    runs, n = est.shape[0], int(counts.sum())
-    se_mean = np.sqrt(mech.variance(counts, n) / runs)
-    z = (est.mean(axis=0) - counts) / se_mean
-    assert np.max(np.abs(z)) < Z_MAX, f"{mech!r}: max |z| = {np.max(np.abs(z)):.2f}"
+    assert_mean(est, counts, mech.variance(counts, int(counts.sum())), repr(mech))
 
 
 def assert_variance(mech: Mech, counts: np.ndarray, est: np.ndarray) -> None:
@@ -59,14 +48,8 @@ def assert_variance(mech: Mech, counts: np.ndarray, est: np.ndarray) -> None:
     accounts for the correlations between coordinates that a per-coordinate ``sqrt(2/(R-1))`` rule would
     ignore. We allow 4 such standard errors.
     """
-    runs, n = est.shape[0], int(counts.sum())
-    t = np.sum((est - counts) ** 2, axis=1)
-    expected = float(np.sum(mech.variance(counts, n)))
-    se = float(np.std(t, ddof=1) / np.sqrt(runs))
-    assert abs(t.mean() - expected) < SE_MAX * se, (
-        f"{mech!r}: summed variance {t.mean():.1f} vs closed form {expected:.1f} (se {se:.1f})"
-    )
-    assert se < 0.05 * expected  # sharp enough to see a 20% error in the closed form
+    expected = float(np.sum(mech.variance(counts, int(counts.sum()))))
+    assert_summed_variance(est, counts, expected, repr(mech), sharpness=0.05)  # sees a 20% error
 
 
 CASES = [

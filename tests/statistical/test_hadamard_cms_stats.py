@@ -15,22 +15,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import SE_MAX, Z_MAX, assert_mean, assert_summed_variance, zipf_counts
 from transforms.mechanisms.count_mean_sketch import CountMeanSketch
 from transforms.mechanisms.hadamard import HadamardResponse
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow
 
-Z_MAX = 4.5  # Bonferroni over <= 16 coordinates: P(max |z| > 4.5) < 16 * 6.8e-6 ~ 1e-4
-SE_MAX = 4.0
-
-
-def zipf_counts(d: int, n: int, s: float = 1.1) -> np.ndarray:
-    """Deterministic Zipf-like true counts summing to n (every item present, heavy head)."""
-    w = 1.0 / np.arange(1, d + 1) ** s
-    c = np.floor(n * w / w.sum()).astype(np.int64)
-    c[0] += n - c.sum()
-    return c
+# Z_MAX (stats_helpers): Bonferroni over <= 16 coordinates: P(max |z| > 4.5) < 16 * 6.8e-6 ~ 1e-4
 
 
 def estimates(mechs: list[HadamardResponse] | list[CountMeanSketch], counts: np.ndarray, seed: int) -> np.ndarray:
@@ -45,21 +37,9 @@ def estimates(mechs: list[HadamardResponse] | list[CountMeanSketch], counts: np.
     return out
 
 
-def assert_mean(est: np.ndarray, mean: np.ndarray, variance: np.ndarray, label: str) -> None:
-    z = (est.mean(axis=0) - mean) / np.sqrt(variance / est.shape[0])
-    assert np.max(np.abs(z)) < Z_MAX, f"{label}: max |z| = {np.max(np.abs(z)):.2f}"
-
-
 def summed_variance_check(est: np.ndarray, mean: np.ndarray, expected: float, label: str) -> float:
-    """``t_r = ||c_hat_r - E c_hat||^2`` are i.i.d. with mean sum_v Var_v; compare within 4 CLT standard errors
-    (std(t)/sqrt(R) accounts for correlations between coordinates). Returns that standard error."""
-    t = np.sum((est - mean) ** 2, axis=1)
-    se = float(np.std(t, ddof=1) / np.sqrt(len(t)))
-    assert abs(t.mean() - expected) < SE_MAX * se, (
-        f"{label}: summed variance {t.mean():.1f} vs closed form {expected:.1f} (se {se:.1f})"
-    )
-    assert se < 0.05 * expected  # sharp enough to see a 20 % error in the closed form
-    return se
+    """Summed variance within 4 CLT standard errors, sharp enough to see a 20 % error; returns the error."""
+    return assert_summed_variance(est, mean, expected, label, sharpness=0.05)
 
 
 @pytest.mark.parametrize(("d", "eps", "n", "runs"), [(15, 1.0, 3000, 400), (16, 2.0, 4000, 400), (5, 0.5, 2000, 400)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import Z_MAX, assert_mean_and_variance
 from transforms.mechanisms.base import KeyValueEstimate
 from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.randomness import seeded_rng
@@ -19,8 +20,7 @@ from transforms.privacy import kv_formulas
 pytestmark = pytest.mark.slow
 
 Mech = PrivKV | PCKVUE | PCKVGRR
-Z_MAX = 4.5  # Bonferroni over <= 24 items: P(max |z| > 4.5) < 24 * 6.8e-6 ~ 2e-4
-SE_MAX = 4.0
+# Z_MAX (stats_helpers): Bonferroni over <= 24 items: P(max |z| > 4.5) < 24 * 6.8e-6 ~ 2e-4
 
 
 def skewed_items(d: int, s: int, n: int, seed: int) -> np.ndarray:
@@ -63,17 +63,6 @@ def covariance(mech: Mech, f: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarra
     return mech.covariance(f[1::2], f[0::2], n)
 
 
-def check(name: str, est: np.ndarray, target: np.ndarray, var: np.ndarray) -> None:
-    """Per-coordinate unbiasedness and the summed variance (see test_frequency_stats.assert_variance)."""
-    runs = est.shape[0]
-    z = (est.mean(axis=0) - target) / np.sqrt(var / runs)
-    assert np.max(np.abs(z)) < Z_MAX, f"{name}: max |z| = {np.max(np.abs(z)):.2f}"
-    t = np.sum((est - target) ** 2, axis=1)
-    se = float(np.std(t, ddof=1) / np.sqrt(runs))
-    assert abs(t.mean() - var.sum()) < SE_MAX * se, f"{name}: summed variance {t.mean():.4g} vs {var.sum():.4g}"
-    assert se < 0.06 * var.sum()  # sharp enough to see a 25% error in the closed form
-
-
 CASES = [
     (PrivKV(8, 2, 2.0), 8000, 300),
     (PrivKV(6, 3, 1.0, epsilon_key=0.4), 6000, 300),
@@ -94,9 +83,10 @@ def test_unbiased_with_closed_form_variance(mech: Mech, n: int, runs: int) -> No
     item_var = np.empty(2 * mech.d)
     item_var[0::2], item_var[1::2] = var_b, var_a
     np.testing.assert_allclose(item_var, mech.variance(f, n), rtol=1e-12)
-    check("frequency", freq, f, item_var)
-    check("mean", np.stack([e.mean for e in ests]), f[1::2] - f[0::2], var_a + var_b - 2 * cov)
-    check("nonmissing", np.stack([e.nonmissing for e in ests]), f[1::2] + f[0::2], var_a + var_b + 2 * cov)
+    assert_mean_and_variance("frequency", freq, f, item_var)
+    mean, nonmissing = np.stack([e.mean for e in ests]), np.stack([e.nonmissing for e in ests])
+    assert_mean_and_variance("mean", mean, f[1::2] - f[0::2], var_a + var_b - 2 * cov)
+    assert_mean_and_variance("nonmissing", nonmissing, f[1::2] + f[0::2], var_a + var_b + 2 * cov)
     # Published standard errors: plug-in closed form at the estimates, so their mean square tracks the truth.
     for field, var in (("frequency", item_var), ("mean", var_a + var_b - 2 * cov)):
         reported = np.mean([np.sum(getattr(e, f"{field}_stderr") ** 2) for e in ests])

@@ -6,20 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import SE_MAX, assert_mean, assert_summed_variance, zipf_counts
 from transforms.mechanisms.linear_hashing import LinearLocalHashing
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow
 
-Z_MAX = 4.5  # Bonferroni over <= 64 coordinates: P(max |z| > 4.5) < 64 * 6.8e-6 ~ 4e-4
-SE_MAX = 4.0
-
-
-def zipf_counts(d: int, n: int, s: float = 1.1) -> np.ndarray:
-    w = 1.0 / np.arange(1, d + 1) ** s
-    c = np.floor(n * w / w.sum()).astype(np.int64)
-    c[0] += n - c.sum()
-    return c
+# Z_MAX (stats_helpers): Bonferroni over <= 64 coordinates: P(max |z| > 4.5) < 64 * 6.8e-6 ~ 4e-4
 
 
 def run(m: LinearLocalHashing, counts: np.ndarray, runs: int, seed: int) -> np.ndarray:
@@ -41,13 +34,8 @@ def test_unbiased_exact_variance_and_uncorrelated(m: LinearLocalHashing, n: int,
     counts = zipf_counts(m.d, n)
     est = run(m, counts, runs, seed=2024)
     var = m.variance(counts, n)
-    z = (est.mean(axis=0) - counts) / np.sqrt(var / runs)
-    assert np.max(np.abs(z)) < Z_MAX, np.max(np.abs(z))
-    # summed squared error vs summed closed-form variance (CLT standard error of the mean of t_r)
-    t = np.sum((est - counts) ** 2, axis=1)
-    se = np.std(t, ddof=1) / np.sqrt(runs)
-    assert abs(t.mean() - var.sum()) < SE_MAX * se, (t.mean(), var.sum(), se)
-    assert se < 0.05 * var.sum()
+    assert_mean(est, counts, var, repr(m))
+    assert_summed_variance(est, counts, var.sum(), repr(m), sharpness=0.05)
     # zero covariance: the error of the SUM of all items has variance sum_v Var_v (no cross terms)
     total = (est - counts).sum(axis=1)
     ratio = np.mean(total**2) / var.sum()

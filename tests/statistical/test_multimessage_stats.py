@@ -12,20 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import assert_mean, assert_summed_variance, zipf_counts
 from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow
 
-Z_MAX = 4.5  # Bonferroni over <= 30 coordinates: P(max |z| > 4.5) < 30 * 6.8e-6 ~ 2e-4
-SE_MAX = 4.0
-
-
-def zipf_counts(d: int, n: int, s: float = 1.1) -> np.ndarray:
-    w = 1.0 / np.arange(1, d + 1) ** s
-    c = np.floor(n * w / w.sum()).astype(np.int64)
-    c[0] += n - c.sum()
-    return c
+# Z_MAX (stats_helpers): Bonferroni over <= 30 coordinates: P(max |z| > 4.5) < 30 * 6.8e-6 ~ 2e-4
 
 
 def run_estimates(mech: MultiMessageHadamard | CountMinMultiRR, sets: np.ndarray, runs: int, seed: int,
@@ -52,18 +45,9 @@ def run_estimates(mech: MultiMessageHadamard | CountMinMultiRR, sets: np.ndarray
     return out
 
 
-def assert_mean(est: np.ndarray, mean: np.ndarray, var: np.ndarray) -> None:
-    z = (est.mean(axis=0) - mean) / np.sqrt(var / est.shape[0])
-    assert np.max(np.abs(z)) < Z_MAX, f"max |z| = {np.max(np.abs(z)):.2f}"
-
-
 def assert_variance(est: np.ndarray, mean: np.ndarray, var: np.ndarray) -> None:
-    """Summed squared deviation from the exact mean vs summed variance, within 4 CLT standard errors."""
-    t = np.sum((est - mean) ** 2, axis=1)
-    expected = float(np.sum(var))
-    se = float(np.std(t, ddof=1) / np.sqrt(len(t)))
-    assert abs(t.mean() - expected) < SE_MAX * se, f"summed variance {t.mean():.1f} vs {expected:.1f} (se {se:.1f})"
-    assert se < 0.06 * expected  # sharp enough to see a 25% error in the variance
+    """Summed squared deviation from the exact mean vs summed variance (sharp enough to see a 25% error)."""
+    assert_summed_variance(est, mean, float(np.sum(var)))
 
 
 def test_hadamard_single_values() -> None:

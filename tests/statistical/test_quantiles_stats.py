@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import lumpy_leaves
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.ranges import DyadicRange
 
@@ -14,22 +15,13 @@ pytestmark = pytest.mark.slow
 Z_MAX = 4.5
 
 
-def dataset(bits: int, n: int, seed: int) -> np.ndarray:
-    """Two bumps and a long tail over [0, 2^bits) (as in test_ranges_stats)."""
-    rng = np.random.default_rng(seed)
-    size = 1 << bits
-    parts = [rng.normal(0.3 * size, 0.05 * size, n // 2), rng.normal(0.7 * size, 0.02 * size, n // 4),
-             rng.exponential(0.2 * size, n - n // 2 - n // 4)]
-    return np.clip(np.concatenate(parts), 0, size - 1).astype(np.int64)
-
-
 def test_quantiles_unbiased_in_rank_and_intervals_cover() -> None:
     """Over repeated runs, the rank error #{x <= leaf} - q n of the quantile is centred on 0 (the isotonic CDF
     removes the early bias of a first crossing), its spread is within the stated rank stderr, and the
     z = 2 interval [lower, upper] contains the true quantile leaf in ~95% of the cases."""
     m = DyadicRange(16, 4.0)  # many leaves per rank stderr: where a first crossing of the raw CDF is biased
     n, runs = 20_000, 40
-    values = dataset(16, n, seed=3)
+    values = lumpy_leaves(16, n, seed=3)
     true_cum = np.cumsum(np.bincount(values, minlength=1 << 16))
     rng = seeded_rng(77)
     errors, stated, covered = {q: [] for q in (0.25, 0.5, 0.9)}, {q: [] for q in (0.25, 0.5, 0.9)}, []

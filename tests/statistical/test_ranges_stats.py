@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import lumpy_leaves
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.ranges import DyadicRange, bucketize
 from transforms.mechanisms.rectangles import DyadicRectangle
@@ -19,15 +20,6 @@ pytestmark = pytest.mark.slow
 
 Z_MAX = 4.5  # Bonferroni over <= 12 queries
 SE_MAX = 4.0
-
-
-def dataset(bits: int, n: int, seed: int) -> np.ndarray:
-    """A skewed, lumpy leaf distribution (two bumps and a long tail), fixed per seed."""
-    rng = np.random.default_rng(seed)
-    size = 1 << bits
-    parts = [rng.normal(0.3 * size, 0.05 * size, n // 2), rng.normal(0.7 * size, 0.02 * size, n // 4),
-             rng.exponential(0.2 * size, n - n // 2 - n // 4)]
-    return np.clip(np.concatenate(parts), 0, size - 1).astype(np.int64)
 
 
 def queries(bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +62,7 @@ CONFIGS = [
 @pytest.mark.parametrize("config,n,runs", CONFIGS, ids=[str(c[0]) for c in CONFIGS])
 def test_range_answers_unbiased_with_exact_stderr(config: dict, n: int, runs: int) -> None:
     m = DyadicRange(**config)
-    values = dataset(m.bits, n, seed=7)
+    values = lumpy_leaves(m.bits, n, seed=7)
     lo, hi = queries(m.bits)
     exact = truth(values, m.bits, lo, hi)
     rng = seeded_rng(1000 + m.bits)
@@ -88,7 +80,7 @@ def test_rectangle_answers_unbiased_with_exact_stderr(oracle: str, eps: float, b
     m = DyadicRectangle(4, 4, eps, oracle=oracle, branching=branching)
     rng = seeded_rng(31)
     n, runs = 3000, 200
-    points = np.stack([dataset(4, n, seed=1), dataset(4, n, seed=2)[::-1]], axis=1)
+    points = np.stack([lumpy_leaves(4, n, seed=1), lumpy_leaves(4, n, seed=2)[::-1]], axis=1)
     rects = [(0, 8, 0, 8), (3, 13, 2, 9), (0, 16, 5, 6), (7, 8, 0, 16), (1, 15, 1, 15), (0, 16, 0, 16)]
     exact = np.array([np.sum((points[:, 0] >= a) & (points[:, 0] < b) & (points[:, 1] >= c) & (points[:, 1] < d))
                       for a, b, c, d in rects], dtype=np.float64)

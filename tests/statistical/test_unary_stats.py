@@ -8,23 +8,15 @@ import math
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance, zipf_counts
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 
 pytestmark = pytest.mark.slow
 
 Mech = AttributeFragmentedRappor | ReportFragmentedRappor
-Z_MAX = 4.5  # Bonferroni over <= 64 coordinates: P(max |z| > 4.5) < 64 * 6.8e-6 ~ 4e-4
-SE_MAX = 4.0
+# Z_MAX (stats_helpers): Bonferroni over <= 64 coordinates: P(max |z| > 4.5) < 64 * 6.8e-6 ~ 4e-4
 MAX_CELLS = 6_000_000  # clients x cap per encode call (memory of the padded rows)
-
-
-def zipf_counts(d: int, n: int, s: float = 1.1) -> np.ndarray:
-    """Deterministic Zipf-like true counts summing to n (every item present, heavy head)."""
-    w = 1.0 / np.arange(1, d + 1) ** s
-    c = np.floor(n * w / w.sum()).astype(np.int64)
-    c[0] += n - c.sum()
-    return c
 
 
 def _width(mech: Mech) -> int:
@@ -53,21 +45,14 @@ def run_estimates(mech: Mech, counts: np.ndarray, runs: int, seed: int) -> tuple
 
 
 def assert_unbiased(mech: Mech, counts: np.ndarray, est: np.ndarray) -> None:
-    runs, n = est.shape[0], int(counts.sum())
-    z = (est.mean(axis=0) - counts) / np.sqrt(mech.variance(counts, n) / runs)
-    assert np.max(np.abs(z)) < Z_MAX, f"{mech!r}: max |z| = {np.max(np.abs(z)):.2f}"
+    assert_mean(est, counts, mech.variance(counts, int(counts.sum())), repr(mech))
 
 
 def assert_variance(mech: Mech, counts: np.ndarray, est: np.ndarray) -> None:
     """Summed squared error vs summed closed-form variance, with the CLT standard error of the mean of
     ``t_r = ||c_hat_r - c||^2`` (accounts for correlations between coordinates); 4 standard errors."""
-    runs, n = est.shape[0], int(counts.sum())
-    t = np.sum((est - counts) ** 2, axis=1)
-    expected = float(np.sum(mech.variance(counts, n)))
-    se = float(np.std(t, ddof=1) / np.sqrt(runs))
-    message = f"{mech!r}: {t.mean():.1f} vs closed form {expected:.1f} (se {se:.1f})"
-    assert abs(t.mean() - expected) < SE_MAX * se, message
-    assert se < 0.05 * expected  # sharp enough to see a 20% error in the closed form
+    expected = float(np.sum(mech.variance(counts, int(counts.sum()))))
+    assert_summed_variance(est, counts, expected, repr(mech), sharpness=0.05)  # sees a 20% error
 
 
 def assert_messages(mech: Mech, sent: np.ndarray, variance_per_client: float) -> None:

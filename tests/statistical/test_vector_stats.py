@@ -8,25 +8,14 @@ import math
 import numpy as np
 import pytest
 
+from tests.statistical.stats_helpers import Z_MAX, assert_mean_and_variance
 from transforms.mechanisms.ldp_sgd import LdpSgdRandomizer, kappa
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.vector import VectorSummation, epsilon_002, gamma_002, k_round_002
 
 pytestmark = pytest.mark.slow
 
-Z_MAX = 4.5  # Bonferroni over <= 2 x 12 coordinates
-SE_MAX = 4.0
-
-
-def check(name: str, est: np.ndarray, target: np.ndarray, var: np.ndarray) -> None:
-    """Per-coordinate |z| and the summed squared error within SE_MAX standard errors of the summed variance."""
-    runs = est.shape[0]
-    z = (est.mean(axis=0) - target) / np.sqrt(var / runs)
-    assert np.max(np.abs(z)) < Z_MAX, f"{name}: max |z| = {np.max(np.abs(z)):.2f}"
-    t = np.sum((est - target) ** 2, axis=1)
-    se = float(np.std(t, ddof=1) / np.sqrt(runs))
-    assert abs(t.mean() - var.sum()) < SE_MAX * se, f"{name}: summed variance {t.mean():.4g} vs {var.sum():.4g}"
-    assert se < 0.06 * var.sum()
+# Z_MAX (stats_helpers): Bonferroni over <= 2 x 12 coordinates
 
 
 def data(n: int, d: int, seed: int) -> np.ndarray:
@@ -61,8 +50,8 @@ def test_vector_sum_unbiased_with_exact_variance(mech: VectorSummation, n: int, 
             est = acc.estimate()
             ratio[start + j], ht[start + j], se2[start + j] = est.mean, est.extras["horvitz_thompson"], est.stderr**2
     truth = x.mean(axis=0)
-    check("ratio", ratio, truth, mech.variance(x))
-    check("horvitz-thompson", ht, truth, mech.ht_variance(x))
+    assert_mean_and_variance("ratio", ratio, truth, mech.variance(x))
+    assert_mean_and_variance("horvitz-thompson", ht, truth, mech.ht_variance(x))
     # Plug-in stderr: unbiased for the exact variance up to the factor n/(n - m) ~ d/(d - t) on its sampling part.
     reported, exact = se2.mean(axis=0).sum(), mech.variance(x).sum()
     assert exact * 0.95 < reported < exact * mech.d / (mech.d - mech.t) * 1.05
@@ -151,7 +140,7 @@ def test_ldp_sgd_unbiased_with_exact_variance(mech: LdpSgdRandomizer, n: int, ru
             out = acc.estimate()
             est[start + j], se[start + j] = out.mean, out.stderr
     var = mech.variance(g)
-    check("ldp-sgd", est, mech.clip_gradients(g).mean(axis=0), var)
+    assert_mean_and_variance("ldp-sgd", est, mech.clip_gradients(g).mean(axis=0), var)
     assert np.all(se**2 >= var)  # published stderr: the data-free upper bound c^2/(d n)
     assert se[0, 0] ** 2 <= var.min() * mech.scale**2 / (mech.scale**2 - mech.d * mech.clip**2)
 

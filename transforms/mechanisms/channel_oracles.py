@@ -28,7 +28,7 @@ import numpy as np
 from scipy.stats import binom
 
 from transforms.mechanisms.base import Randomness
-from transforms.mechanisms.counting import empty_mask_if_malformed
+from transforms.mechanisms.counting import empty_mask_if_malformed, refuse_invalid
 from transforms.mechanisms.frequency import GRR, OLH, OUE
 from transforms.mechanisms.hashing import hash_to_buckets
 from transforms.mechanisms.linear_hashing import MAX_LLH_BITS, LinearLocalHashing, draw_seeds, linear_hash
@@ -273,10 +273,7 @@ class ChannelCounts:
         self.accumulators = [m.new_accumulator() for m in oracles.mechanisms]
 
     def add(self, reports: np.ndarray) -> None:
-        valid = self.oracles.validate(reports)
-        if not valid.all():
-            raise ValueError(f"{int((~valid).sum())} of {len(reports)} reports are outside the output domain; "
-                             "filter them with validate() first")
+        refuse_invalid(self.oracles.validate(reports), "reports are outside the output domain")
         for j in np.unique(reports["channel"]):
             self.accumulators[int(j)].add(self.oracles.channel_reports(reports, int(j)))
 
@@ -334,3 +331,4 @@ def central_epsilon_split(n: int, alphas: list[float], eps_message: float, delta
         return eps_message * len(alphas)
     per = delta / len(alphas)
     return float(sum(epsilon_central(n, a, eps_message, per) for a in alphas))
+

@@ -35,29 +35,23 @@ from scipy.stats import binom
 
 from transforms.mechanisms.base import KeyValueEstimate, Randomness
 from transforms.mechanisms.collision_common import (
-    DEFAULT_SEED_FAMILY,
-    MAX_T,
-    CollisionAccumulator,
-    check_cells,
+    CollisionFamily,
     check_sparse_items,
     complement_rank,
     debiased_square_sum,
     family_cells,
     family_share,
-    freeze_family,
     gather_support,
     occupancy,
     postprocess_estimate,
     search_limit,
 )
-from transforms.mechanisms.counting import empty_mask_if_malformed, exp_epsilon, structured
+from transforms.mechanisms.counting import exp_epsilon, structured
 from transforms.mechanisms.kv_moments import kv_estimate, plug_in_frequencies
-from transforms.privacy.mixture import alpha_collision
 
 __all__ = ["CoCo", "coco_paper_t", "coco_probabilities", "coco_total_variance", "coco_variance_t"]
 
 MAX_ENUMERATED = 1 << 16  # seeds x phantom combinations in exact_output_distribution
-T_RULES = ("variance", "paper")
 
 
 def coco_probabilities(s: int, epsilon: float, t: Any) -> tuple[Any, Any, Any, Any]:
@@ -98,7 +92,7 @@ def coco_variance_t(d: int, s: int, epsilon: float) -> int:
 
 
 @dataclass(frozen=True)
-class CoCo:
+class CoCo(CollisionFamily):
     """CoCo (003 §7): Collision with paired cells, ~15-20 % lower mean-estimation variance than Collision.
 
     ``t`` (even, >= 2s + 2) defaults to ``t_rule``: ``"variance"`` (minimise the mean estimator's total variance)
@@ -109,48 +103,19 @@ class CoCo:
 
     name: ClassVar[str] = "coco"
     payload_kind: ClassVar[str] = "hashed"
-    d: int
-    s: int
-    epsilon: float
-    t: int | None = None
-    t_rule: str = "variance"
-    seed_family: int = DEFAULT_SEED_FAMILY
-    hash_seed: int = 0
-    max_keys: int | None = None
 
-    def __post_init__(self) -> None:
-        freeze_family(self)
-        if self.t_rule not in T_RULES:
-            raise ValueError(f"t_rule must be one of {', '.join(T_RULES)}, got {self.t_rule!r}")
-        if self.t is None:
-            t = (coco_variance_t(self.d, self.s, self.epsilon) if self.t_rule == "variance"
-                 else coco_paper_t(self.s, self.epsilon))
-        else:
-            t = self.t
-        if isinstance(t, bool) or int(t) != t or t % 2 or not 2 * self.s + 2 <= t <= MAX_T:
-            raise ValueError(f"t must be an even integer in [2s + 2, {MAX_T}] = [{2 * self.s + 2}, {MAX_T}], "
-                             f"got {t!r} (lower epsilon or set t explicitly)")
-        object.__setattr__(self, "t", int(t))
-        check_cells(self.cells, self.seed_family)
+    def _default_t(self, rule: str) -> int:
+        if rule == "variance":
+            return coco_variance_t(self.d, self.s, self.epsilon)
+        return coco_paper_t(self.s, self.epsilon)
 
-    @property
-    def cells(self) -> int:
-        assert self.t is not None
-        return self.t
+    def _t_bounds(self) -> tuple[int, str, bool]:
+        return 2 * self.s + 2, "2s + 2", True
 
     @property
     def half(self) -> int:
         """Number of cell pairs ``h = t/2``."""
         return self.cells // 2
-
-    @property
-    def omega(self) -> float:
-        return self.s * exp_epsilon(self.epsilon) + self.cells - self.s
-
-    @property
-    def keep(self) -> float:
-        assert self.max_keys is not None
-        return self.s / self.max_keys
 
     @property
     def probabilities(self) -> tuple[float, float, float, float]:
@@ -163,23 +128,6 @@ class CoCo:
         _, pt, po, pf = self.probabilities
         k = self.keep
         return k * pt + (1 - k) * pf, k * po + (1 - k) * pf, pf
-
-    @property
-    def report_dtype(self) -> np.dtype:
-        return np.dtype([("seed", "<u4"), ("z", "<i8")])
-
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
-
-    @property
-    def mixture_alpha(self) -> float:
-        # every cell has probability >= 1/Omega, so TV <= 1 - t/Omega = s(e^eps - 1)/Omega, as for Collision
-        return alpha_collision(self.epsilon, self.s, self.cells)
-
-    @property
-    def message_bits(self) -> int:
-        return (self.seed_family - 1).bit_length() + (self.cells - 1).bit_length()
 
     def encode(self, items: np.ndarray, rng: Randomness) -> np.ndarray:
         """Algorithm 1 with random priorities and phantom writers; six draws whose shapes depend on n and s only."""
@@ -209,20 +157,6 @@ class CoCo:
         u = branch * self.omega
         z = np.where(u < m * e, chosen, np.where(u < m * (e + 1), partner, untouched))
         return structured(self.report_dtype, seed=seed.astype(np.uint32), z=z)
-
-    def validate(self, reports: np.ndarray) -> np.ndarray:
-        bad = empty_mask_if_malformed(reports, self.report_dtype)
-        if bad is not None:
-            return bad
-        seed, z = reports["seed"], reports["z"]
-        return (seed < self.seed_family) & (z >= 0) & (z < self.cells)
-
-    def new_accumulator(self) -> CollisionAccumulator:
-        return CollisionAccumulator(self, (self.seed_family, self.cells))
-
-    def count_reports(self, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        cell = reports["seed"].astype(np.int64) * self.cells + reports["z"]
-        return np.bincount(cell, minlength=self.seed_family * self.cells).reshape(shape)
 
     def moment_variances(self, f_plus: np.ndarray, f_minus: np.ndarray,
                          n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -289,10 +223,6 @@ class CoCo:
         vm, vn = vm + fam_m, vn + fam_n
         est = kv_estimate(a, b, (vn + vm + 2 * cov) / 4, (vn + vm - 2 * cov) / 4, (vn - vm) / 4, n, counts, extras)
         return postprocess_estimate(est, postprocess, cap)
-
-    def parameters(self) -> dict[str, Any]:
-        return {"d": self.d, "s": self.s, "epsilon": self.epsilon, "t": self.cells, "t_rule": self.t_rule,
-                "seed_family": self.seed_family, "hash_seed": self.hash_seed, "max_keys": self.max_keys}
 
     def exact_output_distribution(self, items: np.ndarray) -> np.ndarray:
         """P(report == (seed, z) | items), indexed ``seed * t + z``: closed form over the random order (each writer

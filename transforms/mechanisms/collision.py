@@ -27,29 +27,23 @@ import numpy as np
 from transforms.mechanisms.base import KeyValueEstimate, Randomness
 from transforms.mechanisms.coco import CoCo
 from transforms.mechanisms.collision_common import (
-    DEFAULT_SEED_FAMILY,
-    MAX_T,
-    CollisionAccumulator,
-    check_cells,
+    CollisionFamily,
     check_sparse_items,
     complement_rank,
     debiased_square_sum,
     family_cells,
     family_share,
-    freeze_family,
     gather_support,
     occupancy,
     postprocess_estimate,
     search_limit,
 )
-from transforms.mechanisms.counting import empty_mask_if_malformed, exp_epsilon, rr_count_variance, structured
+from transforms.mechanisms.counting import exp_epsilon, rr_count_variance, structured
 from transforms.mechanisms.kv_moments import kv_estimate, plug_in_frequencies
-from transforms.privacy.mixture import alpha_collision
 
 __all__ = ["CoCo", "Collision", "collision_paper_t", "collision_total_variance", "collision_variance_t"]
 
 MAX_ENUMERATED_OUTPUTS = 1 << 20
-T_RULES = ("variance", "paper")
 
 
 def collision_total_variance(d: int, s: int, epsilon: float, t: np.ndarray | int) -> np.ndarray:
@@ -73,7 +67,7 @@ def collision_variance_t(d: int, s: int, epsilon: float) -> int:
 
 
 @dataclass(frozen=True)
-class Collision:
+class Collision(CollisionFamily):
     """Collision (000/003): one hashed cell per report, variance O(d s/(n eps^2)) for s-sparse ternary vectors.
 
     ``t`` defaults to ``t_rule``: ``"variance"`` (minimise the exact total variance) or ``"paper"`` (003's t*).
@@ -84,39 +78,14 @@ class Collision:
 
     name: ClassVar[str] = "collision"
     payload_kind: ClassVar[str] = "hashed"
-    d: int
-    s: int
-    epsilon: float
-    t: int | None = None
-    t_rule: str = "variance"
-    seed_family: int = DEFAULT_SEED_FAMILY
-    hash_seed: int = 0
-    max_keys: int | None = None
 
-    def __post_init__(self) -> None:
-        freeze_family(self)
-        if self.t_rule not in T_RULES:
-            raise ValueError(f"t_rule must be one of {', '.join(T_RULES)}, got {self.t_rule!r}")
-        if self.t is None:
-            rule = collision_variance_t if self.t_rule == "variance" else lambda d, s, e: collision_paper_t(s, e)
-            t = rule(self.d, self.s, self.epsilon)
-        else:
-            t = self.t
-        if isinstance(t, bool) or int(t) != t or not self.s + 1 <= t <= MAX_T:
-            raise ValueError(f"t must be an integer in [s + 1, {MAX_T}] = [{self.s + 1}, {MAX_T}], got {t!r} "
-                             "(lower epsilon or set t explicitly)")
-        object.__setattr__(self, "t", int(t))
-        check_cells(self.cells, self.seed_family)
+    def _default_t(self, rule: str) -> int:
+        if rule == "variance":
+            return collision_variance_t(self.d, self.s, self.epsilon)
+        return collision_paper_t(self.s, self.epsilon)
 
-    @property
-    def cells(self) -> int:
-        """``t`` as an int (never None after construction)."""
-        assert self.t is not None
-        return self.t
-
-    @property
-    def omega(self) -> float:
-        return self.s * exp_epsilon(self.epsilon) + self.cells - self.s
+    def _t_bounds(self) -> tuple[int, str, bool]:
+        return self.s + 1, "s + 1", False
 
     @property
     def p(self) -> float:
@@ -129,31 +98,9 @@ class Collision:
         return 1.0 / self.cells
 
     @property
-    def keep(self) -> float:
-        """Probability that a held key is among the s reported ones, ``s / max_keys``."""
-        assert self.max_keys is not None
-        return self.s / self.max_keys
-
-    @property
     def p_held(self) -> float:
         """Probability that a holder of an item is counted for it, ``q + keep (p - q)``."""
         return self.q + self.keep * (self.p - self.q)
-
-    @property
-    def report_dtype(self) -> np.dtype:
-        return np.dtype([("seed", "<u4"), ("z", "<i8")])
-
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon  # replacement LDP, for every hash function and every m <= s
-
-    @property
-    def mixture_alpha(self) -> float:
-        return alpha_collision(self.epsilon, self.s, self.cells)
-
-    @property
-    def message_bits(self) -> int:
-        return (self.seed_family - 1).bit_length() + (self.cells - 1).bit_length()
 
     def encode(self, items: np.ndarray, rng: Randomness) -> np.ndarray:
         """Seed, hash the row's items, then z from S w.p. ``m e^eps/Omega`` else uniform from [t] minus S.
@@ -178,20 +125,6 @@ class Collision:
         outside = complement_rank(cells, rank)
         z = np.where(branch * self.omega < m * exp_epsilon(self.epsilon), inside, outside)
         return structured(self.report_dtype, seed=seed.astype(np.uint32), z=z)
-
-    def validate(self, reports: np.ndarray) -> np.ndarray:
-        bad = empty_mask_if_malformed(reports, self.report_dtype)
-        if bad is not None:
-            return bad
-        seed, z = reports["seed"], reports["z"]
-        return (seed < self.seed_family) & (z >= 0) & (z < self.cells)
-
-    def new_accumulator(self) -> CollisionAccumulator:
-        return CollisionAccumulator(self, (self.seed_family, self.cells))
-
-    def count_reports(self, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        cell = reports["seed"].astype(np.int64) * self.cells + reports["z"]
-        return np.bincount(cell, minlength=self.seed_family * self.cells).reshape(shape)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
         """Per-item count variance (§8.1, exact for a fully random hash; ``p_held`` for key sampling), scaled back
@@ -227,10 +160,6 @@ class Collision:
                                   "family_share": family_share(family, sampling), "t": self.cells}
         est = kv_estimate(freq[1::2], freq[0::2], var[1::2], var[0::2], np.zeros(self.d), n, counts, extras)
         return postprocess_estimate(est, postprocess, float(self.max_keys or self.s))
-
-    def parameters(self) -> dict[str, Any]:
-        return {"d": self.d, "s": self.s, "epsilon": self.epsilon, "t": self.cells, "t_rule": self.t_rule,
-                "seed_family": self.seed_family, "hash_seed": self.hash_seed, "max_keys": self.max_keys}
 
     def exact_output_distribution(self, items: np.ndarray) -> np.ndarray:
         """P(report == (seed, z) | items) for every output, indexed ``seed * t + z`` (S * t outputs)."""

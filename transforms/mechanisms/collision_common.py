@@ -40,18 +40,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from transforms.mechanisms.base import KeyValueEstimate
+from transforms.mechanisms.counting import empty_mask_if_malformed, exp_epsilon
 from transforms.mechanisms.hashing import hash_to_buckets
-from transforms.mechanisms.kv_moments import KVAccumulator, freeze_sparsity
+from transforms.mechanisms.kv_moments import KVAccumulator, check_sparse_items, freeze_sparsity
 from transforms.mechanisms.postprocess import project_simplex
+from transforms.privacy.mixture import alpha_collision
 
 __all__ = [
     "DEFAULT_SEED_FAMILY",
     "CollisionAccumulator",
+    "CollisionFamily",
     "check_sparse_items",
     "complement_rank",
     "debiased_square_sum",
@@ -71,31 +75,8 @@ MAX_HASH_SEED = 2**32  # hash_seed * 2^32 + seed must fit in uint64
 MAX_CELLS = 1 << 25  # S * t accumulator cells (256 MiB of int64)
 MAX_T = 1 << 20
 POSTPROCESS = ("none", "clip", "simplex")
+T_RULES = ("variance", "paper")
 _DECODE_PAIRS = 1 << 16  # (seed, value) pairs hashed per chunk: keeps temporaries in cache
-
-
-def check_sparse_items(items: np.ndarray, d: int, s: int) -> np.ndarray:
-    """Validate ``[n, s]`` items (``-1`` = empty slot) and return them as int64.
-
-    Refuses items outside ``[-1, 2d)``, an item listed twice, and a key listed with both signs.
-    """
-    arr = np.asarray(items)
-    if arr.ndim != 2 or arr.shape[1] != s:
-        raise ValueError(f"items must have shape [n, s] = [n, {s}], got {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"items must be integer item indices, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and (arr.min() < -1 or arr.max() >= 2 * d):
-        bad = arr[(arr < -1) | (arr >= 2 * d)][0]
-        raise ValueError(f"item {bad} outside [0, 2d) = [0, {2 * d}) (use -1 for an empty slot)")
-    if s > 1 and arr.size:
-        keys = np.sort(arr >> 1, axis=1)  # empty slots become key -1
-        dup = np.any((keys[:, 1:] == keys[:, :-1]) & (keys[:, 1:] >= 0), axis=1)
-        if dup.any():
-            row = int(np.argmax(dup))
-            raise ValueError(f"client {row} lists a key twice (items {arr[row].tolist()}); keys must be distinct "
-                             "and hold one sign")
-    return arr
 
 
 def freeze_family(mech: Any) -> None:
@@ -233,3 +214,92 @@ class CollisionAccumulator(KVAccumulator):
         if self.n == 0:
             raise ValueError("no reports")
         return self.mechanism.decode_counts(self.counts.copy(), self.n, postprocess=postprocess)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class CollisionFamily:
+    """Public parameters and (seed, z) report plumbing shared by Collision and CoCo.
+
+    Both report one cell of [t] under a seed of the family, so validation, counting, wire size and the mixture
+    alpha (every cell has probability in ``[1/Omega, e^eps/Omega]``) are the same; subclasses choose t
+    (``_default_t``, ``_t_bounds``) and everything that depends on how cells are filled.
+    """
+
+    d: int
+    s: int
+    epsilon: float
+    t: int | None = None
+    t_rule: str = "variance"
+    seed_family: int = DEFAULT_SEED_FAMILY
+    hash_seed: int = 0
+    max_keys: int | None = None
+
+    def _default_t(self, rule: str) -> int:
+        raise NotImplementedError
+
+    def _t_bounds(self) -> tuple[int, str, bool]:
+        """(least t, how to write it in terms of s, whether t must be even)."""
+        raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        freeze_family(self)
+        if self.t_rule not in T_RULES:
+            raise ValueError(f"t_rule must be one of {', '.join(T_RULES)}, got {self.t_rule!r}")
+        t = self._default_t(self.t_rule) if self.t is None else self.t
+        low, low_text, even = self._t_bounds()
+        if isinstance(t, bool) or int(t) != t or (even and t % 2) or not low <= t <= MAX_T:
+            raise ValueError(f"t must be an {'even ' if even else ''}integer in [{low_text}, {MAX_T}] = "
+                             f"[{low}, {MAX_T}], got {t!r} (lower epsilon or set t explicitly)")
+        object.__setattr__(self, "t", int(t))
+        check_cells(self.cells, self.seed_family)
+
+    @property
+    def cells(self) -> int:
+        """``t`` as an int (never None after construction)."""
+        assert self.t is not None
+        return self.t
+
+    @property
+    def omega(self) -> float:
+        return self.s * exp_epsilon(self.epsilon) + self.cells - self.s
+
+    @property
+    def keep(self) -> float:
+        """Probability that a held key is among the s reported ones, ``s / max_keys``."""
+        assert self.max_keys is not None
+        return self.s / self.max_keys
+
+    @property
+    def report_dtype(self) -> np.dtype:
+        return np.dtype([("seed", "<u4"), ("z", "<i8")])
+
+    @property
+    def epsilon_local(self) -> float:
+        return self.epsilon  # replacement LDP, for every hash function and every m <= s
+
+    @property
+    def mixture_alpha(self) -> float:
+        # every cell has probability >= 1/Omega, so TV <= 1 - t/Omega = s(e^eps - 1)/Omega
+        return alpha_collision(self.epsilon, self.s, self.cells)
+
+    @property
+    def message_bits(self) -> int:
+        return (self.seed_family - 1).bit_length() + (self.cells - 1).bit_length()
+
+    def validate(self, reports: np.ndarray) -> np.ndarray:
+        bad = empty_mask_if_malformed(reports, self.report_dtype)
+        if bad is not None:
+            return bad
+        seed, z = reports["seed"], reports["z"]
+        return (seed < self.seed_family) & (z >= 0) & (z < self.cells)
+
+    def new_accumulator(self) -> CollisionAccumulator:
+        return CollisionAccumulator(self, (self.seed_family, self.cells))
+
+    def count_reports(self, reports: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        cell = reports["seed"].astype(np.int64) * self.cells + reports["z"]
+        return np.bincount(cell, minlength=self.seed_family * self.cells).reshape(shape)
+
+    def parameters(self) -> dict[str, Any]:
+        return {"d": self.d, "s": self.s, "epsilon": self.epsilon, "t": self.cells, "t_rule": self.t_rule,
+                "seed_family": self.seed_family, "hash_seed": self.hash_seed, "max_keys": self.max_keys}

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from transforms.mechanisms.base import FrequencyEstimate, check_domain, check_epsilon
+from transforms.privacy.mixture import alpha_olh
 
 __all__ = [
     "CountAccumulator",
@@ -45,6 +46,60 @@ def grr_probabilities(epsilon: float, k: int) -> tuple[float, float]:
     """k-ary randomized response: (p, q) = (keep the true value, report one given other value)."""
     e = exp_epsilon(epsilon)
     return e / (e + k - 1), 1.0 / (e + k - 1)
+
+
+def refuse_invalid(valid: np.ndarray, what: str) -> None:
+    """Refuse (rather than miscount) a batch with invalid rows; ``what`` says what they are, e.g. "reports are
+    outside the grr output domain"."""
+    if not valid.all():
+        raise ValueError(f"{int((~valid).sum())} of {valid.size} {what}; filter them with validate() first")
+
+
+def check_mergeable(acc: Any, other: Any) -> None:
+    """Accumulators merge only with one of the same type over the *same* mechanism parameters."""
+    if type(other) is not type(acc) or other.mechanism != acc.mechanism:
+        raise ValueError(f"cannot merge {other!r} into an accumulator of {acc.mechanism!r}")
+
+
+class HashedGRR:
+    """Mixin for mechanisms that hash a value to one of ``g`` buckets with a public seed, then apply GRR over the
+    buckets (OLH, LLH, prefix heavy hitters): the bucket-level probabilities and mixture alpha. GRR runs at
+    ``bucket_epsilon`` (``epsilon`` unless a mechanism splits its budget over several messages)."""
+
+    @property
+    def bucket_epsilon(self) -> float:
+        return self.epsilon  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def buckets(self) -> int:
+        """``g`` as an int (it is never None after construction)."""
+        g = self.g  # type: ignore[attr-defined]
+        assert g is not None
+        return int(g)
+
+    @property
+    def p(self) -> float:
+        """Probability of reporting the hashed bucket itself (GRR over the g buckets)."""
+        return grr_probabilities(self.bucket_epsilon, self.buckets)[0]
+
+    @property
+    def q_other(self) -> float:
+        """Probability of reporting any one given other bucket, ``(1 - p)/(g - 1)``."""
+        return grr_probabilities(self.bucket_epsilon, self.buckets)[1]
+
+    @property
+    def mixture_alpha(self) -> float:
+        """Of one report at ``bucket_epsilon`` (GRR over g buckets for every seed)."""
+        return alpha_olh(self.bucket_epsilon, self.buckets)
+
+
+def seed_family_law(hashes: np.ndarray, buckets: int, p: float, q_other: float) -> np.ndarray:
+    """Law of ``(seed, z)`` over a uniform seed family (index ``seed * g + z``), given each seed's hash of the
+    value: GRR puts ``p`` on the hashed bucket and ``q_other`` elsewhere."""
+    seeds = len(hashes)
+    out = np.full((seeds, buckets), q_other)
+    out[np.arange(seeds), hashes] = p
+    return out.ravel() / seeds
 
 
 def freeze_domain_and_epsilon(mechanism: Any) -> None:
@@ -117,29 +172,30 @@ class CountAccumulator:
         arr = np.asarray(reports)
         if arr.size == 0:
             return
-        valid = self.mechanism.validate(arr)
-        if not valid.all():
-            raise ValueError(
-                f"{int((~valid).sum())} of {arr.size} reports are outside the {self.mechanism.name} output "
-                "domain; filter them with validate() first"
-            )
+        refuse_invalid(self.mechanism.validate(arr), f"reports are outside the {self.mechanism.name} output domain")
         self.counts += self._count(arr)
         self.n += int(arr.size)
 
     def merge(self, other: Any) -> None:
         """Add another accumulator of the *same* mechanism parameters into this one."""
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        check_mergeable(self, other)
         self.counts += other.counts
         self.n += other.n
+
+    _empty: str = "no reports"  # what ``estimate`` says when nothing was added
+
+    def _extras(self) -> dict[str, Any]:
+        """Extras every estimate of this accumulator carries (before the decoder's own)."""
+        return {}
 
     def estimate(self) -> FrequencyEstimate:
         """Unbiased counts, frequencies and plug-in standard errors (fractions of n)."""
         if self.n == 0:
-            raise ValueError("no reports")
+            raise ValueError(self._empty)
         count, extras = self._decode()
         plug_in = np.clip(count, 0.0, float(self.n))
         stderr = np.sqrt(self.mechanism.variance(plug_in, self.n)) / self.n
+        extras = {**self._extras(), **extras}
         return FrequencyEstimate(count=count, frequency=count / self.n, stderr=stderr, n=self.n, extras=extras)
 
     def __repr__(self) -> str:

@@ -28,10 +28,16 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, cg
 
 from transforms.mechanisms.base import Randomness, check_epsilon
-from transforms.mechanisms.channel_oracles import central_epsilon_sampled, central_epsilon_split
-from transforms.mechanisms.counting import grr_probabilities, rr_count_variance
+from transforms.mechanisms.channel_levels import central_epsilon_levels, clients_of_batch, combine_channel_laws
+from transforms.mechanisms.counting import (
+    HashedGRR,
+    check_mergeable,
+    refuse_invalid,
+    rr_count_variance,
+    seed_family_law,
+)
 from transforms.mechanisms.hashing import fmix64, hash_to_buckets
-from transforms.privacy.mixture import alpha_olh, olh_buckets
+from transforms.privacy.mixture import olh_buckets
 
 __all__ = ["FrequencyQuery", "HeavyHitters", "HeavyHittersAccumulator", "PrefixHeavyHitters", "item_hash"]
 
@@ -103,7 +109,7 @@ class FrequencyQuery:
 
 
 @dataclass(frozen=True)
-class PrefixHeavyHitters:
+class PrefixHeavyHitters(HashedGRR):
     """Prefix-tree heavy hitters with an OLH oracle per level; ``encode`` takes item hashes (uint64 < 2^item_bits)."""
 
     name: ClassVar[str] = "prefix_heavy_hitters"
@@ -154,17 +160,8 @@ class PrefixHeavyHitters:
         return self.epsilon if self.levels == "sample" else self.epsilon / self.channels
 
     @property
-    def buckets(self) -> int:
-        assert self.g is not None
-        return self.g
-
-    @property
-    def p(self) -> float:
-        return grr_probabilities(self.epsilon_message, self.buckets)[0]
-
-    @property
-    def q_other(self) -> float:
-        return grr_probabilities(self.epsilon_message, self.buckets)[1]
+    def bucket_epsilon(self) -> float:
+        return self.epsilon_message
 
     @property
     def report_dtype(self) -> np.dtype:
@@ -173,11 +170,6 @@ class PrefixHeavyHitters:
     @property
     def epsilon_local(self) -> float:
         return self.epsilon
-
-    @property
-    def mixture_alpha(self) -> float:
-        """Of one message at ``epsilon_message`` (GRR over g buckets for every seed)."""
-        return alpha_olh(self.epsilon_message, self.buckets)
 
     @property
     def message_bits(self) -> int:
@@ -242,9 +234,7 @@ class PrefixHeavyHitters:
     def epsilon_central(self, n: int, delta: float) -> float:
         """As ``DyadicRange.epsilon_central``: "sample" hides a client among its level's clients (delta/2 lower
         quantile of 1 + Bin(n - 1, 1/L)); "all" composes L shuffled levels of n messages at eps/L."""
-        if self.levels == "sample":
-            return central_epsilon_sampled(n, self.channels, self.mixture_alpha, self.epsilon, delta)
-        return central_epsilon_split(n, [self.mixture_alpha] * self.channels, self.epsilon_message, delta)
+        return central_epsilon_levels(self, [self.mixture_alpha] * self.channels, n, delta)
 
     def exact_message_distribution(self, item: int) -> np.ndarray:
         """Law of a client's message set over (channel, seed, z), flattened as ``DyadicRange``'s (tiny setups)."""
@@ -253,15 +243,8 @@ class PrefixHeavyHitters:
         for j in range(self.channels):
             h = hash_to_buckets(np.arange(self.seed_family), np.full(self.seed_family, self.prefixes(x, j)[0]),
                                 self.buckets)
-            law = np.full((self.seed_family, self.buckets), self.q_other)
-            law[np.arange(self.seed_family), h] = self.p
-            laws.append(law.ravel() / self.seed_family)
-        if self.levels == "sample":
-            return np.concatenate(laws) / self.channels
-        out = np.ones(1)
-        for law in laws:
-            out = np.multiply.outer(out, law).ravel()
-        return out
+            laws.append(seed_family_law(h, self.buckets, self.p, self.q_other))
+        return combine_channel_laws(laws, self.levels)
 
 
 class HeavyHittersAccumulator:
@@ -278,23 +261,16 @@ class HeavyHittersAccumulator:
         """Fold messages of ``clients`` clients (default: one message per client in "sample" mode)."""
         arr = np.asarray(reports)
         m = self.mechanism
-        if clients is None:
-            if m.levels == "all" and len(arr) % m.channels:
-                raise ValueError(f"'all' mode: {len(arr)} messages are not whole sets of {m.channels}; pass clients")
-            clients = len(arr) if m.levels == "sample" else len(arr) // m.channels
+        clients = clients_of_batch(len(arr), m.channels, m.levels, clients)
         if arr.size:
-            valid = m.validate(arr)
-            if not valid.all():
-                raise ValueError(f"{int((~valid).sum())} of {arr.size} reports are outside the output domain; "
-                                 "filter them with validate() first")
+            refuse_invalid(m.validate(arr), "reports are outside the output domain")
             cells = (arr["channel"] * m.seed_family + arr["seed"]) * m.buckets + arr["z"]
             self.counts += np.bincount(cells, minlength=self.counts.size).reshape(self.counts.shape)
             self.messages += np.bincount(arr["channel"], minlength=m.channels)
         self.n += int(clients)
 
     def merge(self, other: HeavyHittersAccumulator) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        check_mergeable(self, other)
         self.counts += other.counts
         self.messages += other.messages
         self.n += other.n

@@ -25,6 +25,7 @@ from transforms.mechanisms.counting import CountAccumulator, freeze_domain_and_e
 __all__ = [
     "KVAccumulator",
     "check_items",
+    "check_sparse_items",
     "class_counts",
     "freeze_sparsity",
     "held_sign",
@@ -35,12 +36,10 @@ __all__ = [
 ]
 
 
-def check_items(items: np.ndarray, d: int, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a batch of key-value sets and return ``(keys, signs)``, both int64 ``[n, s]``.
+def check_sparse_items(items: np.ndarray, d: int, s: int) -> np.ndarray:
+    """Validate ``[n, s]`` items (``-1`` = empty slot) and return them as int64.
 
-    ``items[i]`` holds the item indices ``item(j, b) = 2 j + (1 if b = +1 else 0)`` of client i (MECHANISMS.md
-    §8), ``-1`` marking an empty slot (a client with fewer than s keys, as for Collision); a key may appear only
-    once per client. Empty slots come back as key -1 and sign 0; other signs are -1/+1.
+    Refuses items outside ``[-1, 2d)``, an item listed twice, and a key listed with both signs.
     """
     arr = np.asarray(items)
     if arr.ndim != 2 or arr.shape[1] != s:
@@ -51,14 +50,25 @@ def check_items(items: np.ndarray, d: int, s: int) -> tuple[np.ndarray, np.ndarr
     if arr.size and (arr.min() < -1 or arr.max() >= 2 * d):
         bad = arr[(arr < -1) | (arr >= 2 * d)][0]
         raise ValueError(f"item {bad} outside [0, 2d) = [0, {2 * d}) (use -1 for an empty slot)")
-    keys = arr >> 1  # -1 stays -1
     if s > 1 and arr.size:
-        ordered = np.sort(keys, axis=1)
-        dup = np.any((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0), axis=1)
+        keys = np.sort(arr >> 1, axis=1)  # empty slots become key -1
+        dup = np.any((keys[:, 1:] == keys[:, :-1]) & (keys[:, 1:] >= 0), axis=1)
         if dup.any():
             row = int(np.argmax(dup))
-            raise ValueError(f"client {row} lists a key twice (items {arr[row].tolist()}); keys must be distinct")
-    return keys, np.where(arr >= 0, 2 * (arr & 1) - 1, 0)
+            raise ValueError(f"client {row} lists a key twice (items {arr[row].tolist()}); keys must be distinct "
+                             "and hold one sign")
+    return arr
+
+
+def check_items(items: np.ndarray, d: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a batch of key-value sets and return ``(keys, signs)``, both int64 ``[n, s]``.
+
+    ``items[i]`` holds the item indices ``item(j, b) = 2 j + (1 if b = +1 else 0)`` of client i (MECHANISMS.md
+    §8), ``-1`` marking an empty slot (a client with fewer than s keys, as for Collision); a key may appear only
+    once per client (:func:`check_sparse_items`). Empty slots come back as key -1 and sign 0; other signs are -1/+1.
+    """
+    arr = check_sparse_items(items, d, s)
+    return arr >> 1, np.where(arr >= 0, 2 * (arr & 1) - 1, 0)  # key -1 stays -1
 
 
 def freeze_sparsity(mech: Any) -> None:

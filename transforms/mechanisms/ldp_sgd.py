@@ -21,7 +21,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transforms.mechanisms.base import Randomness, VectorEstimate, check_epsilon
-from transforms.mechanisms.counting import empty_mask_if_malformed, exp_epsilon, structured
+from transforms.mechanisms.counting import (
+    check_mergeable,
+    empty_mask_if_malformed,
+    exp_epsilon,
+    refuse_invalid,
+    structured,
+)
 from transforms.privacy.mixture import alpha_generic
 
 __all__ = ["LdpSgdAccumulator", "LdpSgdRandomizer", "kappa"]
@@ -168,16 +174,12 @@ class LdpSgdAccumulator:
         arr = np.asarray(reports)
         if arr.size == 0:
             return
-        valid = self.mechanism.validate(arr)
-        if not valid.all():
-            raise ValueError(f"{int((~valid).sum())} of {arr.size} reports are not unit vectors of dimension "
-                             f"{self.mechanism.d}; filter them with validate() first")
+        refuse_invalid(self.mechanism.validate(arr), f"reports are not unit vectors of dimension {self.mechanism.d}")
         self.total += arr["values"].sum(axis=0)
         self.n += int(arr.size)
 
     def merge(self, other: Any) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        check_mergeable(self, other)
         self.total += other.total
         self.n += other.n
 

@@ -33,14 +33,15 @@ import numpy as np
 
 from transforms.mechanisms.base import FrequencyEstimate, Randomness, check_values
 from transforms.mechanisms.counting import (
+    HashedGRR,
+    check_mergeable,
     empty_mask_if_malformed,
     freeze_domain_and_epsilon,
-    grr_probabilities,
+    refuse_invalid,
     rr_count_variance,
     structured,
 )
 from transforms.mechanisms.randomness import splitmix64_mix
-from transforms.privacy.mixture import alpha_olh
 
 __all__ = [
     "MAX_LLH_BITS",
@@ -178,7 +179,7 @@ class LinearHashCounts:
 
 
 @dataclass(frozen=True)
-class LinearLocalHashing:
+class LinearLocalHashing(HashedGRR):
     """OLH with a GF(2)-linear hash family: one (seed, z) per report, exactly unbiased FWHT decoding.
 
     Variance as OLH's (~4 n e^eps/(e^eps - 1)^2 at the best g) for any d up to 2^24; the analyzer keeps
@@ -204,11 +205,6 @@ class LinearLocalHashing:
             )
 
     @property
-    def buckets(self) -> int:
-        assert self.g is not None
-        return self.g
-
-    @property
     def k(self) -> int:
         """Hash output bits, log2 g."""
         return self.buckets.bit_length() - 1
@@ -219,24 +215,12 @@ class LinearLocalHashing:
         return max(1, (self.d - 1).bit_length())
 
     @property
-    def p(self) -> float:
-        return grr_probabilities(self.epsilon, self.buckets)[0]
-
-    @property
-    def q_other(self) -> float:
-        return grr_probabilities(self.epsilon, self.buckets)[1]
-
-    @property
     def report_dtype(self) -> np.dtype:
         return np.dtype([("seed", "<i8"), ("z", "<i8")])
 
     @property
     def epsilon_local(self) -> float:
         return self.epsilon  # GRR over g buckets for every fixed seed
-
-    @property
-    def mixture_alpha(self) -> float:
-        return alpha_olh(self.epsilon, self.buckets)
 
     @property
     def message_bits(self) -> int:
@@ -297,16 +281,12 @@ class LinearHashAccumulator:
         arr = np.asarray(reports)
         if arr.size == 0:
             return
-        valid = self.mechanism.validate(arr)
-        if not valid.all():
-            raise ValueError(f"{int((~valid).sum())} of {arr.size} reports are outside the llh output domain; "
-                             "filter them with validate() first")
+        refuse_invalid(self.mechanism.validate(arr), "reports are outside the llh output domain")
         self.counts.add(arr["seed"], arr["z"])
         self.n += int(arr.size)
 
     def merge(self, other: Any) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
+        check_mergeable(self, other)
         self.counts.merge(other.counts)
         self.n += other.n
 

@@ -8,15 +8,18 @@ analysis and the estimators subtract the expected blanket mass ``n * ...``).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from numbers import Integral, Real
 from typing import Any, Protocol
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate, check_values
+from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.counting import CountAccumulator, freeze_domain_and_epsilon, refuse_invalid
 
 __all__ = [
     "MessageAccumulator",
+    "ShuffleOnlyProtocol",
     "ceil_log2",
     "check_calibration",
     "check_delta",
@@ -96,23 +99,18 @@ class _Counted(Protocol):
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray: ...
 
 
-class MessageAccumulator:
+class MessageAccumulator(CountAccumulator):
     """Count array + number of clients of a multi-message protocol; merged by addition.
 
-    Subclasses say how messages become counts (``_count``) and counts become item counts (``_decode``).
+    Subclasses say how messages become counts (``_count``) and counts become item counts (``_decode``);
+    unlike single-message accumulators, ``n`` counts clients (given to ``add``), not messages.
     """
 
+    _empty = "no clients"
+
     def __init__(self, mechanism: _Counted, shape: tuple[int, ...]) -> None:
-        self.mechanism = mechanism
-        self.counts = np.zeros(shape, dtype=np.int64)
-        self.n = 0
+        super().__init__(mechanism, shape)  # type: ignore[arg-type]
         self.messages = 0
-
-    def _count(self, reports: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def _decode(self) -> tuple[np.ndarray, dict[str, Any]]:
-        raise NotImplementedError
 
     def add(self, reports: np.ndarray, clients: int | None = None) -> None:
         """Fold the messages of ``clients`` clients (required: the estimators need n) into the counts."""
@@ -122,34 +120,75 @@ class MessageAccumulator:
         clients = check_positive_int("clients", clients, 0)
         arr = np.asarray(reports)
         if arr.size:
-            valid = self.mechanism.validate(arr)
-            if not valid.all():
-                raise ValueError(f"{int((~valid).sum())} of {arr.size} messages are outside the "
-                                 f"{self.mechanism.name} output domain; filter them with validate() first")
+            m = self.mechanism
+            refuse_invalid(m.validate(arr), f"messages are outside the {m.name} output domain")
             self.counts += self._count(arr)
             self.messages += int(arr.size)
         self.n += clients
 
     def merge(self, other: Any) -> None:
         """Add another accumulator of the *same* mechanism parameters into this one."""
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
-        self.counts += other.counts
-        self.n += other.n
+        super().merge(other)
         self.messages += other.messages
 
-    def estimate(self) -> FrequencyEstimate:
-        """Item counts, frequencies (fractions of n clients) and closed-form standard errors."""
-        if self.n == 0:
-            raise ValueError("no clients")
-        count, extras = self._decode()
-        plug_in = np.clip(count, 0.0, float(self.n))
-        stderr = np.sqrt(self.mechanism.variance(plug_in, self.n)) / self.n
-        extras = {"messages": self.messages, **extras}
-        return FrequencyEstimate(count=count, frequency=count / self.n, stderr=stderr, n=self.n, extras=extras)
+    def _extras(self) -> dict[str, Any]:
+        return {"messages": self.messages}
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.mechanism!r}, n={self.n})"
+
+class ShuffleOnlyProtocol:
+    """Mixin of the 004 multi-message protocols (frozen dataclasses with ``d``, ``epsilon``, ``delta``,
+    ``n_expected``, ``k_set``, ``calibration`` and an ``encode_sets`` method): parameter checks, pickling, the
+    contract's non-LDP properties and the common part of the ledger."""
+
+    def _freeze_protocol(self) -> None:
+        """Validate and normalise the parameters every protocol has (call first in ``__post_init__``)."""
+        m: Any = self
+        freeze_domain_and_epsilon(m)
+        object.__setattr__(m, "delta", check_delta(m.delta))
+        object.__setattr__(m, "n_expected", check_positive_int("n_expected", m.n_expected, 2))
+        object.__setattr__(m, "k_set", check_positive_int("k_set", m.k_set))
+        check_calibration(m.calibration)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the public parameters only (hash tables and noise moments are rebuilt on demand)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @property
+    def epsilon_local(self) -> float:
+        """Not locally private: a client's data messages are not eps-LDP for any finite eps (count-min sends
+        them in the clear; a Hadamard data message always lies in C_j^tau and may lie outside C_j'^tau).
+        Privacy comes from the shuffle only."""
+        return float("inf")
+
+    @property
+    def mixture_alpha(self) -> float:
+        """Not a single-message randomizer: use ``epsilon_central``."""
+        return float("nan")
+
+    def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
+        """One value per client (int64[n] in [0, d)) -> (messages, owner)."""
+        return self.encode_sets(np.asarray(values), rng)  # type: ignore[attr-defined, no-any-return]
+
+    def _ledger(self, protocol: str, n: int, expected: float, maximum: int, paper_claims: bool,
+                **specific: Any) -> dict[str, Any]:
+        """The ledger fields every protocol reports (messages, bits, target vs certified privacy), then its own."""
+        m: Any = self
+        return {
+            "protocol": protocol,
+            "calibration": m.calibration,
+            "n": n,
+            "messages_per_client_expected": expected,
+            "messages_per_client_max": maximum,
+            "bits_per_message": m.message_bits,
+            "bytes_per_client_expected": expected * m.message_bits / 8.0,
+            "epsilon_target": m.epsilon,
+            "delta_target": m.delta,
+            "epsilon_numeric": m.epsilon_central(n, m.delta),
+            "delta_numeric": m.delta_central(n, m.epsilon),
+            "epsilon_paper": m.epsilon if paper_claims else None,
+            "delta_paper": m.delta if paper_claims else None,
+            **specific,
+        }
 
 
 def ceil_log2(x: int) -> int:

@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
 
 from transforms.mechanisms.base import Randomness
-from transforms.mechanisms.counting import empty_mask_if_malformed, freeze_domain_and_epsilon, structured
+from transforms.mechanisms.counting import empty_mask_if_malformed, structured
 from transforms.mechanisms.hashing import hash_to_buckets
 from transforms.mechanisms.multimessage_common import (
     MessageAccumulator,
+    ShuffleOnlyProtocol,
     ceil_log2,
-    check_calibration,
     check_delta,
     check_positive_int,
     check_sets,
@@ -63,7 +63,7 @@ _ROW_SEED_STRIDE = 1 << 20
 
 
 @dataclass(frozen=True)
-class CountMinMultiRR:
+class CountMinMultiRR(ShuffleOnlyProtocol):
     """004 §4.2: tau data messages per element plus ~tau s gamma blanket messages; O(tau) query time.
 
     Defaults: ``rows = ceil(log2(2 d / beta))``, ``buckets = 2 n_expected k_set``, ``gamma`` the least value
@@ -91,12 +91,8 @@ class CountMinMultiRR:
     max_blanket: int | None = None
 
     def __post_init__(self) -> None:
-        freeze_domain_and_epsilon(self)
-        object.__setattr__(self, "delta", check_delta(self.delta))
+        self._freeze_protocol()
         object.__setattr__(self, "beta", check_delta(self.beta))
-        object.__setattr__(self, "n_expected", check_positive_int("n_expected", self.n_expected, 2))
-        object.__setattr__(self, "k_set", check_positive_int("k_set", self.k_set))
-        check_calibration(self.calibration)
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {self.estimator!r}")
         object.__setattr__(self, "hash_seed", check_positive_int("hash_seed", self.hash_seed, 0))
@@ -125,10 +121,6 @@ class CountMinMultiRR:
         object.__setattr__(self, "gamma", float(gamma))
         if self.max_blanket is not None:
             object.__setattr__(self, "max_blanket", check_positive_int("max_blanket", self.max_blanket, 0))
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle the public parameters only (hash tables and noise moments are rebuilt on demand)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     # -- public parameters --------------------------------------------------------------------------------
 
@@ -180,16 +172,6 @@ class CountMinMultiRR:
     def message_bits(self) -> int:
         return ceil_log2(self.rows_) + ceil_log2(self.buckets_)
 
-    @property
-    def epsilon_local(self) -> float:
-        """Not locally private: the data messages are sent in the clear (privacy comes from the shuffle)."""
-        return float("inf")
-
-    @property
-    def mixture_alpha(self) -> float:
-        """Not a single-message randomizer: use ``epsilon_central``."""
-        return float("nan")
-
     def parameters(self) -> dict[str, Any]:
         return {"d": self.d, "epsilon": self.epsilon, "delta": self.delta, "n_expected": self.n_expected,
                 "k_set": self.k_set, "beta": self.beta, "rows": self.rows_, "buckets": self.buckets_,
@@ -225,34 +207,19 @@ class CountMinMultiRR:
         paper_gamma = countmin_paper_gamma(n, self.rows_, self.k_set, self.epsilon, self.delta)
         blanket_expected = self.cells * self.gamma_  # minus a negligible truncated part
         paper_claims = paper_gamma <= self.gamma_  # Lemma 4.10's condition (it ignores our blanket cap)
-        return {
-            "protocol": "004 §4.2 count-min + multi-message randomized response",
-            "calibration": self.calibration,
-            "n": n,
-            "messages_per_client_expected": self.k_set * self.rows_ + blanket_expected,
-            "messages_per_client_max": self.messages_per_channel,
-            "bits_per_message": self.message_bits,
-            "bytes_per_client_expected": (self.k_set * self.rows_ + blanket_expected) * self.message_bits / 8.0,
-            "epsilon_target": self.epsilon,
-            "delta_target": self.delta,
-            "epsilon_numeric": self.epsilon_central(n, self.delta),
-            "delta_numeric": self.delta_central(n, self.epsilon),
-            "epsilon_paper": self.epsilon if paper_claims else None,
-            "delta_paper": self.delta if paper_claims else None,
-            "paper_rule_gamma": paper_gamma,
-            "paper_rule_feasible": paper_gamma <= 1.0,
-            "paper_rule_messages_per_client": self.k_set * self.rows_ + self.cells * min(paper_gamma, 1.0),
-            "rows": self.rows_,
-            "buckets": self.buckets_,
-            "gamma": self.gamma_,
-            "blanket_cap": self.cap,
-        }
+        return self._ledger(
+            "004 §4.2 count-min + multi-message randomized response", n,
+            self.k_set * self.rows_ + blanket_expected, self.messages_per_channel, paper_claims,
+            paper_rule_gamma=paper_gamma,
+            paper_rule_feasible=paper_gamma <= 1.0,
+            paper_rule_messages_per_client=self.k_set * self.rows_ + self.cells * min(paper_gamma, 1.0),
+            rows=self.rows_,
+            buckets=self.buckets_,
+            gamma=self.gamma_,
+            blanket_cap=self.cap,
+        )
 
     # -- client -------------------------------------------------------------------------------------------
-
-    def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
-        """One value per client (int64[n] in [0, d)) -> (messages, owner)."""
-        return self.encode_sets(np.asarray(values), rng)
 
     def encode_sets(self, sets: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
         """Sets (``(n, k_set)``, -1 = empty slot) -> tau messages per element + blanket, owner-consecutive.

@@ -22,18 +22,17 @@ supports).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from transforms.mechanisms.base import Randomness
-from transforms.mechanisms.counting import empty_mask_if_malformed, freeze_domain_and_epsilon, structured
+from transforms.mechanisms.counting import empty_mask_if_malformed, structured
 from transforms.mechanisms.multimessage_common import (
     MessageAccumulator,
+    ShuffleOnlyProtocol,
     ceil_log2,
-    check_calibration,
-    check_delta,
     check_positive_int,
     check_sets,
     parity,
@@ -123,7 +122,7 @@ def _kernel_chunk(values: np.ndarray, bits: int, limit: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class MultiMessageHadamard:
+class MultiMessageHadamard(ShuffleOnlyProtocol):
     """004 §4.1: k_set + rho anonymous messages per client, error O(sqrt(k_set + rho)), independent of d.
 
     ``rho`` (blanket messages) defaults to the least value the exact numeric accountant certifies for
@@ -146,11 +145,7 @@ class MultiMessageHadamard:
     calibration: str = "numeric"
 
     def __post_init__(self) -> None:
-        freeze_domain_and_epsilon(self)
-        object.__setattr__(self, "delta", check_delta(self.delta))
-        object.__setattr__(self, "n_expected", check_positive_int("n_expected", self.n_expected, 2))
-        object.__setattr__(self, "k_set", check_positive_int("k_set", self.k_set))
-        check_calibration(self.calibration)
+        self._freeze_protocol()
         if self.order_bits > MAX_ORDER_BITS:
             raise ValueError(f"d + k_set = {self.d + self.k_set} needs a Hadamard order above 2^{MAX_ORDER_BITS}")
         tau = hadamard_default_tau(self.n_expected) if self.tau is None else self.tau
@@ -163,9 +158,6 @@ class MultiMessageHadamard:
         else:
             rho = self.rho
         object.__setattr__(self, "rho", check_positive_int("rho (blanket messages per client)", rho))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     # -- public parameters --------------------------------------------------------------------------------
 
@@ -205,17 +197,6 @@ class MultiMessageHadamard:
     def message_bits(self) -> int:
         return self.tau_ * self.order_bits
 
-    @property
-    def epsilon_local(self) -> float:
-        """One client's message set is not eps-LDP for any finite eps (its data message always lies in C_j^tau
-        and may lie outside C_j'^tau): privacy comes from the shuffle only."""
-        return float("inf")
-
-    @property
-    def mixture_alpha(self) -> float:
-        """Not a single-message randomizer: use ``epsilon_central``."""
-        return float("nan")
-
     def parameters(self) -> dict[str, Any]:
         return {"d": self.d, "epsilon": self.epsilon, "delta": self.delta, "n_expected": self.n_expected,
                 "k_set": self.k_set, "rho": self.rho_, "tau": self.tau_, "calibration": self.calibration}
@@ -234,32 +215,17 @@ class MultiMessageHadamard:
         n = self.n_expected if n is None else check_positive_int("n", n, 2)
         rho_paper = hadamard_paper_rho(self.epsilon, self.delta, self.k_set)
         paper_claims = self.rho_ >= rho_paper and self.tau_ == hadamard_default_tau(n)
-        return {
-            "protocol": "004 §4.1 multi-message Hadamard response",
-            "calibration": self.calibration,
-            "n": n,
-            "messages_per_client_expected": float(self.messages_per_client),
-            "messages_per_client_max": self.messages_per_client,
-            "bits_per_message": self.message_bits,
-            "bytes_per_client_expected": self.messages_per_client * self.message_bits / 8.0,
-            "epsilon_target": self.epsilon,
-            "delta_target": self.delta,
-            "epsilon_numeric": self.epsilon_central(n, self.delta),
-            "delta_numeric": self.delta_central(n, self.epsilon),
-            "epsilon_paper": self.epsilon if paper_claims else None,
-            "delta_paper": self.delta if paper_claims else None,
-            "paper_rule_rho": rho_paper,
-            "paper_rule_messages_per_client": self.k_set + rho_paper,
-            "rho": self.rho_,
-            "tau": self.tau_,
-            "order": self.order,
-        }
+        return self._ledger(
+            "004 §4.1 multi-message Hadamard response", n,
+            float(self.messages_per_client), self.messages_per_client, paper_claims,
+            paper_rule_rho=rho_paper,
+            paper_rule_messages_per_client=self.k_set + rho_paper,
+            rho=self.rho_,
+            tau=self.tau_,
+            order=self.order,
+        )
 
     # -- client -------------------------------------------------------------------------------------------
-
-    def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
-        """One value per client (int64[n] in [0, d)) -> (messages, owner)."""
-        return self.encode_sets(np.asarray(values), rng)
 
     def encode_sets(self, sets: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
         """Sets (``(n, k_set)`` int64, -1 = empty slot) -> ``k_set + rho`` messages per client, owner-consecutive.

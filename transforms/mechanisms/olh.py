@@ -36,14 +36,15 @@ from scipy.sparse.linalg import LinearOperator, cg
 from transforms.mechanisms.base import Randomness, check_values
 from transforms.mechanisms.counting import (
     CountAccumulator,
+    HashedGRR,
     empty_mask_if_malformed,
     freeze_domain_and_epsilon,
-    grr_probabilities,
     rr_count_variance,
+    seed_family_law,
     structured,
 )
 from transforms.mechanisms.hashing import hash_to_buckets
-from transforms.privacy.mixture import alpha_olh, olh_buckets
+from transforms.privacy.mixture import olh_buckets
 
 __all__ = ["OLH", "OLHAccumulator", "default_buckets"]
 
@@ -59,7 +60,7 @@ def default_buckets(epsilon: float) -> int:
 
 
 @dataclass(frozen=True)
-class OLH:
+class OLH(HashedGRR):
     """Optimized local hashing: report a public seed and GRR over [g] of the seeded hash of the value.
 
     O(log S + log g) bits per report and variance independent of d (~4 n e^eps/(e^eps-1)^2), for any d.
@@ -94,32 +95,12 @@ class OLH:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
-    def buckets(self) -> int:
-        """``g`` as an int (it is never None after construction)."""
-        assert self.g is not None
-        return self.g
-
-    @property
-    def p(self) -> float:
-        """Probability of reporting the hashed bucket itself (GRR over the g buckets)."""
-        return grr_probabilities(self.epsilon, self.buckets)[0]
-
-    @property
-    def q_other(self) -> float:
-        """Probability of reporting any one given other bucket, ``(1 - p)/(g - 1)``."""
-        return grr_probabilities(self.epsilon, self.buckets)[1]
-
-    @property
     def report_dtype(self) -> np.dtype:
         return np.dtype([("seed", "<u4"), ("z", "<i8")])
 
     @property
     def epsilon_local(self) -> float:
         return self.epsilon  # replacement LDP for every fixed hash function
-
-    @property
-    def mixture_alpha(self) -> float:
-        return alpha_olh(self.epsilon, self.buckets)
 
     @property
     def message_bits(self) -> int:
@@ -219,9 +200,7 @@ class OLH:
         if size > MAX_ENUMERATED_OUTPUTS:
             raise ValueError(f"enumerating {size} outputs exceeds {MAX_ENUMERATED_OUTPUTS}")
         check_values(np.array([value]), self.d)
-        out = np.full((self.seed_family, self.buckets), self.q_other)
-        out[np.arange(self.seed_family), self.hash_table[:, value]] = self.p
-        return out.ravel() / self.seed_family
+        return seed_family_law(self.hash_table[:, value], self.buckets, self.p, self.q_other)
 
 
 class OLHAccumulator(CountAccumulator):

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.optimize import isotonic_regression
@@ -89,6 +89,7 @@ class QuantileEstimate:
 class RangeTree:
     """Raw level estimates of a dyadic tree over [0, 2^bits) and everything needed to post-process them."""
 
+    structure: ClassVar[str] = "dyadic"  # row layout tag (vs "left_children" of left_children_tree)
     prefix_lengths: tuple[int, ...]
     n: int
     clients: tuple[int, ...]

@@ -24,11 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transforms.mechanisms.base import Randomness, check_epsilon, check_values
-from transforms.mechanisms.channel_oracles import (
-    ChannelOracles,
-    central_epsilon_sampled,
-    central_epsilon_split,
-)
+from transforms.mechanisms.channel_levels import ChannelAccumulator, OracleLevels, combine_channel_laws
+from transforms.mechanisms.channel_oracles import ChannelOracles
 from transforms.mechanisms.range_tree import RangeTree
 
 __all__ = ["LEVEL_MODES", "DyadicRange", "DyadicRangeAccumulator", "bucket_bounds", "bucketize", "dyadic_cover"]
@@ -106,7 +103,7 @@ def tree_prefix_lengths(bits: int, branching: int, prefix_lengths: tuple[int, ..
 
 
 @dataclass(frozen=True)
-class DyadicRange:
+class DyadicRange(OracleLevels):
     """Dyadic-tree range counting: one frequency oracle per level, levels sampled or budget-split.
 
     ``values`` for encode are leaf indices in [0, 2^bits) (see :func:`bucketize` for numbers).
@@ -140,11 +137,6 @@ class DyadicRange:
         assert self.prefix_lengths is not None
         return len(self.prefix_lengths)
 
-    @property
-    def epsilon_message(self) -> float:
-        """Budget of one message: all of epsilon ("sample") or epsilon / levels ("all")."""
-        return self.epsilon if self.levels == "sample" else self.epsilon / self.channels
-
     @cached_property
     def oracles(self) -> ChannelOracles:
         assert self.prefix_lengths is not None
@@ -152,35 +144,8 @@ class DyadicRange:
                               seed_family=self.seed_family)
 
     @property
-    def payload_kind(self) -> str:
-        return self.oracles.payload_kind
-
-    @property
-    def bit_length(self) -> int:
-        """``length`` of an OUE bits payload (vectors are padded to the largest level)."""
-        return self.oracles.bit_length
-
-    @property
     def d(self) -> int:
         return 1 << self.bits
-
-    @property
-    def report_dtype(self) -> np.dtype:
-        return self.oracles.report_dtype
-
-    @property
-    def epsilon_local(self) -> float:
-        """LDP of a client's whole message set: one eps message, or L messages of eps/L (basic composition)."""
-        return self.epsilon
-
-    @property
-    def mixture_alpha(self) -> float:
-        """Mixture parameter of ONE message at ``epsilon_message`` (worst level); see :meth:`epsilon_central`."""
-        return self.oracles.mixture_alpha
-
-    @property
-    def message_bits(self) -> int:
-        return self.oracles.message_bits
 
     def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
         """(reports, owner): one message per client ("sample") or L consecutive ones ("all")."""
@@ -196,13 +161,6 @@ class DyadicRange:
         reports = np.stack(parts, axis=1).reshape(-1)  # client-major: a client's messages are consecutive
         return reports, np.repeat(np.arange(n, dtype=np.int64), self.channels)
 
-    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
-        """All messages of the batch (owners dropped): see :meth:`encode_messages`."""
-        return self.encode_messages(values, rng)[0]
-
-    def validate(self, reports: np.ndarray) -> np.ndarray:
-        return self.oracles.validate(reports)
-
     def new_accumulator(self) -> DyadicRangeAccumulator:
         return DyadicRangeAccumulator(self)
 
@@ -210,15 +168,6 @@ class DyadicRange:
         return {"bits": self.bits, "epsilon": self.epsilon, "oracle": self.oracle, "levels": self.levels,
                 "branching": self.branching, "prefix_lengths": list(self.prefix_lengths or ()), "g": self.g,
                 "seed_family": self.seed_family}
-
-    def epsilon_central(self, n: int, delta: float) -> float:
-        """Central epsilon of n clients. "sample": a client's one message hides among its level's n_j clients,
-        taken at the delta/2 lower quantile of 1 + Bin(n - 1, 1/L) (the rest of delta for the shuffle bound);
-        "all": n messages per level at eps/L, composed over the L levels."""
-        if self.levels == "sample":
-            return central_epsilon_sampled(n, self.channels, self.mixture_alpha, self.epsilon, delta)
-        alphas = [m.mixture_alpha for m in self.oracles.mechanisms]
-        return central_epsilon_split(n, alphas, self.epsilon_message, delta)
 
     def exact_message_distribution(self, value: int, seeds: np.ndarray | None = None) -> np.ndarray:
         """Law of a client's whole message set, flattened. "sample": index ``j * K + y`` over levels j and the
@@ -228,44 +177,11 @@ class DyadicRange:
         assert self.prefix_lengths is not None
         laws = [self.oracles.exact_distribution(j, x >> (self.bits - b), seeds)
                 for j, b in enumerate(self.prefix_lengths)]
-        if self.levels == "sample":
-            width = max(law.size for law in laws)
-            table = np.zeros((self.channels, width))
-            for j, law in enumerate(laws):
-                table[j, : law.size] = law / self.channels
-            return table.ravel()
-        out = np.ones(1)
-        for law in laws:
-            out = np.multiply.outer(out, law).ravel()
-        return out
+        return combine_channel_laws(laws, self.levels)
 
 
-class DyadicRangeAccumulator:
+class DyadicRangeAccumulator(ChannelAccumulator):
     """Per-level oracle counts (count arrays) and the number of clients; merges by addition."""
-
-    def __init__(self, mechanism: DyadicRange) -> None:
-        self.mechanism = mechanism
-        self.counts = mechanism.oracles.new_counts()
-        self.n = 0
-
-    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
-        """Fold the messages of ``clients`` clients. In "sample" mode a client sends exactly one message, so
-        ``clients`` defaults to ``len(reports)``; in "all" mode it must be given (or equal len / L)."""
-        arr = np.asarray(reports)
-        m = self.mechanism
-        if clients is None:
-            if m.levels == "all" and len(arr) % m.channels:
-                raise ValueError(f"'all' mode: {len(arr)} messages are not whole sets of {m.channels}; pass clients")
-            clients = len(arr) if m.levels == "sample" else len(arr) // m.channels
-        if arr.size:
-            self.counts.add(arr)
-        self.n += int(clients)
-
-    def merge(self, other: DyadicRangeAccumulator) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
-        self.counts.merge(other.counts)
-        self.n += other.n
 
     def estimate(self) -> RangeTree:
         """The tree of raw level estimates (population scale) with its variance model."""
@@ -284,7 +200,3 @@ class DyadicRangeAccumulator:
         assert m.prefix_lengths is not None
         return RangeTree(prefix_lengths=m.prefix_lengths, n=self.n, clients=tuple(int(x) for x in messages),
                          raw=tuple(raw), var_intercept=tuple(icpt), var_slope=tuple(slope), cov_beta=tuple(beta))
-
-    def __repr__(self) -> str:
-        return f"DyadicRangeAccumulator({self.mechanism!r}, n={self.n})"
-

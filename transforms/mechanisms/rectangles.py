@@ -17,14 +17,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transforms.mechanisms.base import Randomness, check_epsilon
-from transforms.mechanisms.channel_oracles import ChannelOracles, central_epsilon_sampled, central_epsilon_split
+from transforms.mechanisms.channel_levels import ChannelAccumulator, OracleLevels
+from transforms.mechanisms.channel_oracles import ChannelOracles
 from transforms.mechanisms.ranges import MAX_TREE_BITS, _check_mode, dyadic_cover, tree_prefix_lengths
 
 __all__ = ["DyadicRectangle", "DyadicRectangleAccumulator", "RectangleCounts"]
 
 
 @dataclass(frozen=True)
-class DyadicRectangle:
+class DyadicRectangle(OracleLevels):
     """Rectangle counts over [0, 2^bits_x) x [0, 2^bits_y); ``encode`` takes an (n, 2) integer array of leaves."""
 
     name: ClassVar[str] = "dyadic_rectangle"
@@ -72,38 +73,10 @@ class DyadicRectangle:
         """Cells of the finest grid, 2^(bits_x + bits_y)."""
         return 1 << (self.bits_x + self.bits_y)
 
-    @property
-    def epsilon_message(self) -> float:
-        return self.epsilon if self.levels == "sample" else self.epsilon / self.channels
-
     @cached_property
     def oracles(self) -> ChannelOracles:
         return ChannelOracles(self.oracle, tuple(lx + ly for lx, ly in self.pairs), self.epsilon_message,
                               g=self.g, seed_family=self.seed_family)
-
-    @property
-    def payload_kind(self) -> str:
-        return self.oracles.payload_kind
-
-    @property
-    def bit_length(self) -> int:
-        return self.oracles.bit_length
-
-    @property
-    def report_dtype(self) -> np.dtype:
-        return self.oracles.report_dtype
-
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
-
-    @property
-    def mixture_alpha(self) -> float:
-        return self.oracles.mixture_alpha
-
-    @property
-    def message_bits(self) -> int:
-        return self.oracles.message_bits
 
     def _check_points(self, values: np.ndarray) -> np.ndarray:
         pts = np.asarray(values)
@@ -129,12 +102,6 @@ class DyadicRectangle:
         parts = [self.oracles.encode(self.cells(pts, j), np.full(n, j), rng) for j in range(self.channels)]
         return np.stack(parts, axis=1).reshape(-1), np.repeat(np.arange(n, dtype=np.int64), self.channels)
 
-    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
-        return self.encode_messages(values, rng)[0]
-
-    def validate(self, reports: np.ndarray) -> np.ndarray:
-        return self.oracles.validate(reports)
-
     def new_accumulator(self) -> DyadicRectangleAccumulator:
         return DyadicRectangleAccumulator(self)
 
@@ -142,37 +109,8 @@ class DyadicRectangle:
         return {"bits_x": self.bits_x, "bits_y": self.bits_y, "epsilon": self.epsilon, "oracle": self.oracle,
                 "levels": self.levels, "branching": self.branching, "g": self.g, "seed_family": self.seed_family}
 
-    def epsilon_central(self, n: int, delta: float) -> float:
-        if self.levels == "sample":
-            return central_epsilon_sampled(n, self.channels, self.mixture_alpha, self.epsilon, delta)
-        alphas = [m.mixture_alpha for m in self.oracles.mechanisms]
-        return central_epsilon_split(n, alphas, self.epsilon_message, delta)
-
-
-class DyadicRectangleAccumulator:
+class DyadicRectangleAccumulator(ChannelAccumulator):
     """Per-channel oracle counts and the number of clients."""
-
-    def __init__(self, mechanism: DyadicRectangle) -> None:
-        self.mechanism = mechanism
-        self.counts = mechanism.oracles.new_counts()
-        self.n = 0
-
-    def add(self, reports: np.ndarray, clients: int | None = None) -> None:
-        arr = np.asarray(reports)
-        m = self.mechanism
-        if clients is None:
-            if m.levels == "all" and len(arr) % m.channels:
-                raise ValueError(f"'all' mode: {len(arr)} messages are not whole sets of {m.channels}; pass clients")
-            clients = len(arr) if m.levels == "sample" else len(arr) // m.channels
-        if arr.size:
-            self.counts.add(arr)
-        self.n += int(clients)
-
-    def merge(self, other: DyadicRectangleAccumulator) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
-        self.counts.merge(other.counts)
-        self.n += other.n
 
     def estimate(self) -> RectangleCounts:
         m = self.mechanism

@@ -73,6 +73,7 @@ MECHANISMS: dict[str, Entry] = {
     "vector_sum": Entry(VECTOR_MEAN, "vector", "VectorSummation", _d),
     "ldp_sgd": Entry(VECTOR_MEAN, "vector", "LdpSgdRandomizer", _d),
     "dyadic_range": Entry(RANGES, "ranges", "DyadicRange", _bits),
+    "mm_range": Entry(RANGES, "multimessage_range", "MultiMessageRange", _bits),
     "prefix_heavy_hitters": Entry(("heavy_hitters",), "heavy_hitters", "PrefixHeavyHitters", _item_bits),
 }
 

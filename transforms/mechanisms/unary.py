@@ -25,9 +25,9 @@ from transforms.mechanisms.base import Randomness, check_domain, check_values
 from transforms.mechanisms.counting import freeze_domain_and_epsilon, rr_count_variance
 from transforms.mechanisms.unary_counts import (
     CHANNEL_DTYPE,
+    ChannelMessages,
     MessageCountAccumulator,
     channel_messages,
-    validate_channels,
 )
 from transforms.mechanisms.unary_sampling import (
     OVERFLOW_TAIL,
@@ -72,7 +72,7 @@ def _check_budget(name: str, eps: float) -> float:
 
 
 @dataclass(frozen=True)
-class AttributeFragmentedRappor:
+class AttributeFragmentedRappor(ChannelMessages):
     """Attribute-fragmented k-RAPPOR (001 Alg. 1): one "mark" message on channel j per randomized bit j set.
 
     ``epsilon`` is a removal budget (reference: RR of the all-zero vector); replacement LDP is 2 eps.
@@ -149,16 +149,6 @@ class AttributeFragmentedRappor:
         owner, channel = np.divmod(unary_keys(v, rng, self.d, self.p, self.q, self.cap), self.d)
         return channel_messages(channel, owner)
 
-    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
-        """The messages of ``encode_messages`` without their owners."""
-        return self.encode_messages(values, rng)[0]
-
-    def validate(self, reports: np.ndarray) -> np.ndarray:
-        return validate_channels(reports, self.channels)
-
-    def new_accumulator(self) -> MessageCountAccumulator:
-        return MessageCountAccumulator(self)
-
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
         """Count variance ``n e^eps/(e^eps - 1)^2`` of every item (p = 1 - q makes it data-independent)."""
         return rr_count_variance(counts, n, self.p, self.q)
@@ -187,7 +177,7 @@ class AttributeFragmentedRappor:
 
 
 @dataclass(frozen=True)
-class ReportFragmentedRappor:
+class ReportFragmentedRappor(ChannelMessages):
     """Report fragmenting with a privacy backstop (001 Alg. 2) on every bit of the one-hot vector.
 
     Per bit j: backstop ``x'_j = RR(x_j; eps_b)``, then for i in [tau] fragment ``y_ij = RR(x'_j; eps_f)``;
@@ -349,16 +339,6 @@ class ReportFragmentedRappor:
     def encode_messages(self, values: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
         """Backstop then fragments with the same randomness source (one window, backstop not stored)."""
         return self.fragments_from_backstop(self.backstop_bits(values, rng), rng)
-
-    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
-        """The messages of ``encode_messages`` without their owners."""
-        return self.encode_messages(values, rng)[0]
-
-    def validate(self, reports: np.ndarray) -> np.ndarray:
-        return validate_channels(reports, self.channels)
-
-    def new_accumulator(self) -> MessageCountAccumulator:
-        return MessageCountAccumulator(self)
 
     def scaled_variance(self) -> float:
         """n Var[h_j] (MECHANISMS.md §7.1 [D✓]): backstop term plus fragment term / tau, data-independent."""

@@ -3,14 +3,14 @@ of clients, which the shuffler publishes (set bits alone cannot tell how many cl
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate
-from transforms.mechanisms.counting import empty_mask_if_malformed
+from transforms.mechanisms.base import FrequencyEstimate, Randomness
+from transforms.mechanisms.counting import CountAccumulator, empty_mask_if_malformed, refuse_invalid
 
-__all__ = ["CHANNEL_DTYPE", "MessageCountAccumulator", "channel_messages", "validate_channels"]
+__all__ = ["CHANNEL_DTYPE", "ChannelMessages", "MessageCountAccumulator", "channel_messages", "validate_channels"]
 
 CHANNEL_DTYPE = np.dtype([("channel", "<i8")])  # payload kind "mark": the channel is the whole message
 
@@ -42,7 +42,7 @@ def channel_messages(channel: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray
     return reports, owner.astype(np.int64, copy=False)
 
 
-class MessageCountAccumulator:
+class MessageCountAccumulator(CountAccumulator):
     """Per-channel message counts (``channels`` int64) and the number of clients ``n`` (from the shuffler).
 
     Merge by addition. ``add`` needs ``clients``: the analyzer cannot count clients from set bits (a client may
@@ -51,9 +51,7 @@ class MessageCountAccumulator:
     """
 
     def __init__(self, mechanism: _ChannelMechanism) -> None:
-        self.mechanism = mechanism
-        self.counts = np.zeros(mechanism.channels, dtype=np.int64)
-        self.n = 0
+        super().__init__(mechanism, (mechanism.channels,))  # type: ignore[arg-type]
 
     def add(self, reports: np.ndarray, clients: int | None = None) -> None:
         """Fold the messages of ``clients`` clients (validated: invalid ones are refused, not miscounted)."""
@@ -66,20 +64,10 @@ class MessageCountAccumulator:
             raise ValueError(f"clients must be an integer >= 0, got {clients!r}")
         arr = np.asarray(reports)
         if arr.size:
-            valid = self.mechanism.validate(arr)
-            if not valid.all():
-                raise ValueError(
-                    f"{int((~valid).sum())} of {arr.size} messages are outside the {self.mechanism.name} channels "
-                    f"[0, {self.mechanism.channels}); filter them with validate() first"
-                )
+            m = self.mechanism
+            refuse_invalid(m.validate(arr), f"messages are outside the {m.name} channels [0, {m.channels})")
             self.counts += np.bincount(arr["channel"], minlength=self.mechanism.channels)
         self.n += int(clients)
-
-    def merge(self, other: Any) -> None:
-        if type(other) is not type(self) or other.mechanism != self.mechanism:
-            raise ValueError(f"cannot merge {other!r} into an accumulator of {self.mechanism!r}")
-        self.counts += other.counts
-        self.n += other.n
 
     def estimate(self) -> FrequencyEstimate:
         """Unbiased counts and frequencies with closed-form standard errors (fractions of the n clients)."""
@@ -95,5 +83,17 @@ class MessageCountAccumulator:
         stderr = np.sqrt(self.mechanism.variance(count, self.n)) / self.n
         return FrequencyEstimate(count=count, frequency=count / self.n, stderr=stderr, n=self.n)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.mechanism!r}, n={self.n})"
+
+class ChannelMessages:
+    """Mixin of the "mark" mechanisms (a message is a channel id; ``channels``, ``encode_messages`` come from the
+    mechanism): the contract's ``encode``, ``validate`` and ``new_accumulator``."""
+
+    def encode(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
+        """The messages of ``encode_messages`` without their owners."""
+        return self.encode_messages(values, rng)[0]  # type: ignore[attr-defined, no-any-return]
+
+    def validate(self, reports: np.ndarray) -> np.ndarray:
+        return validate_channels(reports, self.channels)  # type: ignore[attr-defined]
+
+    def new_accumulator(self) -> MessageCountAccumulator:
+        return MessageCountAccumulator(self)  # type: ignore[arg-type]
