@@ -1,4 +1,4 @@
-"""The ``esa`` command: broker, simulate, run, demo, privacy, plan."""
+"""The ``esa`` command: broker, simulate, run, demo, query, privacy, plan."""
 
 from __future__ import annotations
 
@@ -77,6 +77,18 @@ def _parser() -> argparse.ArgumentParser:
                       help="bad records of each kind to inject (shows the dead-letter path)")
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
+
+    query = sub.add_parser("query", help="answer value ranges and quantiles from stored range/quantile estimates")
+    query.add_argument("--estimates", type=Path, required=True, help="output directory holding estimates.parquet")
+    query.add_argument("--range", nargs=2, type=float, action="append", dest="ranges", metavar=("LO", "HI"),
+                       help="clients with a value in [LO, HI) (value units; repeatable)")
+    query.add_argument("--quantile", type=float, action="append", dest="quantiles", metavar="Q",
+                       help="the Q-quantile, 0 < Q <= 1 (repeatable)")
+    query.add_argument("--spec-id", default=None, help="only this analysis (spec_id)")
+    query.add_argument("--window", default=None, help="only this window (start, epoch ms or ISO 8601)")
+    query.add_argument("--crowd", default=None, help="only this crowd id")
+    query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
+    query.add_argument("--json", action="store_true", help="machine-readable output")
 
     priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
     priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True)
@@ -193,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _privacy(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "query":
+            from pipelines.query import query_command
+
+            return query_command(args)
         from pipelines.demo import run_demo
 
         run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.broker import LocalBroker
+from pipelines.demo_checks import kind_checks
 from pipelines.demo_plots import plot, plot_file_name
 from pipelines.end_to_end import run
 from pipelines.job import JobConfig, RunSummary
@@ -35,7 +36,12 @@ EXAMPLES = DEFAULT_SPEC.parent
 # The spec each ``esa demo --kind`` runs by default (``--spec`` runs any other).
 DEMO_SPECS: dict[str, Path] = {"histogram": DEFAULT_SPEC, "grid": EXAMPLES / "grid.toml",
                                "kv_mean": EXAMPLES / "feature_usage.toml",
-                               "vector_mean": EXAMPLES / "sensor_vector.toml"}
+                               "vector_mean": EXAMPLES / "sensor_vector.toml",
+                               "range": EXAMPLES / "latency_range.toml",
+                               "quantile": EXAMPLES / "latency_quantiles.toml",
+                               "heavy_hitters": EXAMPLES / "url_heavy_hitters.toml"}
+# Heavy hitters are reported by rank: their estimates meet the truth by item name (the hash), not by index.
+JOIN_ON: dict[str, str] = {"heavy_hitters": "item"}
 
 
 @dataclass(frozen=True)
@@ -79,19 +85,38 @@ def heartbeat(label: str, every_s: float = 10.0) -> Iterator[None]:
         thread.join()
 
 
-def compare(estimates: pa.Table, truth: pa.Table) -> pa.Table:
-    """Join estimates with the truth on (window, crowd, item); errors and z-scores use the raw (unbiased)
-    estimate, which is what the stderr describes."""
+def compare(estimates: pa.Table, truth: pa.Table, on: str = "item_index") -> pa.Table:
+    """Join estimates with the truth on (window, crowd, ``on``); errors and z-scores use the raw (unbiased)
+    estimate, which is what the stderr describes.
+
+    ``on="item_index"``: one row per true item the analyzer estimated. ``on="item"``: one row per REPORTED
+    item (heavy hitters), with truth 0 for an item no client holds. True counts marked ``scales_with_n``
+    (range trees) are rescaled to the clients the shuffler released: it deletes uniformly random clients.
+    """
     est = {}
-    for row in estimates.select(["window_start", "crowd_id", "item_index", "estimate", "raw_estimate",
-                                 "stderr"]).to_pylist():
-        est[(row["window_start"], row["crowd_id"], row["item_index"])] = row
+    for row in estimates.select(["window_start", "crowd_id", "item", "item_index", "estimate", "raw_estimate",
+                                 "stderr", "n_clients"]).to_pylist():
+        est[(row["window_start"], row["crowd_id"], row[on])] = row
+    extra = [c for c in ("population", "scales_with_n") if c in truth.column_names]
+    truth_rows = truth.select(["window_start", "crowd_id", "item", "item_index", "truth", *extra]).to_pylist()
+    pairs = []
+    if on == "item":
+        known = {(t["window_start"], t["crowd_id"], t["item"]): t for t in truth_rows}
+        crowds = {(t["window_start"], t["crowd_id"]) for t in truth_rows}
+        for key, e in est.items():
+            if key[:2] in crowds:
+                pairs.append(({"truth": 0.0, **known.get(key, {}), "item": e["item"], "item_index": e["item_index"]},
+                              e))
+    else:
+        for t in truth_rows:
+            e = est.get((t["window_start"], t["crowd_id"], t["item_index"]))
+            if e is not None:  # else a window or crowd the shuffler withheld: nothing to compare
+                pairs.append((t, e))
     names = ("window_start", "crowd_id", "item", "item_index", "truth", "estimate", "raw_estimate", "stderr")
     rows: dict[str, list] = {k: [] for k in names}
-    for t in truth.select(["window_start", "crowd_id", "item", "item_index", "truth"]).to_pylist():
-        e = est.get((t["window_start"], t["crowd_id"], t["item_index"]))
-        if e is None:
-            continue  # a window or crowd the shuffler withheld: nothing to compare
+    for t, e in pairs:
+        if t.get("scales_with_n"):
+            t = {**t, "truth": t["truth"] * e["n_clients"] / t["population"]}
         for key in names:
             rows[key].append(t[key] if key in t else e[key])
     table = pa.table(rows)
@@ -101,15 +126,20 @@ def compare(estimates: pa.Table, truth: pa.Table) -> pa.Table:
     return table.append_column("error", pa.array(error)).append_column("abs_error_over_stderr", pa.array(z))
 
 
-def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, estimates: pa.Table) -> dict[str, Any]:
+def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, estimates: pa.Table,
+              kind_facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Generic facts (per-item z-statistics, RMSE, ledger, accounting), overridden by the kind's own checks
+    (``pipelines.demo_checks``: e.g. random ranges instead of 131k tree nodes)."""
     z = np.asarray(comparison["abs_error_over_stderr"], dtype=float)
     z = z[np.isfinite(z)]
-    crowds = {(r["window_start"], r["crowd_id"]): r for r in estimates.to_pylist()} if estimates.num_rows else {}
+    ledger = ["window_start", "crowd_id", "n_clients", "n_reports", "eps_local", "eps_central"]
+    crowds = ({(r["window_start"], r["crowd_id"]): r for r in estimates.select(ledger).to_pylist()}
+              if estimates.num_rows else {})
     n_clients = sum(r["n_clients"] for r in crowds.values())
     n_reports = sum(r["n_reports"] for r in crowds.values())
     truth = np.asarray(comparison["truth"], dtype=float)
     first = next(iter(crowds.values()), {})
-    return {
+    facts = {
         "spec_id": spec.spec_id,
         "kind": spec.kind,
         "mechanism": spec.mechanism,
@@ -131,6 +161,7 @@ def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, est
         "accounting_balanced": summary.balanced,
         "pipeline_seconds": round(summary.seconds, 2),
     }
+    return {**facts, **(kind_facts or {})}
 
 
 def _rmse(estimate: np.ndarray, truth: np.ndarray) -> float:
@@ -143,12 +174,17 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
     balance = "balanced" if facts["accounting_balanced"] else "NOT BALANCED"
     expanded = f" + {a['expanded']:,} extra messages" if a.get("expanded") else ""
     processed = f"  (after {facts['postprocess']}: {facts['rmse']:.3g})" if facts["postprocess"] != "none" else ""
+    if facts["kind"] in ("range", "quantile"):
+        processed = f"  (consistent tree: {facts['rmse']:.3g})"
+    basis = facts.get("z_basis", "items")
     lines = [
         f"esa demo — {facts['spec_id']} ({facts['kind']}, {facts['crowds']} crowd(s))",
         ("items", facts["items"]),
-        ("max |error| / stderr", f"{facts['max_abs_error_over_stderr']:.2f}"),
-        ("items within 3 stderr", f"{100 * facts['fraction_within_3_stderr']:.1f}%"),
-        ("RMSE (raw, unbiased)", f"{facts['rmse_raw']:.3g}{processed}"),
+        (f"max |error| / stderr ({basis})", f"{facts['max_abs_error_over_stderr']:.2f}"),
+        (f"{basis} within 3 stderr", f"{100 * facts['fraction_within_3_stderr']:.1f}%" + (
+            f" of {facts['random_ranges']:,}" if "random_ranges" in facts else "")),
+        (f"RMSE ({facts.get('rmse_label', 'raw')}, unbiased)", f"{facts['rmse_raw']:.3g}{processed}"),
+        *[tuple(line) for line in facts.get("details", ())],
         ("eps_local", f"{facts['eps_local']:g} ({facts['mechanism']}, {facts['messages_per_client']} messages/client)"),
         ("eps_central (shuffled)", f"{facts['eps_central']:.5f}"),
         ("delta", f"{facts['delta']:g}"),
@@ -159,7 +195,7 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
         ("pipeline time", f"{facts['pipeline_seconds']} s"),
         ("outputs", f"{out}/estimates.parquet, truth.parquet, dead_letters.avro, {plot_file}"),
     ]
-    print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<30}{x[1]}" for x in lines) + "\n")
+    print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<40}{x[1]}" for x in lines) + "\n")
 
 
 def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out: Path,
@@ -188,12 +224,13 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     estimates = pq.read_table(summary.estimates_path)
     truth = truth_table(spec, population)
     pq.write_table(truth, out / "truth.parquet")
-    comparison = compare(estimates, truth)
-    facts = summarize(spec, summary, comparison, estimates)
+    comparison = compare(estimates, truth, on=JOIN_ON.get(spec.kind, "item_index"))
+    kind_facts, evidence = kind_checks(spec, estimates, comparison, truth, seed)
+    facts = summarize(spec, summary, comparison, estimates, kind_facts)
     (out / "summary.json").write_text(json.dumps(facts, indent=2))
     plot_file = plot_file_name(spec)
     if comparison.num_rows:
-        plot(spec, comparison, facts, out / plot_file)
+        plot(spec, comparison, facts, out / plot_file, evidence)
     print_summary(facts, out, plot_file)
     return DemoOutcome(summary, comparison, facts)
 

@@ -17,7 +17,17 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.grid_image import grid_density
-from pipelines.value_laws import kv_truth, kv_values, vector_truth, vector_values
+from pipelines.value_laws import (
+    heavy_hitter_truth,
+    kv_truth,
+    kv_values,
+    latency_values,
+    quantile_truth,
+    tree_truth,
+    url_values,
+    vector_truth,
+    vector_values,
+)
 from transforms.mechanisms.randomness import os_entropy_rng, seeded_rng
 from transforms.spec import AnalysisSpec
 
@@ -65,7 +75,8 @@ def histogram_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: 
 
 ValueLaw = Callable[[AnalysisSpec, int, np.random.Generator, Law], Any]
 VALUE_LAWS: dict[str, ValueLaw] = {"histogram": histogram_values, "kv_mean": kv_values,
-                                    "vector_mean": vector_values}
+                                    "vector_mean": vector_values, "range": latency_values,
+                                    "quantile": latency_values, "heavy_hitters": url_values}
 
 
 def synthesize(spec: AnalysisSpec, n: int, *, distribution: str = "zipf", zipf_s: float = 1.1, windows: int = 1,
@@ -113,7 +124,8 @@ def histogram_truth(spec: AnalysisSpec, values: Any) -> dict[str, np.ndarray]:
 
 
 TruthOf = Callable[[AnalysisSpec, Any], dict[str, np.ndarray]]
-TRUTHS: dict[str, TruthOf] = {"histogram": histogram_truth, "kv_mean": kv_truth, "vector_mean": vector_truth}
+TRUTHS: dict[str, TruthOf] = {"histogram": histogram_truth, "kv_mean": kv_truth, "vector_mean": vector_truth,
+                              "range": tree_truth, "quantile": quantile_truth, "heavy_hitters": heavy_hitter_truth}
 
 
 def _subset(values: Any, mask: np.ndarray) -> Any:
@@ -126,7 +138,8 @@ def truth_table(spec: AnalysisSpec, population: Population) -> pa.Table:
     """The true value of every item in every (window, crowd): what the estimates must match.
 
     Columns: window_start, window_end, crowd_id, item, item_index, truth (plus kind-specific ones, e.g.
-    a histogram's count and frequency).
+    a histogram's count and frequency; a range tree's ``population`` and ``scales_with_n``: counts that
+    ``pipelines.demo.compare`` rescales to the clients the shuffler released).
     """
     starts = (population.event_times_ms // population.window_ms) * population.window_ms
     crowd_ids = population.crowd_ids if population.crowd_ids is not None else np.full(len(starts), None)

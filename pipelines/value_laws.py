@@ -70,3 +70,114 @@ def vector_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: Any
 def vector_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     """The exact mean vector of the clients."""
     return {"item": np.asarray(spec.categories, dtype=object), "truth": np.asarray(values).mean(axis=0)}
+
+
+# -- range / quantile: latency-like numbers on the value range ---------------------------------------------
+
+
+def _unit_to_domain(spec: AnalysisSpec, u: np.ndarray) -> np.ndarray:
+    """Map fractions of the domain in [0, 1] to values: the value_range, or integer leaves without one."""
+    value_range = spec.domain.get("value_range")
+    if value_range is None:
+        size = 2 ** spec.domain["bits"]
+        return np.minimum(np.floor(u * size), size - 1).astype(np.int64)
+    lo, hi = value_range
+    return lo + (hi - lo) * u
+
+
+def latency_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: Any) -> np.ndarray:
+    """Request-latency-like numbers: a fast log-normal mode, a gamma body and a slow log-normal tail.
+
+    In fractions of the domain (x 2000 ms for the examples): 70 % log-normal with median 0.04 (80 ms),
+    25 % gamma of mean 0.12 (240 ms), 5 % log-normal with median 0.45 (900 ms), clipped to the domain, so
+    quantiles from the median to the 99th percentile spread over a decade. ``uniform`` draws uniformly.
+    """
+    if law.distribution == "uniform":
+        return _unit_to_domain(spec, rng.random(n))
+    component = rng.choice(3, size=n, p=[0.70, 0.25, 0.05])
+    fast = np.exp(np.log(0.04) + 0.45 * rng.standard_normal(n))
+    body = rng.gamma(3.0, 0.04, size=n)
+    slow = np.exp(np.log(0.45) + 0.35 * rng.standard_normal(n))
+    u = np.choose(component, [fast, body, slow])
+    return _unit_to_domain(spec, np.clip(u, 0.0, 1.0))
+
+
+def leaves_of(spec: AnalysisSpec, values: np.ndarray) -> np.ndarray:
+    """Leaf of every value, exactly as ``transforms.event_values.ordered_value`` buckets one event."""
+    size = 2 ** spec.domain["bits"]
+    x = np.asarray(values, dtype=np.float64)
+    value_range = spec.domain.get("value_range")
+    if value_range is None:
+        return x.astype(np.int64)
+    lo, hi = value_range
+    return np.minimum(((x - lo) / (hi - lo) * size).astype(np.int64), size - 1)
+
+
+def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
+    """The exact count of every node of the spec's tree: root "0/0" (n), then level by level, as
+    ``RangeTree.to_rows`` orders its rows. Counts scale with the clients analyzed (``scales_with_n``)."""
+    size = 2 ** spec.domain["bits"]
+    leaf_counts = np.bincount(leaves_of(spec, values), minlength=size).astype(np.float64)
+    names, truth = ["0/0"], [np.array([leaf_counts.sum()])]
+    for length in spec.randomizer.prefix_lengths:
+        names.extend(f"{length}/{i}" for i in range(1 << length))
+        truth.append(leaf_counts.reshape(1 << length, -1).sum(axis=1))
+    counts = np.concatenate(truth)
+    return {"item": np.asarray(names, dtype=object), "truth": counts, "population": np.full(counts.size, len(values)),
+            "scales_with_n": np.ones(counts.size, dtype=bool)}
+
+
+def quantile_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
+    """Tree nodes, then per spec quantile q the upper edge (value units) of the bucket holding the empirical
+    q-quantile: the smallest leaf j with #{leaf <= j} >= q n, as ``readout.quantile_items`` reports it."""
+    from transforms.readout import leaf_value
+
+    out = tree_truth(spec, values)
+    leaves = np.sort(leaves_of(spec, values))
+    n = leaves.size
+    qs = spec.domain["quantiles"]
+    # #{leaf <= j} >= q n first holds at the ceil(q n)-th smallest leaf
+    edges = [leaf_value(spec, leaves[max(int(np.ceil(q * n * (1 - 1e-12))), 1) - 1] + 1) for q in qs]
+    k = len(qs)
+    return {"item": np.concatenate([out["item"], np.asarray([f"quantile:{q:g}" for q in qs], dtype=object)]),
+            "truth": np.concatenate([out["truth"], edges]),
+            "population": np.concatenate([out["population"], np.full(k, n)]),
+            "scales_with_n": np.concatenate([out["scales_with_n"], np.zeros(k, dtype=bool)])}
+
+
+# -- heavy hitters: URL-like strings, Zipf over a large vocabulary ------------------------------------------
+
+URL_VOCABULARY = 1 << 20
+_HOSTS = ("www.example.com", "shop.example.com", "news.example.org", "docs.example.net", "m.example.com")
+_SECTIONS = ("home", "search", "article", "product", "video", "profile", "help", "cart", "blog", "tag", "img")
+
+
+def url_of(rank: int) -> str:
+    """The URL of popularity rank ``rank`` (0 = most visited): distinct for every rank."""
+    return f"https://{_HOSTS[rank % len(_HOSTS)]}/{_SECTIONS[(rank // 5) % len(_SECTIONS)]}/{rank:x}"
+
+
+def url_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: Any) -> np.ndarray:
+    """Visited URLs (str objects): Zipf(zipf_s) by rank over 2^20 possible URLs, or uniform over them."""
+    ranks = np.arange(1, URL_VOCABULARY + 1, dtype=np.float64)
+    p = ranks ** -(law.zipf_s if law.distribution == "zipf" else 0.0)
+    drawn = rng.choice(URL_VOCABULARY, size=n, p=p / p.sum())
+    unique, inverse = np.unique(drawn, return_inverse=True)
+    names = np.array([url_of(int(r)) for r in unique], dtype=object)
+    return names[inverse]
+
+
+def heavy_hitter_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
+    """True frequency of every item hash held by a client (item = the hex hash the analyzer reports; strings
+    colliding in the hash are one item to it too), most frequent first; ``example`` = one string per hash."""
+    from transforms.mechanisms.heavy_hitters import item_hash
+
+    bits = spec.domain["bits"]
+    digits = (bits + 3) // 4
+    strings = np.asarray([str(v) for v in values])
+    hashes = item_hash(strings, bits) if strings.size else np.zeros(0, dtype=np.uint64)
+    unique, first, counts = np.unique(hashes, return_index=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    names = np.asarray([f"{int(h):0{digits}x}" for h in unique[order].tolist()], dtype=object)
+    return {"item": names, "truth": counts[order] / max(len(values), 1), "count": counts[order],
+            "example": np.asarray(strings[first[order]], dtype=object)}
