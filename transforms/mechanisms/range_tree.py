@@ -180,8 +180,14 @@ class RangeTree:
 
     @cached_property
     def _plug_in(self) -> list[np.ndarray]:
-        """Leaf distribution for the variance plug-in: consistent leaves clipped at 0, renormalised; per level."""
-        leaves = np.clip(self.consistent[-1], 0.0, None)
+        """Leaf distribution for the variance plug-in, per level: the increments of the isotonic CDF fit.
+
+        Clipping the consistent leaves at 0 was the first choice, but on a deep tree (2^16 leaves) the leaves are
+        mostly noise, and the clipped mass piles up where there is none: at the true median of a 100k-client
+        demo the plug-in CDF was 0.04 instead of 0.35 and the stated stderr 1.2-1.6x too small. The increments
+        of the monotone CDF are non-negative, sum to n and follow the data's shape.
+        """
+        leaves = np.diff(np.concatenate(([0.0], self.monotone_cdf)))
         total = leaves.sum()
         f = leaves / total if total > 0 else np.full(leaves.size, 1.0 / leaves.size)
         out = [f]
