@@ -19,10 +19,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUME
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -30,16 +28,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
+from benchmarks.frequency import median_time  # noqa: E402
 from transforms.mechanisms.collision import CoCo, Collision  # noqa: E402
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
 
 
 def telemetry_items(n: int, d: int, s: int, rng: np.random.Generator) -> np.ndarray:
