@@ -97,6 +97,25 @@ def vector_value(spec: AnalysisSpec, value: Any) -> np.ndarray:
     return x
 
 
+def to_input_range(spec: AnalysisSpec, x: np.ndarray) -> np.ndarray:
+    """Map values from the spec's value range onto the mechanism's ``input_range``, if it declares one."""
+    target = getattr(spec.randomizer, "input_range", None)
+    if target is None:
+        return x
+    (lo, hi), (a, b) = spec.domain["value_range"], target
+    return a + (x - lo) * (b - a) / (hi - lo)
+
+
+def from_input_range(spec: AnalysisSpec, mean: np.ndarray, stderr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of ``to_input_range`` for a mean and its standard error."""
+    target = getattr(spec.randomizer, "input_range", None)
+    if target is None:
+        return mean, stderr
+    (lo, hi), (a, b) = spec.domain["value_range"], target
+    scale = (hi - lo) / (b - a)
+    return lo + (mean - a) * scale, stderr * scale
+
+
 def hashed_item(spec: AnalysisSpec, value: Any) -> int:
     """A heavy-hitter item (string or integer) as its ``bits``-bit hash."""
     if isinstance(value, bool) or not isinstance(value, str | int):
@@ -121,8 +140,5 @@ def client_inputs(spec: AnalysisSpec, values: list[Any], rng: Randomness) -> Any
         return kv_encoder(spec).encode_events(values, rng)
     if spec.kind == "vector_mean":
         x = np.stack(values) if values else np.zeros((0, spec.d))
-        if spec.mechanism == "vector_sum":  # 002 sums values on [0, 1]
-            lo, hi = spec.domain["value_range"]
-            x = (x - lo) / (hi - lo)
-        return x
+        return to_input_range(spec, x)
     return np.fromiter(values, dtype=np.uint64 if spec.kind == "heavy_hitters" else np.int64, count=len(values))

@@ -71,11 +71,11 @@ def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
 
 
 def vector_items(spec: AnalysisSpec, result: Any) -> list[Item]:
-    """Per coordinate: the mean in value units (002's [0, 1] sums are mapped back to the value range)."""
-    mean, stderr = np.asarray(result.mean, dtype=np.float64), np.asarray(result.stderr, dtype=np.float64)
-    if spec.mechanism == "vector_sum":
-        lo, hi = spec.domain["value_range"]
-        mean, stderr = lo + (hi - lo) * mean, (hi - lo) * stderr
+    """Per coordinate: the mean in value units (a mechanism's own input range is mapped back)."""
+    from transforms.event_values import from_input_range
+
+    mean, stderr = from_input_range(spec, np.asarray(result.mean, dtype=np.float64),
+                                    np.asarray(result.stderr, dtype=np.float64))
     return _items(spec.categories, mean, stderr, mean)
 
 

@@ -111,6 +111,8 @@ class VectorSummation:
 
     name: ClassVar[str] = "vector_sum"
     payload_kind: ClassVar[str] = "coordinates"
+    # 002 sums values on [0, 1]: callers map their value range onto it and the estimate back
+    input_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     d: int
     epsilon: float
     delta: float = 1e-6
