@@ -295,3 +295,48 @@ def client_messages(mechanism: Mechanism, reports: np.ndarray, owner: np.ndarray
     all_owner = np.concatenate([np.arange(clients, dtype=np.int64), owner])
     order = np.argsort(all_owner, kind="stable")
     return np.concatenate([markers, wire])[order], all_owner[order]
+
+
+@cache
+def _payload_union() -> Any:
+    """The parsed payload union of Report.avsc: what a sealed message's plaintext is written with."""
+    import fastavro
+
+    schema = load_schema("Report").parsed
+    named = {n: s for n, s in schema["__named_schemas"].items()} if "__named_schemas" in schema else {}
+    for field in schema["fields"]:
+        if field["name"] == "payload":
+            return fastavro.parse_schema(field["type"], named_schemas=dict(named))
+    raise KeyError("no payload field in schemas/Report.avsc")
+
+
+def encode_payload(mechanism: Mechanism, row: PayloadRow) -> bytes:
+    """A row's payload as schemaless Avro of the payload union: the plaintext a device seals to the analyzer."""
+    import io
+
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _payload_union(), payload_to_avro(mechanism, row))
+    return out.getvalue()
+
+
+def decode_payload(mechanism: Mechanism, data: bytes, channel: int) -> PayloadRow:
+    """Inverse of ``encode_payload`` with every domain check of ``payload_from_avro``; ``ValueError`` says why."""
+    import io
+
+    import fastavro
+
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload of {len(data)} bytes (at most {MAX_PAYLOAD_BYTES})")
+    buffer = io.BytesIO(data)
+    try:
+        payload = fastavro.schemaless_reader(buffer, _payload_union(), return_record_name=True)
+    except Exception as err:  # fastavro raises many types on garbage: each is a malformed payload
+        raise ValueError(f"undecodable payload ({type(err).__name__})") from None
+    if buffer.tell() != len(data):
+        raise ValueError(f"{len(data) - buffer.tell()} trailing bytes after the payload")
+    return payload_from_avro(mechanism, payload, channel)
+
+
+MAX_PAYLOAD_BYTES = 4096
