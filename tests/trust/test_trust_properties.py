@@ -49,12 +49,14 @@ def mutated(valid: bytes) -> st.SearchStrategy[bytes]:
     """Valid encodings with bytes flipped, cut or appended: reach deep into the decoder, not just the header."""
     flips = st.lists(st.tuples(st.integers(0, len(valid) - 1), st.integers(1, 255)), max_size=4)
 
-    def apply(edits: list[tuple[int, int]], cut: int, tail: bytes) -> bytes:
+    def apply(edits: list[tuple[int, int]], cut: int | None, tail: bytes) -> bytes:
         data = bytearray(valid)
         for i, x in edits:
             data[i] ^= x
         return bytes(data[:cut]) + tail
-    return st.builds(apply, flips, st.integers(0, len(valid)), st.binary(max_size=8))
+    cuts = st.one_of(st.none(), st.integers(0, len(valid)))
+    tails = st.one_of(st.just(b""), st.binary(min_size=1, max_size=8))
+    return st.builds(apply, flips, cuts, tails)
 
 
 def behind_header(name: str) -> st.SearchStrategy[bytes]:
