@@ -72,6 +72,21 @@ def dead_letter(full: bool) -> dict[str, Any]:
             "offset": 2**40 + 7, "stage": "shuffle", "reason": "duplicate: client c", "spec_id": "s@0123456789ab"}
 
 
+def message_set(crowd_id: str | None = None) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "crowd_id": crowd_id,
+            "device_id": "0123456789abcdef0123456789abcdef", "event_time": 1_700_000_123_456, "nonce": bytes(16),
+            "key_id": "20260101-0a1b2c3d", "messages": [{"channel": 0, "sealed": b"\x01sealed"}],
+            "signature": bytes(64)}
+
+
+def release_batch(deleted: int | None) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "release_id": "ab" * 16, "spec_id": "app_language@0123456789ab",
+            "crowd_id": "v1.2", "window_end": 1_700_002_800_000, "batch_index": 0, "batch_count": 1,
+            "n_sets": 1, "n_messages": 2, "deleted": deleted,
+            "messages": [{"channel": 0, "sealed": b"\x01a"}, {"channel": 3, "sealed": b"\x01b"}],
+            "key_id": "20260101-0a1b2c3d", "signature": bytes(64)}
+
+
 ROUND_TRIPS: list[tuple[str, str, dict[str, Any]]] = [
     ("TelemetryEvent", "string", telemetry_event("en")),
     ("TelemetryEvent", "long", telemetry_event(63)),
@@ -100,6 +115,10 @@ ROUND_TRIPS: list[tuple[str, str, dict[str, Any]]] = [
     ("Estimate", "n_deleted-set", estimate(31)),
     ("DeadLetter", "minimal", dead_letter(False)),
     ("DeadLetter", "full", dead_letter(True)),
+    ("MessageSet", "no-crowd", message_set()),
+    ("MessageSet", "crowd", message_set("v1.2")),
+    ("ReleaseBatch", "deleted-null", release_batch(None)),
+    ("ReleaseBatch", "deleted-set", release_batch(7)),
 ]
 
 

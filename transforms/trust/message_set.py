@@ -1,0 +1,167 @@
+"""Message sets: what a device sends the shuffler for one event, signed with the device's enrolled key.
+
+The signature covers every field (routing, device id, time, nonce, analyzer key id and every sealed
+message with its channel), so the shuffler can authenticate the sender, refuse forgeries and floods, and
+dedupe, while the sealed payloads stay opaque to it. Verification errors never name the device: dead
+letters and logs leave the shuffler's trust domain.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from schemas import SCHEMA_VERSION, WireFormatError, decode_record, encode_record
+
+from .canonical import blob, i64, optional_text, tagged, text
+from .devices import DeviceRegistry
+
+__all__ = [
+    "MAX_MESSAGES",
+    "MAX_SEALED_BYTES",
+    "AuthError",
+    "MessageSet",
+    "SealedMessage",
+    "decode_message_set",
+    "encode_message_set",
+    "sign_message_set",
+    "signing_bytes",
+    "verify_message_set",
+]
+
+MESSAGE_SET_TAG = b"esa-messageset-v1"
+MAX_MESSAGES = 4096
+MAX_SEALED_BYTES = 4096
+MAX_ID_CHARS = 200
+NONCE_BYTES = 16
+SIGNATURE_BYTES = 64
+MAX_TIME_MS = 2**53
+MAX_CHANNEL = 2**31 - 1
+#: Largest well-formed encoding (every message at its maximum size, plus the header fields).
+MAX_ENCODED_BYTES = MAX_MESSAGES * (MAX_SEALED_BYTES + 8) + 4 * MAX_ID_CHARS * 4 + 256
+_DEVICE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class AuthError(ValueError):
+    """A set or batch whose sender cannot be authenticated; the reason never identifies a client."""
+
+
+@dataclass(frozen=True)
+class SealedMessage:
+    """One message of a set: its (public) channel and its payload sealed to the analyzer."""
+
+    channel: int
+    sealed: bytes
+
+
+@dataclass(frozen=True)
+class MessageSet:
+    """Every message a device sends for one event, with the device's signature over all of it."""
+
+    spec_id: str
+    crowd_id: str | None
+    device_id: str
+    event_time_ms: int
+    nonce: bytes
+    key_id: str
+    messages: tuple[SealedMessage, ...]
+    signature: bytes = b""
+
+
+def messages_bytes(messages: tuple[SealedMessage, ...]) -> bytes:
+    """Canonical encoding of an ordered message list (count, then channel and blob of each)."""
+    return i64(len(messages)) + b"".join(i64(m.channel) + blob(m.sealed) for m in messages)
+
+
+def signing_bytes(ms: MessageSet) -> bytes:
+    """What the device signs: every field but the signature, canonical and domain-separated."""
+    return tagged(MESSAGE_SET_TAG, text(ms.spec_id), optional_text(ms.crowd_id), text(ms.device_id),
+                  i64(ms.event_time_ms), blob(ms.nonce), text(ms.key_id), messages_bytes(ms.messages))
+
+
+def sign_message_set(ms: MessageSet, signer: Ed25519PrivateKey) -> MessageSet:
+    """``ms`` with the device's signature filled in."""
+    return replace(ms, signature=signer.sign(signing_bytes(ms)))
+
+
+def verify_message_set(ms: MessageSet, registry: DeviceRegistry) -> None:
+    """Raise AuthError unless ``ms`` is signed by the enrolled key of its device id (and nothing else)."""
+    try:
+        verifier = registry.verifier(ms.device_id)
+    except Exception:  # an unhashable or odd device id from a malformed object
+        raise AuthError("unknown device (not enrolled)") from None
+    if verifier is None:
+        raise AuthError("unknown device (not enrolled)")
+    try:
+        verifier.verify(bytes(ms.signature), signing_bytes(ms))
+    except InvalidSignature:
+        raise AuthError("bad signature") from None
+    except Exception:  # fields of the wrong type or range cannot have been signed
+        raise AuthError("bad signature (malformed message set)") from None
+
+
+def check_text(name: str, value: Any, min_chars: int = 1) -> None:
+    if not isinstance(value, str) or not min_chars <= len(value) <= MAX_ID_CHARS:
+        raise WireFormatError(f"{name} must be {min_chars}..{MAX_ID_CHARS} characters")
+
+
+def check_time(name: str, value: Any) -> None:
+    if not isinstance(value, int) or not 0 <= value < MAX_TIME_MS:
+        raise WireFormatError(f"{name} out of range [0, 2^53)")
+
+
+def check_messages(messages: Any, min_count: int, max_count: int | None) -> tuple[SealedMessage, ...]:
+    """Range-check a message list (Avro dicts or SealedMessage) and return it as SealedMessages."""
+    if max_count is not None and not min_count <= len(messages) <= max_count:
+        raise WireFormatError(f"message count {len(messages)} outside [{min_count}, {max_count}]")
+    out = []
+    for m in messages:
+        channel, sealed = (m["channel"], m["sealed"]) if isinstance(m, dict) else (m.channel, m.sealed)
+        if not isinstance(channel, int) or not 0 <= channel <= MAX_CHANNEL:
+            raise WireFormatError("channel out of range [0, 2^31)")
+        if not isinstance(sealed, bytes) or not 1 <= len(sealed) <= MAX_SEALED_BYTES:
+            raise WireFormatError(f"sealed message must be 1..{MAX_SEALED_BYTES} bytes")
+        out.append(m if isinstance(m, SealedMessage) else SealedMessage(channel, sealed))
+    return tuple(out)
+
+
+def _check(ms: MessageSet) -> tuple[SealedMessage, ...]:
+    check_text("spec_id", ms.spec_id)
+    if ms.crowd_id is not None:
+        check_text("crowd_id", ms.crowd_id, min_chars=0)
+    if not isinstance(ms.device_id, str) or not _DEVICE_ID.match(ms.device_id):
+        raise WireFormatError("device_id must be 32 lowercase hex digits")
+    check_time("event_time", ms.event_time_ms)
+    if not isinstance(ms.nonce, bytes) or len(ms.nonce) != NONCE_BYTES:
+        raise WireFormatError(f"nonce must be {NONCE_BYTES} bytes")
+    check_text("key_id", ms.key_id)
+    if not isinstance(ms.signature, bytes) or len(ms.signature) != SIGNATURE_BYTES:
+        raise WireFormatError(f"signature must be {SIGNATURE_BYTES} bytes")
+    return check_messages(ms.messages, 1, MAX_MESSAGES)
+
+
+def encode_message_set(ms: MessageSet) -> bytes:
+    """Single-object Avro ``MessageSet``; refuses (WireFormatError) what a reader would refuse."""
+    messages = _check(ms)
+    record = {"schema_version": SCHEMA_VERSION, "spec_id": ms.spec_id, "crowd_id": ms.crowd_id,
+              "device_id": ms.device_id, "event_time": ms.event_time_ms, "nonce": ms.nonce, "key_id": ms.key_id,
+              "messages": [{"channel": m.channel, "sealed": m.sealed} for m in messages],
+              "signature": ms.signature}
+    return encode_record("MessageSet", record, check=False)
+
+
+def decode_message_set(data: bytes) -> MessageSet:
+    """Read and range-check a ``MessageSet``; any malformed input raises WireFormatError, nothing else."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WireFormatError(f"not bytes ({type(data).__name__})")
+    if len(data) > MAX_ENCODED_BYTES:
+        raise WireFormatError(f"message set of {len(data)} bytes exceeds {MAX_ENCODED_BYTES}")
+    r = decode_record("MessageSet", bytes(data))
+    ms = MessageSet(spec_id=r["spec_id"], crowd_id=r["crowd_id"], device_id=r["device_id"],
+                    event_time_ms=r["event_time"], nonce=r["nonce"], key_id=r["key_id"],
+                    messages=tuple(r["messages"]), signature=r["signature"])
+    return replace(ms, messages=_check(ms))

@@ -1,0 +1,124 @@
+"""Sealing report payloads to the analyzer, so the shuffler in between handles them blind.
+
+An HPKE-style one-shot seal (base mode, in the spirit of RFC 9180 but not wire-compatible with it): a
+fresh ephemeral X25519 key per message, key = HKDF-SHA256(shared secret, salt = eph_pub || recipient_pub,
+info = b"esa-seal-v1"), then ChaCha20-Poly1305 under a zero nonce, which is safe because every key
+encrypts exactly one message. A fresh ephemeral key per message means two messages of one device share
+no bytes beyond the version and key id, so the sealed blobs cannot be linked to each other.
+
+The routing fields that survive the shuffle (spec, crowd, window end, channel) are bound as associated
+data: a shuffler that moves a blob to another crowd or channel makes it fail to open.
+
+Blob layout: ``0x01 | u8 len(key_id) | key_id (ascii) | eph_pub (32) | ciphertext || tag (16)``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .canonical import i64, optional_text, tagged, text
+
+__all__ = ["SEAL_OVERHEAD", "SealError", "associated_data", "key_id_of", "open_sealed", "seal"]
+
+SEAL_TAG = b"esa-seal-v1"
+SEAL_VERSION = 1
+_KEY_BYTES = 32
+_TAG_BYTES = 16
+_NONCE = bytes(12)
+#: Bytes a sealed blob adds to its plaintext, besides the key id.
+SEAL_OVERHEAD = 2 + _KEY_BYTES + _TAG_BYTES
+
+
+class SealError(ValueError):
+    """A blob that cannot be opened; the message is a short reason fit for a dead letter."""
+
+
+def associated_data(spec_id: str, crowd_id: str | None, window_end_ms: int, channel: int) -> bytes:
+    """The routing fields that survive the shuffle, canonically encoded and domain-separated."""
+    return tagged(SEAL_TAG, text(spec_id), optional_text(crowd_id), i64(window_end_ms), i64(channel))
+
+
+def _derive(shared: bytes, eph_pub: bytes, recipient_pub: bytes) -> ChaCha20Poly1305:
+    key = HKDF(hashes.SHA256(), 32, salt=eph_pub + recipient_pub, info=SEAL_TAG).derive(shared)
+    return ChaCha20Poly1305(key)
+
+
+def _header(key_id: str) -> bytes:
+    try:
+        raw = key_id.encode("ascii")
+    except (UnicodeEncodeError, AttributeError):
+        raise ValueError(f"key id must be ascii text, got {key_id!r}") from None
+    if not 1 <= len(raw) <= 255:
+        raise ValueError(f"key id must be 1..255 ascii characters, got {len(raw)}")
+    return bytes((SEAL_VERSION, len(raw))) + raw
+
+
+def seal(public_key: X25519PublicKey, key_id: str, plaintext: bytes, associated: bytes,
+         ephemeral: bytes | None = None) -> bytes:
+    """Seal ``plaintext`` to the analyzer key ``key_id``, bound to ``associated`` (see ``associated_data``).
+
+    ``ephemeral``: 32 bytes of private key material when the output must be reproducible (the encoder
+    derives it from a keyed PRF so a retried bundle is byte-identical); None draws it from OS entropy.
+    Never reuse an ephemeral value for two different plaintexts.
+    """
+    header = _header(key_id)
+    if ephemeral is None:
+        ephemeral = os.urandom(_KEY_BYTES)
+    elif len(ephemeral) != _KEY_BYTES:
+        raise ValueError(f"ephemeral key material must be {_KEY_BYTES} bytes, got {len(ephemeral)}")
+    eph = X25519PrivateKey.from_private_bytes(bytes(ephemeral))
+    eph_pub = eph.public_key().public_bytes_raw()
+    aead = _derive(eph.exchange(public_key), eph_pub, public_key.public_bytes_raw())
+    return header + eph_pub + aead.encrypt(_NONCE, bytes(plaintext), bytes(associated))
+
+
+def _parse(blob: bytes) -> tuple[str, bytes, bytes]:
+    """``(key_id, eph_pub, ciphertext)`` of a blob, or SealError."""
+    if not isinstance(blob, bytes | bytearray | memoryview):
+        raise SealError(f"not bytes ({type(blob).__name__})")
+    blob = bytes(blob)
+    if len(blob) < 2:
+        raise SealError("truncated")
+    if blob[0] != SEAL_VERSION:
+        raise SealError(f"unsupported version {blob[0]}")
+    n = blob[1]
+    if len(blob) < 2 + n + _KEY_BYTES + _TAG_BYTES:
+        raise SealError("truncated")
+    try:
+        key_id = blob[2:2 + n].decode("ascii")
+    except UnicodeDecodeError:
+        raise SealError("malformed key id") from None
+    return key_id, blob[2 + n:2 + n + _KEY_BYTES], blob[2 + n + _KEY_BYTES:]
+
+
+def key_id_of(blob: bytes) -> str:
+    """The analyzer key id a blob was sealed to (SealError if the header is malformed)."""
+    return _parse(blob)[0]
+
+
+def open_sealed(private_keys: Mapping[str, X25519PrivateKey], blob: bytes, associated: bytes) -> bytes:
+    """Open a sealed blob with whichever of ``private_keys`` its key id names.
+
+    Raises SealError, and nothing else, for any input bytes: unknown key id, truncated, malformed,
+    authentication failed (tampered, or opened with other routing fields than it was sealed with).
+    """
+    key_id, eph_pub, ciphertext = _parse(blob)
+    private = private_keys.get(key_id)
+    if private is None:
+        raise SealError(f"unknown key id {key_id!r}")
+    try:
+        shared = private.exchange(X25519PublicKey.from_public_bytes(eph_pub))
+    except ValueError:  # low-order ephemeral point: all-zero shared secret
+        raise SealError("invalid ephemeral key") from None
+    aead = _derive(shared, eph_pub, private.public_key().public_bytes_raw())
+    try:
+        return aead.decrypt(_NONCE, ciphertext, bytes(associated))
+    except InvalidTag:
+        raise SealError("authentication failed (tampered or wrong routing fields)") from None
