@@ -23,6 +23,7 @@ import numpy as np
 
 from schemas import SCHEMA_VERSION, load_schema
 from transforms.mechanisms.base import Mechanism, channel_count, is_single_message
+from transforms.state.dead_letters import truncate_original
 
 PAYLOAD_RECORDS = {
     "category": "esa.telemetry.CategoryPayload",
@@ -121,16 +122,19 @@ def _presence_array(mechanism: Mechanism) -> np.ndarray:
 
 def dead_letter(stage: str, reason: str, *, original: bytes | None = None, source: SourceRef | None = None,
                 spec_id: str | None = None) -> dict[str, Any]:
-    """A DeadLetter record (schemas/DeadLetter.avsc)."""
+    """A DeadLetter record (schemas/DeadLetter.avsc); the original is capped at 64 KiB (with its full digest)."""
+    kept, digest = truncate_original(original)
     return {
         "schema_version": SCHEMA_VERSION,
-        "original": original,
+        "original": kept,
         "topic": source.topic if source else None,
         "partition": source.partition if source else None,
         "offset": source.offset if source else None,
         "stage": stage,
         "reason": reason,
         "spec_id": spec_id,
+        "original_length": None if original is None else len(original),
+        "original_digest": digest,
     }
 
 
