@@ -16,8 +16,16 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.job import BoundedRun, JobConfig, RunSummary, config_from_options, finish_run, locked, plan_run, \
-    run_pipeline
+from pipelines.job import (
+    BoundedRun,
+    JobConfig,
+    RunSummary,
+    config_from_options,
+    finish_run,
+    locked,
+    plan_run,
+    run_pipeline,
+)
 from transforms.encode import EncodeEvents
 from transforms.kafkaio import WriteToKafka
 from transforms.mechanisms.randomness import job_key_from_seed

@@ -26,7 +26,13 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from pipelines.options import EsaKafkaOptions, EsaOptions, EsaServiceOptions, kafka_client_config, local_runner_requested
+from pipelines.options import (
+    EsaKafkaOptions,
+    EsaOptions,
+    EsaServiceOptions,
+    kafka_client_config,
+    local_runner_requested,
+)
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, plan_bounded_read
 from transforms.spec import AnalysisSpec, load_spec
 from transforms.state.files import StateLock
@@ -210,7 +216,7 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
     commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]
     try:
         commit_plan(run.config.bootstrap, run.config.group_id, commit, run.config.kafka_config)
-    except Exception as err:  # noqa: BLE001 - the state dir is the source of truth; the group is for lag only
+    except Exception as err:
         LOG.warning("could not commit offsets to group %s (state is saved): %s", run.config.group_id, err)
     shutil.rmtree(run.staging, ignore_errors=True)
     return new

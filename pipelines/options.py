@@ -75,7 +75,9 @@ def kafka_client_config(path: str) -> dict[str, object]:
     if not path:
         return {}
     out: dict[str, object] = {}
-    for number, line in enumerate(open(path, encoding="utf-8").read().splitlines(), start=1):
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    for number, line in enumerate(lines, start=1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue

@@ -88,6 +88,7 @@ def assemble(config: JobConfig, parts: list[ReleasePart]) -> dict[str, tuple[Rel
     """Staged parts -> per release: (key, file bytes of its signed batches, sets, messages)."""
     from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
     from transforms.trust.keys import load_shuffler_signer
+    from transforms.trust.message_set import SealedMessage
     from transforms.trust.release import (
         ReleaseBatch,
         encode_release_batch,
@@ -95,7 +96,6 @@ def assemble(config: JobConfig, parts: list[ReleasePart]) -> dict[str, tuple[Rel
         sign_release_batch,
         split_into_batches,
     )
-    from transforms.trust.message_set import SealedMessage
 
     key_id, signer = load_shuffler_signer(config.keys)
     by_release: dict[tuple, list[ReleasePart]] = {}

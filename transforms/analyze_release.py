@@ -80,7 +80,7 @@ class DecodeReleaseFn(beam.DoFn):
             seen_before = record.offset < self._prior.processed_until.get(pkey, 0)
             try:
                 batch, problem = self._admit(record.value)
-            except Exception as err:  # noqa: BLE001 - no record may stop the job
+            except Exception as err:
                 batch, problem = None, f"internal error on this record ({type(err).__name__})"
                 LOG.exception("release decoding failed at %s offset %d", pkey, record.offset)
             if problem is None:

@@ -30,11 +30,11 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
+from transforms.dead_letters import record_dead_letter
 from transforms.encode import crowd_of
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import channel_count, is_single_message
 from transforms.records import PRESENCE, SourceRef
-from transforms.dead_letters import record_dead_letter
 from transforms.spec import AnalysisSpec
 
 LOG = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class IngressFn(beam.DoFn):
             seen_before = record.offset < self._prior.processed_until.get(pkey, 0)
             try:
                 item, problem = self._admit(record)
-            except Exception as err:  # noqa: BLE001 - no record may stop the job: it becomes a dead letter
+            except Exception as err:
                 item, problem = None, f"internal error on this record ({type(err).__name__})"
                 LOG.exception("ingress failed on %s", pkey)
             if problem is not None:

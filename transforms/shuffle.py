@@ -40,7 +40,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import AsDict, TaggedOutput
 
-from transforms.ingress import DEAD, NAMESPACE, TIMES, SetElement
+from transforms.ingress import DEAD, NAMESPACE, SetElement
 from transforms.mechanisms.base import is_single_message, messages_per_channel
 from transforms.mechanisms.randomness import keyed_generator, keyed_index
 from transforms.privacy.crowd import crowd_threshold
