@@ -98,7 +98,8 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
     x = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + x_lo[rows]
     mm, A1, A2 = m[rows], a1[rows], a2[rows]
     prob = A1 * np.exp(_log_binom_half(x - 1, mm - 1)) + A2 * np.exp(_log_binom_half(x, mm - 1))
-    loss = np.log(A1 * x + A2 * (mm - x)) - np.log(A2 * x + A1 * (mm - x))
+    with np.errstate(divide="ignore", invalid="ignore"):  # A1 = A2 = 0 (underflow) only where prob = 0
+        loss = np.log(A1 * x + A2 * (mm - x)) - np.log(A2 * x + A1 * (mm - x))
     zero = mm == 0  # the single outcome (0, 0): same probability under P and Q
     prob = np.where(zero, b_m[0] * max(0.0, 1.0 - alpha - e_alpha) if m[0] == 0 else 0.0, prob)
     loss = np.where(zero, 0.0, loss)
