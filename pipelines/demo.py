@@ -41,7 +41,8 @@ DEMO_SPECS: dict[str, Path] = {"histogram": DEFAULT_SPEC, "grid": EXAMPLES / "gr
                                "quantile": EXAMPLES / "latency_quantiles.toml",
                                "heavy_hitters": EXAMPLES / "url_heavy_hitters.toml"}
 # Heavy hitters are reported by rank: their estimates meet the truth by item name (the hash), not by index.
-JOIN_ON: dict[str, str] = {"heavy_hitters": "item"}
+# Range trees by node name ("level/index"): a structure may store only some nodes (004's left children).
+JOIN_ON: dict[str, str] = {"heavy_hitters": "item", "range": "item", "quantile": "item"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ def compare(estimates: pa.Table, truth: pa.Table, on: str = "item_index") -> pa.
     estimate, which is what the stderr describes.
 
     ``on="item_index"``: one row per true item the analyzer estimated. ``on="item"``: one row per REPORTED
-    item (heavy hitters), with truth 0 for an item no client holds. True counts marked ``scales_with_n``
+    item (heavy hitters; tree nodes, of which a structure may store a subset), with truth 0 for an item no
+    client holds. True counts marked ``scales_with_n``
     (range trees) are rescaled to the clients the shuffler released: it deletes uniformly random clients.
     """
     est = {}

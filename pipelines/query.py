@@ -1,8 +1,9 @@
 """``esa query``: ranges and quantiles answered from stored range-tree estimates (no pipeline, no broker).
 
-A range or quantile analysis stores every node of its dyadic tree as an Estimate row (item ``"level/index"``,
+A range or quantile analysis stores every node of its tree as an Estimate row (item ``"level/index"``,
 ``raw_estimate`` = the unbiased count) and, in the ``parameters`` JSON under ``"readout"``, the per-level
-variance constants and the bucketing (bits, value_range). That is exactly what ``RangeTree.from_rows`` needs,
+variance constants and the bucketing (bits, value_range). That is exactly what ``RangeTree.from_rows`` needs
+(``LeftChildrenTree.from_rows`` for 004's multi-message range counting, which stores the root and left children),
 so a stored tree answers any range [LO, HI) or quantile with the same numbers and standard errors as the live
 accumulator. Ranges are asked in value units; the tree only knows whole buckets, so a range is answered over
 the smallest run of buckets covering it, and the output says which value range that is.
@@ -23,9 +24,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from transforms.mechanisms.left_children_tree import LeftChildrenTree
 from transforms.mechanisms.range_tree import RangeTree
 
 Z_95 = 1.96
+# How each tree structure (``readout["structure"]``, the estimate's ``structure``) is rebuilt from its rows:
+# dyadic_range stores every node of its tree, mm_range (004's matrix mechanism) only the root and left children.
+STRUCTURES: dict[str, type[RangeTree] | type[LeftChildrenTree]] = {"dyadic": RangeTree,
+                                                                   "left_children": LeftChildrenTree}
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class StoredTree:
     window_start: int
     window_end: int
     crowd_id: str | None
-    tree: RangeTree
+    tree: RangeTree | LeftChildrenTree
     value_range: tuple[float, float] | None
     eps_local: float
     eps_central: float
@@ -116,9 +122,14 @@ def _parse_level_index(items: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
             np.fromiter((int(p[1]) for p in parts), dtype=np.int64, count=len(parts)))
 
 
-def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree:
-    """Rebuild one crowd's RangeTree from its node rows (``raw_estimate`` per ``"level/index"``) and the
-    per-level constants [clients, var_intercept, var_slope, cov_beta] of the ``readout`` parameters."""
+def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree | LeftChildrenTree:
+    """Rebuild one crowd's tree from its node rows (``raw_estimate`` per ``"level/index"``) and the per-level
+    constants [clients, var_intercept, var_slope, cov_beta] of the ``readout`` parameters, as the structure
+    the analyzer stored (``readout["structure"]``: a full dyadic tree or 004's left-children nodes)."""
+    structure = readout.get("structure", "dyadic")
+    if structure not in STRUCTURES:
+        raise ValueError(f"unknown range-tree structure {structure!r} in the readout parameters "
+                         f"(known: {', '.join(STRUCTURES)})")
     names = rows["item"].to_pylist()
     node = np.fromiter((not name.startswith("quantile:") for name in names), dtype=bool, count=len(names))
     level, index = _parse_level_index([n for n, keep in zip(names, node.tolist(), strict=True) if keep])
@@ -127,7 +138,7 @@ def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree:
     if missing:
         raise ValueError(f"the readout parameters lack the constants of tree levels {missing}")
     table = np.array([constants[str(x)] for x in level.tolist()], dtype=np.float64).reshape(-1, 4)
-    return RangeTree.from_rows({
+    return STRUCTURES[structure].from_rows({
         "level": level, "index": index,
         "estimate": np.asarray(rows["raw_estimate"], dtype=np.float64)[node],
         "stderr": np.asarray(rows["stderr"], dtype=np.float64)[node],

@@ -115,11 +115,16 @@ def leaves_of(spec: AnalysisSpec, values: np.ndarray) -> np.ndarray:
 
 def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     """The exact count of every node of the spec's tree: root "0/0" (n), then level by level, as
-    ``RangeTree.to_rows`` orders its rows. Counts scale with the clients analyzed (``scales_with_n``)."""
-    size = 2 ** spec.domain["bits"]
-    leaf_counts = np.bincount(leaves_of(spec, values), minlength=size).astype(np.float64)
+    ``RangeTree.to_rows`` orders its rows. Counts scale with the clients analyzed (``scales_with_n``).
+
+    The levels are the mechanism's own (``prefix_lengths`` of a dyadic tree of any branching) or, for a
+    mechanism that stores a subset of the binary tree's nodes (004's left children, ``mm_range``), every
+    level 1..bits: the demo joins estimates to the truth by node name, so a superset is what it needs.
+    """
+    bits = spec.domain["bits"]
+    leaf_counts = np.bincount(leaves_of(spec, values), minlength=2 ** bits).astype(np.float64)
     names, truth = ["0/0"], [np.array([leaf_counts.sum()])]
-    for length in spec.randomizer.prefix_lengths:
+    for length in getattr(spec.randomizer, "prefix_lengths", None) or range(1, bits + 1):
         names.extend(f"{length}/{i}" for i in range(1 << length))
         truth.append(leaf_counts.reshape(1 << length, -1).sum(axis=1))
     counts = np.concatenate(truth)
