@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines.paths import OutputLocation, output_location
 from transforms.mechanisms.left_children_tree import LeftChildrenTree
 from transforms.mechanisms.range_tree import RangeTree
 
@@ -146,8 +147,8 @@ def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree | LeftChildren
         "cov_beta": table[:, 3]})
 
 
-def _window_ms(text: str) -> int:
-    """A window start given as milliseconds since the epoch or an ISO 8601 time (UTC unless it says)."""
+def parse_time_ms(text: str, flag: str = "--window") -> int:
+    """A time given as milliseconds since the epoch or an ISO 8601 time (UTC unless it says)."""
     try:
         return int(text)
     except ValueError:
@@ -155,7 +156,7 @@ def _window_ms(text: str) -> int:
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"--window must be epoch milliseconds or an ISO 8601 time, got {text!r}") from None
+        raise ValueError(f"{flag} must be epoch milliseconds or an ISO 8601 time, got {text!r}") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return round(when.timestamp() * 1000)
@@ -168,7 +169,7 @@ def trees_of(table: pa.Table, spec_id: str | None = None, window: str | int | No
         return []
     keys = table.select(["spec_id", "window_start", "crowd_id"]).group_by(
         ["spec_id", "window_start", "crowd_id"]).aggregate([]).to_pylist()
-    start = None if window is None else _window_ms(str(window))
+    start = None if window is None else parse_time_ms(str(window))
     out = []
     for key in sorted(keys, key=lambda k: (k["spec_id"], k["window_start"], k["crowd_id"] or "")):
         if (spec_id is not None and key["spec_id"] != spec_id) or (start is not None and key["window_start"] != start) \
@@ -192,13 +193,28 @@ def trees_of(table: pa.Table, spec_id: str | None = None, window: str | int | No
     return out
 
 
-def read_trees(estimates: Path, spec_id: str | None = None, window: str | int | None = None,
+def estimates_file(estimates: str | Path | OutputLocation) -> Path | str:
+    """DIR/estimates.parquet of a local directory or a URL (``gs://bucket/esa``), or the file given itself."""
+    location = output_location(estimates)
+    if location.local is not None:
+        path = location.local
+        path = path / "estimates.parquet" if path.is_dir() else path
+        if not path.is_file():
+            raise ValueError(f"no estimates at {path} (give the output directory of esa run/demo/analyze)")
+        return path
+    url = str(location)
+    return url if url.endswith(".parquet") else location.join("estimates.parquet")
+
+
+def read_trees(estimates: str | Path | OutputLocation, spec_id: str | None = None, window: str | int | None = None,
                crowd: str | None = None) -> list[StoredTree]:
-    """The range trees stored in DIR/estimates.parquet (or that file), filtered; ValueError if there are none."""
-    path = estimates / "estimates.parquet" if estimates.is_dir() else estimates
-    if not path.is_file():
-        raise ValueError(f"no estimates at {path} (give the output directory of esa run/demo/analyze)")
-    table = pq.read_table(path)
+    """The range trees stored in DIR/estimates.parquet (or that file, or a URL), filtered; ValueError if there
+    are none."""
+    path = estimates_file(estimates)
+    try:
+        table = pq.read_table(str(path))
+    except (OSError, pa.ArrowException) as err:
+        raise ValueError(f"cannot read estimates at {path}: {err}") from None
     trees = trees_of(table, spec_id, window, crowd)
     if not trees:
         analyses = sorted(set(table["spec_id"].to_pylist())) if table.num_rows else []
@@ -243,7 +259,7 @@ def z_of(confidence: float) -> float:
     return float(norm.ppf(0.5 + confidence / 2))
 
 
-def query(estimates: Path, ranges: Sequence[tuple[float, float]], quantiles: Sequence[float], *,
+def query(estimates: str | Path | OutputLocation, ranges: Sequence[tuple[float, float]], quantiles: Sequence[float], *,
           spec_id: str | None = None, window: str | None = None, crowd: str | None = None,
           confidence: float = 0.95) -> list[dict[str, Any]]:
     """Answer every range and quantile on every matching stored tree (checks the questions first)."""
@@ -289,5 +305,5 @@ def query_command(args: Any) -> int:
     results = query(args.estimates, [tuple(r) for r in args.ranges or ()], list(args.quantiles or ()),
                     spec_id=args.spec_id, window=args.window, crowd=args.crowd,
                     confidence=getattr(args, "confidence", 0.95))
-    print(json.dumps(results, indent=2) if args.json else format_answers(results))
+    print(json.dumps(results, indent=2) if args.json else format_answers(results), flush=True)
     return 0
