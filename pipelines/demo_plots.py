@@ -7,6 +7,7 @@ rebuilt range tree with random ranges, or heavy hitters' true top-k with readabl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,15 @@ def _pyplot() -> Any:
 
 def ledger_title(facts: dict[str, Any]) -> str:
     """One line with the mechanism, n and the privacy ledger (what every demo picture states)."""
-    return (f"{facts['mechanism']}  n={facts['n_clients']:,}  ε_local={facts['eps_local']:g}  "
-            f"ε_central={facts['eps_central']:.4f}  δ={facts['delta']:g}")
+    eps_local = float(facts["eps_local"])
+    if not math.isfinite(eps_local):
+        local = "ε_local=∞ (no local guarantee: multi-message protocol, central only)"
+    elif facts.get("epsilon_role") == "central target":
+        local = f"ε_local={eps_local:.4g} (from target ε_central={facts['epsilon_spec']:g})"
+    else:
+        local = f"ε_local={eps_local:g}"
+    return (f"{facts['mechanism']}  n={facts['n_clients']:,}  {local}  ε_central={facts['eps_central']:.4f}  "
+            f"δ={facts['delta']:g}")
 
 
 def plot_bars(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], path: Path,
