@@ -201,7 +201,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def _run_job(command: str, argv: Sequence[str]) -> int:
     import importlib
 
-    from pipelines.job_cli import BEAM_NOTE, UsageError, dead_letter_verdict, help_text, parse_job_argv
+    from pipelines.job_cli import BEAM_NOTE, UsageError, help_text, parse_job_argv
 
     try:
         job = parse_job_argv(command, argv)
@@ -213,8 +213,38 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
         return 0
     LOG.debug("%s: %s", command, BEAM_NOTE)
     module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
-    summary = module.run_from_argv(job.beam_argv)
-    fraction, warning = dead_letter_verdict(summary.accounting, job.max_dead_letter_fraction)
+    if _follow_requested(job.beam_argv):
+        from pipelines.service import follow
+
+        summaries = follow(lambda: module.run_from_argv(job.beam_argv), _poll_seconds(job.beam_argv))
+        return max((_report_run(command, s, job.max_dead_letter_fraction) for s in summaries), default=0)
+    return _report_run(command, module.run_from_argv(job.beam_argv), job.max_dead_letter_fraction)
+
+
+def _follow_requested(argv: Sequence[str]) -> bool:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.options import EsaServiceOptions
+
+    return bool(PipelineOptions(list(argv)).view_as(EsaServiceOptions).follow)
+
+
+def _poll_seconds(argv: Sequence[str]) -> float:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.options import EsaServiceOptions
+
+    return float(PipelineOptions(list(argv)).view_as(EsaServiceOptions).poll_seconds)
+
+
+def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
+    """Print one run's JSON line; the exit code says whether it balanced and stayed under the dead-letter bar."""
+    from pipelines.job_cli import dead_letter_verdict
+
+    read = summary.count("kafka_records_read") if summary.stage != "end_to_end" else \
+        summary.stages["encode"].count("kafka_records_read")
+    fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": summary.count("dead_lettered")},
+                                            max_dead_fraction)
     paths = {"estimates": summary.estimates_path, "dead_letters": summary.dead_letters_path}
     outputs = {name: str(paths[name]) for name in STAGE_OUTPUTS.get(summary.stage, ("dead_letters",))}
     _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
@@ -332,6 +362,9 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if isinstance(err, EsaError):
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(err.exit_code)
+    if type(err).__name__ == "StateLocked":
+        print(f"esa {command}: error: {err}", file=sys.stderr)
+        return int(ExitCode.STATE_LOCKED)
     if type(err).__name__ == "SpecError":
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.CONFIG)

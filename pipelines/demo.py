@@ -26,16 +26,18 @@ import pyarrow.parquet as pq
 from pipelines.broker import LocalBroker
 from pipelines.demo_checks import kind_checks
 from pipelines.demo_plots import plot, plot_file_name
-from pipelines.end_to_end import run
+from pipelines.end_to_end import ChainSummary, run
+from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig, RunSummary
+from pipelines.job import JobConfig
 from pipelines.paths import OutputLocation, output_location
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
 from pipelines.value_laws import l2_shrink
 from transforms.mechanisms.base import Mechanism
 from transforms.spec import AnalysisSpec, SpecError, load_spec
+from transforms.state.estimates_store import read_estimates
 
 LOG = logging.getLogger(__name__)
 # The example spec each ``esa demo --kind`` runs by default (``--spec`` runs any other); shipped in the wheel.
@@ -53,7 +55,7 @@ JOIN_ON: dict[str, str] = {"heavy_hitters": "item", "range": "item", "quantile":
 class DemoOutcome:
     """What a demo run produced and how good it was."""
 
-    summary: RunSummary
+    summary: ChainSummary
     comparison: pa.Table
     facts: dict[str, Any]
 
@@ -132,7 +134,7 @@ def compare(estimates: pa.Table, truth: pa.Table, on: str = "item_index") -> pa.
     return table.append_column("error", pa.array(error)).append_column("abs_error_over_stderr", pa.array(z))
 
 
-def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, estimates: pa.Table,
+def summarize(spec: AnalysisSpec, summary: ChainSummary, comparison: pa.Table, estimates: pa.Table,
               kind_facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generic facts (per-item z-statistics, RMSE, ledger, accounting), overridden by the kind's own checks
     (``pipelines.demo_checks``: e.g. random ranges instead of 131k tree nodes)."""
@@ -160,16 +162,25 @@ def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, est
         "epsilon_spec": spec.epsilon,
         "epsilon_role": "central target" if epsilon_is_central_target(spec.randomizer) else "local",
         "eps_central": max((r["eps_central"] for r in crowds.values()), default=float("nan")),
+        "eps_central_cumulative": max((r["eps_central_cumulative"] for r in estimates.select(
+            ["eps_central_cumulative"]).to_pylist() if r["eps_central_cumulative"] is not None), default=float("nan"))
+        if estimates.num_rows and "eps_central_cumulative" in estimates.column_names else float("nan"),
         "delta": spec.delta,
         "n_reports": int(n_reports),
         "n_clients": int(n_clients),
         "messages_per_client": round(n_reports / n_clients, 3) if n_clients else float("nan"),
-        "deleted": summary.count("reports_deleted"),
+        "deleted": summary.count("sets_deleted"),
         "accounting": summary.accounting,
         "accounting_balanced": summary.balanced,
         "pipeline_seconds": round(summary.seconds, 2),
     }
     return {**facts, **(kind_facts or {})}
+
+
+def accounting_line(parts: dict[str, int]) -> str:
+    """``read N = a + b + ...`` of one stage, naming only the non-zero terms."""
+    terms = " + ".join(f"{k.replace('_', '-')} {v:,}" for k, v in parts.items() if k != "read" and v)
+    return f"read {parts.get('read', 0):,} = {terms or '0'}"
 
 
 def epsilon_is_central_target(mechanism: Mechanism) -> bool:
@@ -201,9 +212,7 @@ def _rmse(estimate: np.ndarray, truth: np.ndarray) -> float:
 
 
 def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
-    a = facts["accounting"]
     balance = "balanced" if facts["accounting_balanced"] else "NOT BALANCED"
-    expanded = f" + {a['expanded']:,} extra messages" if a.get("expanded") else ""
     processed = f"  (after {facts['postprocess']}: {facts['rmse']:.3g})" if facts["postprocess"] != "none" else ""
     if facts["kind"] in ("range", "quantile"):
         processed = f"  (consistent tree: {facts['rmse']:.3g})"
@@ -220,11 +229,14 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
         ("eps_central (shuffled)", f"{facts['eps_central']:.5f}"),
         ("delta", f"{facts['delta']:g}"),
         ("clients analyzed", f"{facts['n_clients']:,} ({facts['n_reports']:,} messages)"),
-        ("deleted by crowd threshold", f"{facts['deleted']:,} messages"),
-        ("records", f"read {a['read']:,}{expanded} = dead-lettered {a['dead_lettered']:,} + deleted {a['deleted']:,} "
-                    f"+ analyzed {a['analyzed']:,} (valid {a['valid']:,}): {balance}"),
+        ("eps_central over all windows so far", f"{facts.get('eps_central_cumulative', float('nan')):.5f} "
+                                                "(odometer, incl. the crowd count)"),
+        ("deleted by crowd threshold", f"{facts['deleted']:,} devices"),
+        *[(f"records, {stage}", accounting_line(parts)) for stage, parts in facts["accounting"].items()],
+        ("accounting", balance),
         ("pipeline time", f"{facts['pipeline_seconds']} s"),
-        ("outputs", f"{out}/estimates.parquet, truth.parquet, dead_letters.avro, {plot_file}"),
+        ("outputs", f"{out}/estimates/ (Parquet dataset), truth.parquet, {plot_file}; raw dead letters stay in "
+                    f"{out}/state/encode and {out}/state/shuffle"),
     ]
     print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<40}{x[1]}" for x in lines) + "\n")
 
@@ -258,15 +270,18 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     with LocalBroker() if bootstrap is None else _External(bootstrap) as broker:
         print(f"broker on {broker.bootstrap}; producing {clients:,} clients of {spec.spec_id}", file=sys.stderr)
         t0 = time.perf_counter()
+        enrol_simulated(out / "keys", population.client_ids.tolist())
         produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic, reports_topic=reports_topic,
                            bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"))
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",
               file=sys.stderr, flush=True)
+        # A demo is a backfill of past windows: drain releases every window at the end of the run.
         config = JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out, raw_topic=raw_topic,
-                                reports_topic=reports_topic, group_id=f"esa-demo-{run_id}", seed=seed)
+                           reports_topic=reports_topic, shuffled_topic=f"shuffled-{run_id}",
+                           group_id=f"esa-demo-{run_id}", seed=seed, drain=True)
         with heartbeat("pipeline running"):
             summary = run(config)
-    estimates = pq.read_table(summary.estimates_path)
+    estimates = read_estimates(out)
     truth = truth_table(spec, population)
     pq.write_table(truth, out / "truth.parquet")
     comparison = compare(estimates, truth, on=JOIN_ON.get(spec.kind, "item_index"))
