@@ -315,14 +315,40 @@ def _payload_union() -> Any:
 
 
 def encode_payload(mechanism: Mechanism, row: PayloadRow) -> bytes:
-    """A row's payload as schemaless Avro of the payload union: the plaintext a device seals to the analyzer."""
+    """A row's payload as the plaintext a device seals to the analyzer: 2-byte length, schemaless Avro of the
+    payload union, zero padding to the mechanism's fixed ``payload_pad_length``.
+
+    Padding matters because sealing hides contents, not lengths: Avro varints are shorter for small values,
+    so an unpadded ciphertext's length would tell the shuffler something about the randomized value.
+    """
     import io
 
     import fastavro
 
     out = io.BytesIO()
     fastavro.schemaless_writer(out, _payload_union(), payload_to_avro(mechanism, row))
-    return out.getvalue()
+    data = out.getvalue()
+    size = payload_pad_length(mechanism)
+    if len(data) > size:
+        raise ValueError(f"payload of {len(data)} bytes exceeds the {mechanism.name} bound of {size}")
+    return len(data).to_bytes(2, "big") + data + bytes(size - len(data))
+
+
+@cache
+def payload_pad_length(mechanism: Mechanism) -> int:
+    """The longest encoded payload the mechanism can produce: every integer at its longest varint (10 bytes)."""
+    import io
+
+    import fastavro
+
+    dtype = wire_dtype(mechanism)
+    row = np.zeros(1, dtype=dtype)
+    for name in dtype.names:
+        if name != CHANNEL and dtype.fields[name][0].base.kind in "iu":
+            row[name] = np.iinfo(np.int64).min if dtype.fields[name][0].base.kind == "i" else 0
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _payload_union(), payload_to_avro(mechanism, array_to_rows(row)[0]))
+    return len(out.getvalue()) + 9 * sum(1 for n in dtype.names if dtype.fields[n][0].base.kind == "u")
 
 
 def decode_payload(mechanism: Mechanism, data: bytes, channel: int) -> PayloadRow:
@@ -331,8 +357,12 @@ def decode_payload(mechanism: Mechanism, data: bytes, channel: int) -> PayloadRo
 
     import fastavro
 
-    if len(data) > MAX_PAYLOAD_BYTES:
-        raise ValueError(f"payload of {len(data)} bytes (at most {MAX_PAYLOAD_BYTES})")
+    if not 2 <= len(data) <= MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload of {len(data)} bytes (2 to {MAX_PAYLOAD_BYTES})")
+    size = int.from_bytes(data[:2], "big")
+    if size > len(data) - 2 or any(data[2 + size:]):
+        raise ValueError("payload length prefix or padding is malformed")
+    data = data[2:2 + size]
     buffer = io.BytesIO(data)
     try:
         payload = fastavro.schemaless_reader(buffer, _payload_union(), return_record_name=True)
