@@ -9,9 +9,9 @@ operation and the rate:
   signing a release batch;
 * analyzer side: opening one sealed message, decoding and verifying a release batch.
 
-Release batches hold ``--batch`` messages (default 1000); their rate is in batches and messages.
+Release batches hold ``--batch`` messages (default 100); their rate is in batches, with the cost per message.
 
-    .venv/bin/python benchmarks/trust.py            # ~1 minute
+    .venv/bin/python benchmarks/trust.py            # ~1.5 minutes
     .venv/bin/python benchmarks/trust.py --n 2000   # quick
 """
 
@@ -84,7 +84,7 @@ def run(n: int, repeats: int, batch_size: int) -> None:
                 for c in clients]
     signed = [sign_message_set(ms, fleet.signing_key(c)) for ms, c in zip(unsigned, clients, strict=True)]
     encoded = [encode_message_set(ms) for ms in signed]
-    n_batches = max(1, n // batch_size)
+    n_batches = n
     batch_msgs = tuple(SealedMessage(i % 4, blobs[i % len(blobs)]) for i in range(batch_size))
     batch = ReleaseBatch(release_id_of(SPEC, CROWD, WINDOW_END), SPEC, CROWD, WINDOW_END, 0, 1, batch_size,
                          batch_size, None, batch_msgs)
@@ -131,7 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=10_000, help="operations per measurement")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=1000, help="messages per release batch")
+    parser.add_argument("--batch", type=int, default=100, help="messages per release batch")
     args = parser.parse_args()
     run(args.n, args.repeats, args.batch)
 
