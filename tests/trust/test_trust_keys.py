@@ -140,3 +140,28 @@ def test_secrets_are_fresh_entropy(tmp_path: Path) -> None:
     a = load_or_create_secret(tmp_path / "a.key")
     b = load_or_create_secret(tmp_path / "b.key")
     assert a != b and load_or_create_secret(tmp_path / "a.key") == a
+
+
+def test_command_line_init_rotate_enroll_show(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from transforms.trust.__main__ import main
+
+    keys = tmp_path / "keys"
+    assert main(["init", str(keys)]) == 0
+    first = json.loads(capsys.readouterr().out)["analyzer_key_id"]
+    assert main(["rotate", "analyzer", str(keys)]) == 0
+    second = json.loads(capsys.readouterr().out)["key_id"]
+    public = [Ed25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(3)]
+    listing = tmp_path / "devices.txt"
+    listing.write_text("# fleet\n" + "\n".join(k.hex() for k in public) + "\n" + public[0].hex() + "\n")
+    assert main(["enroll", str(keys), str(listing)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"read": 4, "added": 3, "enrolled": 3}
+    assert main(["show", str(keys)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["analyzer_private"] == sorted([first, second]) and shown["enrolled_devices"] == 3
+    listing.write_text("zz\n")
+    assert main(["enroll", str(keys), str(listing)]) == 2
+    assert "devices.txt:1: not a hex public key" in capsys.readouterr().err

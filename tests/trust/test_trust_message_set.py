@@ -101,6 +101,7 @@ def _record(ms: MessageSet, **changes: object) -> bytes:
     ({"signature": b""}, "signature must be 64 bytes"),
     ({"device_id": "ABCDEF" + "0" * 26}, "device_id must be 32"),
     ({"device_id": "0" * 31}, "device_id must be 32"),
+    ({"device_id": "0" * 32 + "\n"}, "device_id must be 32"),
     ({"messages": []}, "message count 0"),
     ({"messages": [{"channel": 0, "sealed": b"x"}] * (MAX_MESSAGES + 1)}, f"message count {MAX_MESSAGES + 1}"),
     ({"messages": [{"channel": 0, "sealed": b"x" * (MAX_SEALED_BYTES + 1)}]}, "sealed message must be"),

@@ -125,3 +125,11 @@ def test_two_seals_of_one_plaintext_share_nothing_beyond_the_header(trust: Trust
     for a, b in pairs:
         assert a[:header] == b[:header]
         assert a[header:header + 32] != b[header:header + 32]  # fresh ephemeral key per message
+
+
+def test_associated_data_must_be_bytes(trust: Trust) -> None:
+    blob = seal(trust.analyzer_public, trust.analyzer_id, b"payload", AD)
+    with pytest.raises(SealError, match="associated data must be bytes"):
+        open_sealed(trust.analyzer_private, blob, 5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="associated data must be bytes"):
+        seal(trust.analyzer_public, trust.analyzer_id, b"payload", "spec")  # type: ignore[arg-type]
