@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--reports_topic", default="reports")
     sim.add_argument("--bad_per_kind", type=int, default=0, help="also produce N bad records of each kind")
     sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
+    sim.add_argument("--keys_dir", type=Path, default=Path("out/keys"),
+                     help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
+                          "out/keys, which is what `esa run --output_dir out` uses)")
     sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
     for name, what in BEAM_JOBS.items():
@@ -186,6 +189,9 @@ def _simulate(args: argparse.Namespace) -> int:
     start_ms = None if args.start_time is None else parse_time_ms(args.start_time, "--start_time")
     population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
                             windows=args.windows, start_ms=start_ms, seed=args.seed)
+    from pipelines.enrolment import enrol_simulated
+
+    enrol_simulated(args.keys_dir, population.client_ids.tolist())
     produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
                                   reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
                                   seed=args.seed, progress=progress_printer("produced"))
