@@ -127,12 +127,12 @@ def test_20000_entries_list_and_load_quickly(tmp_path: Path) -> None:
     ledger = ReleaseLedger(tmp_path)
     template = entry(ReleaseKey(SPEC, None, 0)).to_json()
     spec_ids = [SPEC, "feature_usage@ffffffffffff"]
+    for spec_id in spec_ids:
+        ledger.path_of(ReleaseKey(spec_id, None, 0)).parent.mkdir(parents=True)
     for i in range(20_000):  # written directly (fsync per entry would time the disk, not the ledger)
         key = ReleaseKey(spec_ids[i % 2], f"v{i % 100}", 3_600_000 * (i // 100))
-        body = {**template, "key": key.to_json()}
-        path = ledger.path_of(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(body))
+        with open(ledger.path_of(key), "w") as handle:
+            handle.write(json.dumps({**template, "key": key.to_json()}))
     start = time.perf_counter()
     everything = list(ledger.entries())
     listed = time.perf_counter() - start

@@ -76,9 +76,9 @@ def write_release_estimates(out_dir: Path, rows: list[dict[str, Any]], *, spec_n
     ``rows`` writes an empty part, which still records that the release was published.
     """
     path = part_path(out_dir, spec_name, window_end_ms, release_id)
+    _check_rows(rows, spec_name, window_end_ms)  # even when the part exists: a caller bug must not hide
     if path.exists():
         return path, False
-    _check_rows(rows, spec_name, window_end_ms)
     table = pa.Table.from_pylist(rows, schema=ESTIMATE_ARROW_SCHEMA)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")

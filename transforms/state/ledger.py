@@ -139,8 +139,8 @@ class ReleaseLedger:
     def path_of(self, key: ReleaseKey) -> Path:
         return self.root / f"{key.slug}.json"
 
-    def _load(self, path: Path, expected: ReleaseKey | None = None) -> ReleaseEntry | None:
-        obj = read_json(path)
+    def _load(self, path: Path | str, expected: ReleaseKey | None = None) -> ReleaseEntry | None:
+        obj = read_json(path)  # str paths from scandir: pathlib parsing would dominate a 20,000-entry listing
         if obj is None:
             return None
         try:
@@ -183,13 +183,13 @@ class ReleaseLedger:
     def entries(self, spec_id: str | None = None) -> Iterator[ReleaseEntry]:
         """Every entry (of one spec if given), in no particular order."""
         if spec_id is not None:
-            spec_dirs = [self.root / ReleaseKey(spec_id, None, 0).spec_dir]
+            spec_dirs = [str(self.root / ReleaseKey(spec_id, None, 0).spec_dir)]
         else:
-            spec_dirs = [Path(d.path) for d in _scan(self.root) if d.is_dir() and not d.name.startswith(".")]
+            spec_dirs = [d.path for d in _scan(self.root) if d.is_dir() and not d.name.startswith(".")]
         for spec_dir in spec_dirs:
             for item in _scan(spec_dir):
                 if item.name.endswith(".json") and not item.name.startswith("."):
-                    entry = self._load(Path(item.path))
+                    entry = self._load(item.path)
                     if entry is None:
                         continue
                     if spec_id is not None and entry.key.spec_id != spec_id:
@@ -206,7 +206,7 @@ class ReleaseLedger:
         return sorted(pending, key=lambda e: (e.key.window_end_ms, e.key.spec_id, e.key.crowd_id or ""))
 
 
-def _scan(directory: Path) -> list[os.DirEntry[str]]:
+def _scan(directory: Path | str) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as it:
             return list(it)
