@@ -12,7 +12,7 @@ import pytest
 
 from tests.state.racing import race
 from transforms.state.files import StateError, create_exclusive
-from transforms.state.ledger import PUBLISHED, SEALED, ReleaseEntry, ReleaseKey, ReleaseLedger
+from transforms.state.ledger import PUBLISHED, SEALED, ReleaseEntry, ReleaseKey, ReleaseLedger, release_id_for
 
 SPEC = "app_language@0123456789ab"
 
@@ -36,6 +36,14 @@ def test_slugs_are_safe_distinct_and_stable() -> None:
         assert re.fullmatch(r"-?\d+_[A-Za-z0-9_-][A-Za-z0-9._-]*", name), slug
     assert keys[0].slug.endswith("/3600000__all")
     assert ReleaseKey(SPEC, "v1", 5).slug == ReleaseKey(SPEC, "v1", 5).slug
+
+
+def test_release_ids_are_deterministic_and_tell_keys_and_contents_apart() -> None:
+    key = ReleaseKey(SPEC, "v1", 3_600_000)
+    assert release_id_for(key, "d1") == release_id_for(ReleaseKey(SPEC, "v1", 3_600_000), "d1")
+    others = {release_id_for(key, "d2"), release_id_for(ReleaseKey(SPEC, None, 3_600_000), "d1"),
+              release_id_for(ReleaseKey(SPEC, "v1", 7_200_000), "d1"), release_id_for(key, "d1")}
+    assert len(others) == 4 and all(re.fullmatch(r"[0-9a-f]{16}", r) for r in others)
 
 
 def test_key_validation() -> None:

@@ -126,6 +126,16 @@ class ReleaseEntry:
         return cls(**fields)
 
 
+def release_id_for(key: ReleaseKey, digest: str) -> str:
+    """A deterministic release id: 16 hex of SHA-256 of the key and the content digest.
+
+    A rerun that reproduces a release gets the same id, hence the same estimates part path, so republishing
+    after a crash is a no-op; a different content digest gets a different id.
+    """
+    canonical = json.dumps({"digest": digest, "key": key.to_json()}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
