@@ -56,10 +56,12 @@ def part_path(out_dir: Path, spec_name: str, window_end_ms: int, release_id: str
 
 
 def _check_rows(rows: list[dict[str, Any]], spec_name: str, window_end_ms: int) -> None:
+    """Every required column present (nullable ones may be left out: they default to null), none unknown."""
     names = set(ESTIMATE_ARROW_SCHEMA.names)
+    required = {f.name for f in ESTIMATE_ARROW_SCHEMA if not f.nullable}
     for i, row in enumerate(rows):
-        if set(row) != names:
-            missing, extra = sorted(names - set(row)), sorted(set(row) - names)
+        missing, extra = sorted(required - set(row)), sorted(set(row) - names)
+        if missing or extra:
             raise ValueError(f"estimate row {i} does not match schemas/Estimate.avsc: missing {missing}, extra {extra}")
         if row["window_end"] != window_end_ms:
             raise ValueError(f"estimate row {i} has window_end {row['window_end']}, not the release's {window_end_ms}")
