@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.state.racing import race
+from tests.state.racing import race, spawn
 from transforms.state.files import StateError, create_exclusive
 from transforms.state.ledger import PUBLISHED, SEALED, ReleaseEntry, ReleaseKey, ReleaseLedger, release_id_for
 
@@ -129,6 +130,37 @@ def test_seal_has_exactly_one_winner_among_8_processes(tmp_path: Path) -> None:
     assert {digest for _, digest in results} == {f"d{winners[0]}"}  # every loser saw the winner's entry
     stored = ReleaseLedger(tmp_path).get(ReleaseKey(SPEC, "v1", 3_600_000))
     assert stored is not None and stored.digest == f"d{winners[0]}"
+
+
+SEALER = """
+    import sys
+    from pathlib import Path
+    from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
+    ledger = ReleaseLedger(Path(sys.argv[1]))
+    for i in range(10**6):
+        key = ReleaseKey("s@0123456789ab", f"v{i % 7}", i)
+        ledger.seal(ReleaseEntry(key=key, release_id=f"r{i}", digest="d", n_sets=1, n_messages=1, batches=1,
+                                 source_ends={}, run_key="k", sealed_at_ms=1, extra={"pad": "x" * 200_000}))
+        ledger.mark_published(key)
+        if i == 0:
+            print("ready", flush=True)
+"""
+
+
+@pytest.mark.parametrize("kill_after_s", [0.02, 0.2])
+def test_kill_9_while_sealing_and_publishing_leaves_a_readable_ledger(tmp_path: Path, kill_after_s: float) -> None:
+    child = spawn(SEALER, str(tmp_path))
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        time.sleep(kill_after_s)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    found = list(ReleaseLedger(tmp_path).entries())  # raises on any partial entry
+    assert found and all(e.extra["pad"] == "x" * 200_000 for e in found)
+    windows = sorted(e.key.window_end_ms for e in found)
+    assert windows == list(range(len(windows)))  # sealed in order, none lost before the kill
+    assert all(e.status == PUBLISHED for e in found if e.key.window_end_ms < windows[-1])
 
 
 def test_20000_entries_list_and_load_quickly(tmp_path: Path) -> None:
