@@ -33,14 +33,13 @@ ESTIMATES_DIR = "estimates"
 LEGACY_FILE = "estimates.parquet"
 SORT_COLUMNS = ("spec_id", "window_end", "crowd_id", "item")
 _RELEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.@+-]*")
+_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9._@+-]+")
 
 
 def _segment(value: str) -> str:
-    """A directory-safe form of a partition value that Hive readers decode back (URI percent-encoding).
-
-    Values starting with '.' or '_' are encoded too: pyarrow and Spark skip such directories as hidden.
-    """
+    """A directory-safe form of a partition value that Hive readers decode back (URI percent-encoding of
+    '/', '=', spaces, non-ASCII...). The directory name starts with ``spec=`` whatever the value, so it is
+    never one of the '.'/'_' names that pyarrow and Spark skip as hidden."""
     return value if _PLAIN_SEGMENT.fullmatch(value) else quote(value, safe="")
 
 
