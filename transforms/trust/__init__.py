@@ -1,5 +1,10 @@
 """Trust boundaries of the pipeline: keys, device identities, sealing, signed message sets and releases.
 
+Threat model: devices sign what they send to the shuffler with per-device Ed25519 keys enrolled once;
+payloads are sealed (X25519 + HKDF-SHA256 + ChaCha20-Poly1305) to the analyzer, so the shuffler handles
+them blind; the shuffler signs what it releases to the analyzer; every key has a key id, so keys rotate
+(senders use the newest id, receivers keep every id they hold).
+
 Pure library (cryptography, pyarrow, Avro via ``schemas``; no Beam, no Kafka):
 
 * ``keys`` — the keys directory: analyzer X25519 and shuffler Ed25519 keys with rotating key ids, PRF

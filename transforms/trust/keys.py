@@ -43,7 +43,7 @@ __all__ = [
     "new_key_id",
 ]
 
-KEY_ID_PATTERN = re.compile(r"^\d{8}-[0-9a-f]{8}$")
+KEY_ID_PATTERN = re.compile(r"[0-9]{8}-[0-9a-f]{8}")
 SECRET_BYTES = 32
 
 
@@ -86,7 +86,7 @@ def _keyed_files(directory: Path, prefix: str, suffix: str, what: str) -> dict[s
         name = path.name
         if name.startswith(prefix) and name.endswith(suffix):
             key_id = name[len(prefix):len(name) - len(suffix)]
-            if KEY_ID_PATTERN.match(key_id):
+            if KEY_ID_PATTERN.fullmatch(key_id):
                 found[key_id] = path
     if not found:
         raise KeyFileError(f"{directory}: no {what} keys ({prefix}<key_id>{suffix}) found")
@@ -160,7 +160,7 @@ def init_keys(keys_dir: Path) -> dict[str, object]:
 
     def has(directory: str, suffix: str) -> bool:
         d = keys_dir / directory
-        return d.is_dir() and any(p.name.endswith(suffix) and KEY_ID_PATTERN.match(p.name[: -len(suffix)])
+        return d.is_dir() and any(p.name.endswith(suffix) and KEY_ID_PATTERN.fullmatch(p.name[: -len(suffix)])
                                   for p in d.iterdir())
 
     if not has("analyzer", ".x25519"):

@@ -44,7 +44,7 @@ MAX_CHANNEL = 2**31 - 1
 MIN_CHANNEL = -1  # the presence marker of multi-message mechanisms (transforms.records.PRESENCE)
 #: Largest well-formed encoding (every message at its maximum size, plus the header fields).
 MAX_ENCODED_BYTES = MAX_MESSAGES * (MAX_SEALED_BYTES + 8) + 4 * MAX_ID_CHARS * 4 + 256
-_DEVICE_ID = re.compile(r"^[0-9a-f]{32}$")
+_DEVICE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class AuthError(ValueError):
@@ -134,7 +134,7 @@ def _check(ms: MessageSet) -> tuple[SealedMessage, ...]:
     check_text("spec_id", ms.spec_id)
     if ms.crowd_id is not None:
         check_text("crowd_id", ms.crowd_id, min_chars=0)
-    if not isinstance(ms.device_id, str) or not _DEVICE_ID.match(ms.device_id):
+    if not isinstance(ms.device_id, str) or not _DEVICE_ID.fullmatch(ms.device_id):
         raise WireFormatError("device_id must be 32 lowercase hex digits")
     check_time("event_time", ms.event_time_ms)
     if not isinstance(ms.nonce, bytes) or len(ms.nonce) != NONCE_BYTES:

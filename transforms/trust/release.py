@@ -45,7 +45,7 @@ RELEASE_BATCH_TAG = b"esa-release-batch-v1"
 #: Upper bound of everything but the messages in an encoded batch (ids at their maximum length).
 BATCH_HEADER_BYTES = 10 + 3 * (MAX_ID_CHARS * 4 + 5) + 40 + 8 * 10 + SIGNATURE_BYTES + 4
 MAX_BATCH_BYTES = 64 * 1024 * 1024
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def verify_release_batch(batch: ReleaseBatch, verifiers: Mapping[str, Ed25519Pub
 
 
 def _check(batch: ReleaseBatch) -> tuple[SealedMessage, ...]:
-    if not isinstance(batch.release_id, str) or not _HEX32.match(batch.release_id):
+    if not isinstance(batch.release_id, str) or not _HEX32.fullmatch(batch.release_id):
         raise WireFormatError("release_id must be 32 lowercase hex digits")
     check_text("spec_id", batch.spec_id)
     if batch.crowd_id is not None:

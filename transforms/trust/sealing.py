@@ -69,6 +69,8 @@ def seal(public_key: X25519PublicKey, key_id: str, plaintext: bytes, associated:
     Never reuse an ephemeral value for two different plaintexts.
     """
     header = _header(key_id)
+    if not isinstance(associated, bytes):
+        raise TypeError(f"associated data must be bytes (see associated_data), got {type(associated).__name__}")
     if ephemeral is None:
         ephemeral = os.urandom(_KEY_BYTES)
     elif len(ephemeral) != _KEY_BYTES:
@@ -76,7 +78,7 @@ def seal(public_key: X25519PublicKey, key_id: str, plaintext: bytes, associated:
     eph = X25519PrivateKey.from_private_bytes(bytes(ephemeral))
     eph_pub = eph.public_key().public_bytes_raw()
     aead = _derive(eph.exchange(public_key), eph_pub, public_key.public_bytes_raw())
-    return header + eph_pub + aead.encrypt(_NONCE, bytes(plaintext), bytes(associated))
+    return header + eph_pub + aead.encrypt(_NONCE, bytes(plaintext), associated)
 
 
 def _parse(blob: bytes) -> tuple[str, bytes, bytes]:
@@ -110,6 +112,8 @@ def open_sealed(private_keys: Mapping[str, X25519PrivateKey], blob: bytes, assoc
     authentication failed (tampered, or opened with other routing fields than it was sealed with).
     """
     key_id, eph_pub, ciphertext = _parse(blob)
+    if not isinstance(associated, bytes):
+        raise SealError(f"associated data must be bytes, got {type(associated).__name__}")
     private = private_keys.get(key_id)
     if private is None:
         raise SealError(f"unknown key id {key_id!r}")
@@ -119,6 +123,6 @@ def open_sealed(private_keys: Mapping[str, X25519PrivateKey], blob: bytes, assoc
         raise SealError("invalid ephemeral key") from None
     aead = _derive(shared, eph_pub, private.public_key().public_bytes_raw())
     try:
-        return aead.decrypt(_NONCE, ciphertext, bytes(associated))
+        return aead.decrypt(_NONCE, ciphertext, associated)
     except InvalidTag:
         raise SealError("authentication failed (tampered or wrong routing fields)") from None
