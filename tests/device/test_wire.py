@@ -106,3 +106,21 @@ def test_client_output_follows_the_exact_grr_law(tmp_path):
     for x in range(3):
         outcomes = [open_report(spec, client.encode(x, event_time_ms=0))[1][0][0] for _ in range(draws)]
         assert_counts_follow_law(np.bincount(outcomes, minlength=3), table[x], draws, x)
+
+
+def test_crowd_ids_and_event_times_are_checked_and_bound(tmp_path):
+    from transforms.spec import spec_from_dict
+
+    spec = spec_from_dict({"analysis": {"name": "v", "kind": "histogram"}, "domain": {"size": 4},
+                           "mechanism": {"name": "grr", "epsilon": 1.0}, "crowd": {"partition": "app_version"}})
+    client = Client(spec, tmp_path, **client_kwargs())
+    for bad in (None, "", "x" * 65):
+        with pytest.raises(ValueError, match="crowd"):
+            client.encode(1, crowd_id=bad)
+    for bad in (-1, 2**53, 1.5, "now"):
+        with pytest.raises(ValueError, match="event_time_ms"):
+            client.encode(1, crowd_id="1.2", event_time_ms=bad)
+    ms, rows = open_report(spec, client.encode(1, crowd_id="1.2", event_time_ms=7_200_001))
+    assert ms.crowd_id == "1.2" and ms.event_time_ms == 7_200_001 and len(rows) == 1
+    with pytest.raises(ValueError, match="no crowd partition"):
+        Client(histogram_spec("grr", 1.0), tmp_path, **client_kwargs()).encode(1, crowd_id="1.2")

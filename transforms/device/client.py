@@ -50,7 +50,8 @@ class Client:
     ``rng``: a numpy Generator for tests and simulations only -- it then also draws the nonce and the
     sealing keys, so the output bytes are reproducible. The default draws everything from OS entropy.
     ``clock``: seconds since the Unix epoch (default ``time.time``); it decides the budget's epoch and the
-    default event time.
+    default event time. A Client is not thread-safe (its Generator is not): use one per thread; clients in
+    several threads or processes may share one ``state_dir``.
     """
 
     def __init__(self, spec: AnalysisSpec, state_dir: Path | str, *, analyzer_public_key: X25519PublicKey,
