@@ -1,49 +1,146 @@
-"""Analyze job: ShuffledReports -> per-window estimates with standard errors and the privacy ledger.
+"""Analyze job: signed release batches (shuffled topic) -> estimates with errors and a privacy ledger.
 
-Reads the shuffled topic, puts every released report back in its window (from ``window_end``), and runs
-``transforms.analyze.Analyze`` per spec. The analyzer never sees a client id; ``n_deleted`` is null here
-(the shuffler does not publish deletions on the shuffled topic). Accounting: read = dead-lettered + analyzed.
+The analyst's trust domain: it holds the analyzer's private keys and the shuffler's public keys, never a
+device identity or a raw event. One run: read from the resume offsets, verify and assemble whole releases
+(``transforms.analyze_release``), open and decode them into count arrays, compute the estimate rows and
+stage them; then, in the driver, for each staged release: seal it in the analyst's ledger (so a replayed
+or second release of the same window is never analyzed), compute the population's cumulative epsilon
+across the windows released so far (the odometer), write the rows as their own Parquet part under
+``OUTPUT_DIR/estimates/`` (append-only, idempotent: a rerun finds the part and writes nothing) and to the
+estimates topic keyed ``release_id:item`` if configured. Dead letters here hold no bytes: reason and
+position only. Accounting (in Kafka records = release batches):
+read = dead-lettered + re-read + duplicate + held + analyzed.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms import window
 
 from pipelines.job import (
+    BoundedRun,
     JobConfig,
     RunSummary,
-    Sources,
     config_from_options,
-    execute,
-    write_dead_letters,
-    write_estimates,
+    crash_point,
+    finish_run,
+    locked,
+    plan_run,
+    run_pipeline,
 )
-from transforms.analyze import DEAD, Analyze, DecodeShuffledFn
+from schemas import encode_record
+from transforms.analyze import estimate_rows
+from transforms.analyze_release import (
+    DEAD,
+    HELD,
+    AssembleReleaseFn,
+    DecodeReleaseFn,
+    OpenedRelease,
+    released_lookup,
+)
+from transforms.ingress import PriorRuns
+from transforms.kafkaio import produce_records
+from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
+from transforms.sinks import WriteAvroFile
+from transforms.staging import StageFn, load_staged
+from transforms.state.estimates_store import write_release_estimates
+from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
+
+LOG = logging.getLogger(__name__)
+STAGE = "analyze"
 
 
-def build(sources: Sources) -> None:
-    config = sources.config
+def _rows(opened: OpenedRelease, specs: dict) -> tuple[OpenedRelease, list[dict[str, Any]]]:
+    spec = specs[opened.spec_id]
+    start = opened.window_end_ms - spec.window_seconds * 1000
+    rows = estimate_rows(spec, opened.crowd_id, opened.accumulator, start, opened.window_end_ms)
+    return opened._replace(accumulator=None), rows
+
+
+def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
+    config = run.config
     specs = list(config.specs)
-    decoded = (sources.read(config.shuffled_topic, "ReadShuffled")
-               | "Decode" >> beam.ParDo(DecodeShuffledFn(specs)).with_outputs(DEAD, main="batches"))
-    estimates = []
-    for i, spec in enumerate(specs):
-        estimates.append(
-            decoded.batches
-            | f"Select{i}" >> beam.Filter(lambda b, sid=spec.spec_id: b.spec_id == sid)
-            | f"Window{i}" >> beam.WindowInto(window.FixedWindows(spec.window_seconds))
-            | f"Analyze{i}" >> Analyze(spec)
-            | f"EstimatesGlobal{i}" >> beam.WindowInto(window.GlobalWindows()))
-    write_estimates(config, estimates)
-    write_dead_letters(config, [decoded[DEAD]])
+    prior = PriorRuns(processed_until=dict(run.state.processed_until),
+                      released=released_lookup(e for s in specs for e in ledger.entries(s.spec_id)))
+    keys = str(config.keys)
+    decoded = (pipeline | "ReadShuffled" >> run.reader()
+               | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
+                                                                                                   main="batches"))
+    assembled = (decoded.batches
+                 | "GroupRelease" >> beam.GroupByKey()
+                 | "AssembleAndOpen" >> beam.ParDo(AssembleReleaseFn(specs, keys)).with_outputs(DEAD, HELD,
+                                                                                                main="releases"))
+    by_id = {s.spec_id: s for s in specs}
+    staging = str(run.staging)
+    _ = (assembled.releases
+         | "EstimateRows" >> beam.Map(_rows, by_id)
+         | "StageEstimates" >> beam.ParDo(StageFn(staging, "release", lambda kv: kv[0].release_id)))
+    _ = (assembled[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
+         | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: kv[0].replace("/", "_"))))
+    _ = ((decoded[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
+         | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
+
+
+def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],
+                  run_key: str) -> bool:
+    """Seal (analyst ledger) -> odometer -> append-only Parquet part -> topic. True if newly written."""
+    spec = next(s for s in config.specs if s.spec_id == opened.spec_id)
+    key = ReleaseKey(opened.spec_id, opened.crowd_id, opened.window_end_ms)
+    entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
+                         n_messages=int(rows[0]["n_reports"]) if rows else 0, batches=0,
+                         source_ends=dict(opened.source_ends), run_key=run_key, sealed_at_ms=int(time.time() * 1000),
+                         extra={"accounting": accounting_of(spec, rows)})
+    stored, created = ledger.seal(entry)
+    if not created and stored.release_id != opened.release_id:
+        LOG.error("a second release of window %d of %s was refused", key.window_end_ms, key.spec_id)
+        return False
+    crash_point("analyze:after_seal")
+    population = [e for e in ledger.entries(spec.spec_id) if e.key.crowd_id == opened.crowd_id]
+    rows = with_cumulative_epsilon(spec, rows, population, key.window_end_ms)
+    for row in rows:
+        row["release_id"] = opened.release_id
+    _, written = write_release_estimates(config.out_dir, rows, spec_name=spec.name, window_end_ms=key.window_end_ms,
+                                         release_id=opened.release_id)
+    if config.estimates_topic and stored.status != "published":
+        produce_records(config.bootstrap, config.estimates_topic,
+                        ((f"{opened.release_id}:{r['item_index']}".encode(), encode_record("Estimate", r, check=False))
+                         for r in rows), producer_config=config.kafka_config)
+    crash_point("analyze:after_publish")
+    ledger.mark_published(key)
+    return written
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
-    return execute(config, build, "analyze", options)
+    """One bounded run of the analyzer (see the module doc)."""
+    started = time.perf_counter()
+    with locked(config, STAGE):
+        ledger = ReleaseLedger(config.state / "ledger")
+        bounded = plan_run(config, STAGE, config.shuffled_topic)
+        counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
+        crash_point("analyze:after_pipeline")
+        written = 0
+        for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
+            written += write_release(config, ledger, opened, rows, bounded.key)
+        keep_dead_letter_counts(bounded, config)
+        held = {k: v for k, v in load_staged(bounded.staging, "held")}
+        finish_run(bounded, held, {})
+    parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
+             "duplicate": counters.get("batches_duplicate", 0), "held": counters.get("batches_held", 0),
+             "analyzed": counters.get("batches_analyzed", 0)}
+    return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
+                      {"releases_written": written, "run_key": bounded.key})
+
+
+def keep_dead_letter_counts(run: BoundedRun, config: JobConfig) -> None:
+    """Analyst-side dead letters: no bytes, reasons without identifiers; kept per run under OUTPUT_DIR."""
+    from pipelines.shuffle import keep_dead_letters
+
+    keep_dead_letters(run, config.out_dir / "dead_letters")
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -1,23 +1,38 @@
-"""The ``esa`` command: broker, simulate, run, demo, query, privacy, plan."""
+"""The ``esa`` command: broker, simulate, run, demo, query, privacy, plan.
+
+Flags are spelled with underscores (``--raw_topic``), as Beam's are; the hyphen spelling (``--raw-topic``)
+is accepted everywhere. ``-v``/``--verbose`` may come before or after the subcommand. Exit codes:
+``pipelines.exit_codes``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipelines.exit_codes import EsaError, ExitCode, epilog
+
 LOG = logging.getLogger("esa")
-# Kept literal so that `esa privacy` does not pay for importing Beam, pyarrow or the mechanisms.
-DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "app_language.toml"
+# Kept literal (no pipelines.examples import chain) so that `esa privacy` does not pay for Beam or pyarrow.
+DEFAULT_SPEC = Path(__file__).resolve().parent / "example_specs" / "app_language.toml"
 BEAM_JOBS = {
     "run": "the whole chain in one pipeline: raw (and reports) topic -> estimates",
     "encode": "encode job: raw topic -> reports topic",
     "shuffle": "shuffle job: reports topic -> shuffled topic",
     "analyze": "analyze job: shuffled topic -> estimates",
 }
+# Outputs each job stage writes (RunSummary.stage -> files), so a job prints only what it wrote.
+STAGE_OUTPUTS = {"end_to_end": ("estimates", "dead_letters"), "encode": ("dead_letters",),
+                 "shuffle": ("dead_letters",), "analyze": ("estimates", "dead_letters")}
+VERBOSE = ("-v", "--verbose")
+# Third-party log lines that say nothing actionable to an esa user (shown with -v).
+NOISE = ("apitools not found", "blocking the event loop")
 
 
 def _positive_int(text: str) -> int:
@@ -34,33 +49,47 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     from transforms.privacy.report import ALL_PRIVACY_MECHANISMS
 
     parser = argparse.ArgumentParser(prog="esa", description="Privacy-preserving telemetry: Encode, Shuffle, "
-                                     "Analyze on Apache Beam.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
-    sub = parser.add_subparsers(dest="command", required=True)
+                                     "Analyze on Apache Beam.", epilog=epilog(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details (before or after the "
+                        "subcommand)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     broker = sub.add_parser("broker", help="run a local Kafka-compatible broker (tansu) on loopback")
     broker.add_argument("--port", type=int, default=None, help="port (default: a free one)")
 
     sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
     sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
-    sim.add_argument("--spec", type=Path, default=DEFAULT_SPEC)
+    sim.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="analysis spec (default: app_language)")
     sim.add_argument("--clients", type=_positive_int, default=50_000)
     sim.add_argument("--distribution", default="zipf", help="zipf or uniform")
-    sim.add_argument("--zipf-s", type=_positive_float, default=1.1)
+    sim.add_argument("--zipf_s", type=_positive_float, default=1.1)
     sim.add_argument("--windows", type=_positive_int, default=1)
-    sim.add_argument("--raw-topic", default="telemetry")
-    sim.add_argument("--reports-topic", default="reports")
-    sim.add_argument("--bad-per-kind", type=int, default=0, help="also produce N bad records of each kind")
+    sim.add_argument("--start_time", default=None,
+                     help="start of the first window (epoch ms or ISO 8601; default: the last WINDOWS complete "
+                          "windows before now); give it, with --seed, to reproduce a simulation")
+    sim.add_argument("--raw_topic", default="telemetry")
+    sim.add_argument("--reports_topic", default="reports")
+    sim.add_argument("--bad_per_kind", type=int, default=0, help="also produce N bad records of each kind")
     sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
+    sim.add_argument("--keys_dir", type=Path, default=Path("out/keys"),
+                     help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
+                          "out/keys, which is what `esa run --output_dir out` uses)")
     sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
     for name, what in BEAM_JOBS.items():
-        sub.add_parser(name, help=f"{what} (Beam-style flags: --spec F --kafka_bootstrap H:P --output_dir D ...)",
-                       add_help=False)
+        sub.add_parser(name, help=f"{what} (esa {name} --help lists its flags)", add_help=False)
 
     demo = sub.add_parser("demo", help="embedded broker + simulation + pipeline + summary + plot")
     demo.add_argument("--clients", type=_positive_int, default=50_000)
@@ -68,23 +97,26 @@ def _parser() -> argparse.ArgumentParser:
                       help="which demo: histogram (app languages), grid (locations, attribute fragmenting), "
                            "kv_mean, vector_mean, range, quantile, heavy_hitters")
     demo.add_argument("--mechanism", default=None, help="override the spec's mechanism (e.g. grr, oue, olh, rappor)")
-    demo.add_argument("--epsilon", type=_positive_float, default=None, help="override the spec's local epsilon")
-    demo.add_argument("--out", type=Path, default=Path("out/demo"))
+    demo.add_argument("--epsilon", type=_positive_float, default=None,
+                      help="override the spec's epsilon (local, or the central target of vector_sum and the "
+                           "multi-message protocols)")
+    demo.add_argument("--out", default="out/demo", help="local output directory (default out/demo)")
     demo.add_argument("--spec", type=Path, default=None, help="run this spec instead of the kind's example")
     demo.add_argument("--distribution", default="zipf", help="zipf or uniform")
-    demo.add_argument("--zipf-s", type=_positive_float, default=1.1)
-    demo.add_argument("--bad-per-kind", type=int, default=3,
+    demo.add_argument("--zipf_s", type=_positive_float, default=1.1)
+    demo.add_argument("--bad_per_kind", type=int, default=3,
                       help="bad records of each kind to inject (shows the dead-letter path)")
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
     query = sub.add_parser("query", help="answer value ranges and quantiles from stored range/quantile estimates")
-    query.add_argument("--estimates", type=Path, required=True, help="output directory holding estimates.parquet")
+    query.add_argument("--estimates", required=True,
+                       help="output directory (or URL) holding estimates.parquet, or the file itself")
     query.add_argument("--range", nargs=2, type=float, action="append", dest="ranges", metavar=("LO", "HI"),
                        help="clients with a value in [LO, HI) (value units; repeatable)")
     query.add_argument("--quantile", type=float, action="append", dest="quantiles", metavar="Q",
                        help="the Q-quantile, 0 < Q <= 1 (repeatable)")
-    query.add_argument("--spec-id", default=None, help="only this analysis (spec_id)")
+    query.add_argument("--spec_id", default=None, help="only this analysis (spec_id)")
     query.add_argument("--window", default=None, help="only this window (start, epoch ms or ISO 8601)")
     query.add_argument("--crowd", default=None, help="only this crowd id")
     query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
@@ -102,7 +134,46 @@ def _parser() -> argparse.ArgumentParser:
                       help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plan_parser(sub)
+    for subparser in sub.choices.values():
+        _underscore_flags(subparser)
     return parser
+
+
+def _underscore_flags(parser: argparse.ArgumentParser) -> None:
+    """Spell every long flag with underscores (help and parsing); ``_canonical_argv`` maps hyphens to them."""
+    for action in parser._actions:
+        renamed = [("--" + s[2:].replace("-", "_")) if s.startswith("--") else s for s in action.option_strings]
+        for old, new in zip(action.option_strings, renamed, strict=True):
+            if old != new:
+                parser._option_string_actions.pop(old, None)
+                parser._option_string_actions[new] = action
+        action.option_strings = renamed
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command)
+    return None
+
+
+def _parse_native(argv: list[str]) -> argparse.Namespace:
+    """Parse an esa-native subcommand; an unknown flag names the closest known one (exit 2)."""
+    from pipelines.job_cli import canonical
+
+    parser = _parser()
+    sub = _subparser(parser, argv[0]) if argv else None
+    if sub is not None:
+        flags = set(sub._option_string_actions)
+        argv = [argv[0], *(canonical(a, flags) for a in argv[1:])]
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        flags = sorted(s for s in (sub._option_string_actions if sub else {}) if s.startswith("--"))
+        flag = extras[0].split("=", 1)[0]
+        close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6) if flag.startswith("-") else []
+        what = "unknown flag" if flag.startswith("-") else "unexpected argument"
+        (sub or parser).error(f"{what} {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return args
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -110,29 +181,87 @@ def _simulate(args: argparse.Namespace) -> int:
 
     from pipelines.demo import progress_printer
     from pipelines.population import synthesize, truth_table
+    from pipelines.query import parse_time_ms
     from pipelines.simulate import produce_population
     from transforms.spec import load_spec
 
     spec = load_spec(args.spec)
+    start_ms = None if args.start_time is None else parse_time_ms(args.start_time, "--start_time")
     population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
-                            windows=args.windows, seed=args.seed)
+                            windows=args.windows, start_ms=start_ms, seed=args.seed)
+    from pipelines.enrolment import enrol_simulated
+
+    enrol_simulated(args.keys_dir, population.client_ids.tolist())
     produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
                                   reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
                                   seed=args.seed, progress=progress_printer("produced"))
     if args.truth:
         pq.write_table(truth_table(spec, population), args.truth)
-    print(json.dumps({"spec_id": spec.spec_id, "produced": produced}))
+    window_ms = population.window_ms
+    first = int(population.event_times_ms.min()) // window_ms * window_ms
+    _print(json.dumps({"spec_id": spec.spec_id, "produced": produced, "first_window_start": first,
+                       "windows": args.windows}))
     return 0
 
 
 def _run_job(command: str, argv: Sequence[str]) -> int:
     import importlib
 
+    from pipelines.job_cli import BEAM_NOTE, UsageError, help_text, parse_job_argv
+
+    try:
+        job = parse_job_argv(command, argv)
+    except UsageError as err:
+        print(f"esa {command}: error: {err}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    if job.help:
+        _print(help_text(command, f"{BEAM_JOBS[command]}."))
+        return 0
+    LOG.debug("%s: %s", command, BEAM_NOTE)
     module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
-    summary = module.run_from_argv(argv)
-    print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
-                      "estimates": str(summary.estimates_path), "dead_letters": str(summary.dead_letters_path)}))
-    return 0 if summary.balanced else 3
+    if _follow_requested(job.beam_argv):
+        from pipelines.service import follow
+
+        summaries = follow(lambda: module.run_from_argv(job.beam_argv), _poll_seconds(job.beam_argv))
+        return max((_report_run(command, s, job.max_dead_letter_fraction) for s in summaries), default=0)
+    return _report_run(command, module.run_from_argv(job.beam_argv), job.max_dead_letter_fraction)
+
+
+def _follow_requested(argv: Sequence[str]) -> bool:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.options import EsaServiceOptions
+
+    return bool(PipelineOptions(list(argv)).view_as(EsaServiceOptions).follow)
+
+
+def _poll_seconds(argv: Sequence[str]) -> float:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.options import EsaServiceOptions
+
+    return float(PipelineOptions(list(argv)).view_as(EsaServiceOptions).poll_seconds)
+
+
+def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
+    """Print one run's JSON line; the exit code says whether it balanced and stayed under the dead-letter bar."""
+    from pipelines.job_cli import dead_letter_verdict
+
+    read = summary.count("kafka_records_read") if summary.stage != "end_to_end" else \
+        summary.stages["encode"].count("kafka_records_read")
+    fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": summary.count("dead_lettered")},
+                                            max_dead_fraction)
+    paths = {"estimates": summary.estimates_path, "dead_letters": summary.dead_letters_path}
+    outputs = {name: str(paths[name]) for name in STAGE_OUTPUTS.get(summary.stage, ("dead_letters",))}
+    _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
+                       "dead_letter_fraction": round(fraction, 6), **outputs}))
+    if not summary.balanced:
+        print(f"esa {command}: error: the record accounting does not balance: {summary.accounting}", file=sys.stderr)
+        return int(ExitCode.UNEXPECTED)
+    if warning:
+        print(f"\n{'!' * 100}\nesa {command}: {warning}\n{'!' * 100}\n", file=sys.stderr)
+        return int(ExitCode.DEAD_LETTERS)
+    return 0
 
 
 def _privacy(args: argparse.Namespace) -> int:
@@ -140,7 +269,7 @@ def _privacy(args: argparse.Namespace) -> int:
 
     report = build_privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta,
                                   fragments=args.fragments, epsilon_fragment=args.epsilon_fragment)
-    print(json.dumps(report, indent=2) if args.json else format_privacy_report(report))
+    _print(json.dumps(report, indent=2) if args.json else format_privacy_report(report))
     return 0
 
 
@@ -178,51 +307,105 @@ def _plan(args: argparse.Namespace) -> int:
         plan = plan_vector_mean(args.d, args.n, args.epsilon_central, args.delta, k_round=args.k_round,
                                 t=1 if args.t is None else args.t, accountant=args.accountant or "002")
         text = format_vector_plan(plan)
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
+    _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
     return 0
+
+
+def _print(text: str) -> None:
+    """Print to stdout and flush now, so that a closed pipe (``esa ... --json | head``) surfaces here."""
+    print(text, flush=True)
+
+
+class _QuietFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(noise in message for noise in NOISE)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    if not verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_QuietFilter())
+    for noisy in ("apache_beam", "kafka", "root"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
+
+
+def _announce_seed(seed: int | None, command: str) -> None:
+    if seed is not None:
+        LOG.warning("--seed %d: %s's simulated clients, injected bad records, encoder job key and shuffler "
+                    "randomness are all seeded and reproducible: for tests and simulations ONLY", seed, command)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "broker":
+        from pipelines.broker import run_broker_forever
+
+        return run_broker_forever(args.port)
+    if args.command == "simulate":
+        _announce_seed(args.seed, "simulate")
+        return _simulate(args)
+    if args.command == "privacy":
+        return _privacy(args)
+    if args.command == "plan":
+        return _plan(args)
+    if args.command == "query":
+        from pipelines.query import query_command
+
+        return query_command(args)
+    from pipelines.demo import run_demo
+
+    _announce_seed(args.seed, "demo")
+    run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,
+             spec_path=args.spec, kind=args.kind, distribution=args.distribution, zipf_s=args.zipf_s,
+             bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap)
+    return 0
+
+
+def _error_code(command: str, err: BaseException) -> int | None:
+    """One line on stderr and the exit code for an error the user can act on; None: a bug (traceback)."""
+    if isinstance(err, EsaError):
+        print(f"esa {command}: error: {err}", file=sys.stderr)
+        return int(err.exit_code)
+    if type(err).__name__ == "StateLocked":
+        print(f"esa {command}: error: {err}", file=sys.stderr)
+        return int(ExitCode.STATE_LOCKED)
+    if type(err).__name__ == "SpecError":
+        print(f"esa {command}: error: {err}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
+    if isinstance(err, ValueError):  # bad arguments, bad parameters
+        print(f"esa {command}: error: {err}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    if type(err).__module__.startswith("kafka"):  # not importing kafka here keeps `esa privacy` fast
+        print(f"esa {command}: cannot talk to Kafka: {err}", file=sys.stderr)
+        return int(ExitCode.KAFKA_UNREACHABLE)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs
-        args = argparse.Namespace(command=argv[0], verbose="-v" in argv)
-    else:
-        args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("apache_beam", "kafka", "root"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if not args.verbose else logging.INFO)
+    verbose = any(a in VERBOSE for a in argv)
+    argv = [a for a in argv if a not in VERBOSE]
+    _setup_logging(verbose)
+    command = argv[0] if argv else "esa"
     try:
-        if args.command == "broker":
-            from pipelines.broker import run_broker_forever
-
-            return run_broker_forever(args.port)
-        if args.command == "simulate":
-            return _simulate(args)
-        if args.command in BEAM_JOBS:
-            return _run_job(args.command, [a for a in argv[1:] if a != "-v"])
-        if args.command == "privacy":
-            return _privacy(args)
-        if args.command == "plan":
-            return _plan(args)
-        if args.command == "query":
-            from pipelines.query import query_command
-
-            return query_command(args)
-        from pipelines.demo import run_demo
-
-        run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,
-                 spec_path=args.spec, kind=args.kind, distribution=args.distribution, zipf_s=args.zipf_s,
-                 bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap)
+        if command in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs; job_cli checks them first
+            return _run_job(command, argv[1:])
+        return _dispatch(_parse_native(argv))
+    except BrokenPipeError:
+        # The reader went away (``esa query --json | head``): stop quietly, without a traceback at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except ValueError as err:  # includes SpecError: bad spec fields, bad parameters
-        print(f"esa {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"esa {command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as err:
-        if type(err).__module__.startswith("kafka"):  # not importing kafka here keeps `esa privacy` fast
-            print(f"esa {args.command}: cannot talk to Kafka: {err}", file=sys.stderr)
-            return 3
-        raise
+        code = _error_code(command, err)
+        if code is None:
+            raise
+        return code
 
 
 if __name__ == "__main__":

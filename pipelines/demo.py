@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import sys
 import threading
@@ -25,30 +26,36 @@ import pyarrow.parquet as pq
 from pipelines.broker import LocalBroker
 from pipelines.demo_checks import kind_checks
 from pipelines.demo_plots import plot, plot_file_name
-from pipelines.end_to_end import run
-from pipelines.job import JobConfig, RunSummary
+from pipelines.end_to_end import ChainSummary, run
+from pipelines.enrolment import enrol_simulated
+from pipelines.examples import example_path
+from pipelines.exit_codes import ConfigError
+from pipelines.job import JobConfig
+from pipelines.paths import OutputLocation, output_location
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
-from transforms.spec import DEFAULT_SPEC, AnalysisSpec, load_spec
+from pipelines.value_laws import l2_shrink
+from transforms.mechanisms.base import Mechanism
+from transforms.spec import AnalysisSpec, SpecError, load_spec
+from transforms.state.estimates_store import read_estimates
 
 LOG = logging.getLogger(__name__)
-EXAMPLES = DEFAULT_SPEC.parent
-# The spec each ``esa demo --kind`` runs by default (``--spec`` runs any other).
-DEMO_SPECS: dict[str, Path] = {"histogram": DEFAULT_SPEC, "grid": EXAMPLES / "grid.toml",
-                               "kv_mean": EXAMPLES / "feature_usage.toml",
-                               "vector_mean": EXAMPLES / "sensor_vector.toml",
-                               "range": EXAMPLES / "latency_range.toml",
-                               "quantile": EXAMPLES / "latency_quantiles.toml",
-                               "heavy_hitters": EXAMPLES / "url_heavy_hitters.toml"}
+# The example spec each ``esa demo --kind`` runs by default (``--spec`` runs any other); shipped in the wheel.
+DEMO_SPECS: dict[str, str] = {"histogram": "app_language.toml", "grid": "grid.toml",
+                              "kv_mean": "feature_usage.toml", "vector_mean": "sensor_vector.toml",
+                              "range": "latency_range.toml", "quantile": "latency_quantiles.toml",
+                              "heavy_hitters": "url_heavy_hitters.toml"}
+NO_LOCAL_GUARANTEE = "no local guarantee: multi-message protocol, central only"
 # Heavy hitters are reported by rank: their estimates meet the truth by item name (the hash), not by index.
-JOIN_ON: dict[str, str] = {"heavy_hitters": "item"}
+# Range trees by node name ("level/index"): a structure may store only some nodes (004's left children).
+JOIN_ON: dict[str, str] = {"heavy_hitters": "item", "range": "item", "quantile": "item"}
 
 
 @dataclass(frozen=True)
 class DemoOutcome:
     """What a demo run produced and how good it was."""
 
-    summary: RunSummary
+    summary: ChainSummary
     comparison: pa.Table
     facts: dict[str, Any]
 
@@ -90,7 +97,8 @@ def compare(estimates: pa.Table, truth: pa.Table, on: str = "item_index") -> pa.
     estimate, which is what the stderr describes.
 
     ``on="item_index"``: one row per true item the analyzer estimated. ``on="item"``: one row per REPORTED
-    item (heavy hitters), with truth 0 for an item no client holds. True counts marked ``scales_with_n``
+    item (heavy hitters; tree nodes, of which a structure may store a subset), with truth 0 for an item no
+    client holds. True counts marked ``scales_with_n``
     (range trees) are rescaled to the clients the shuffler released: it deletes uniformly random clients.
     """
     est = {}
@@ -126,7 +134,7 @@ def compare(estimates: pa.Table, truth: pa.Table, on: str = "item_index") -> pa.
     return table.append_column("error", pa.array(error)).append_column("abs_error_over_stderr", pa.array(z))
 
 
-def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, estimates: pa.Table,
+def summarize(spec: AnalysisSpec, summary: ChainSummary, comparison: pa.Table, estimates: pa.Table,
               kind_facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """Generic facts (per-item z-statistics, RMSE, ledger, accounting), overridden by the kind's own checks
     (``pipelines.demo_checks``: e.g. random ranges instead of 131k tree nodes)."""
@@ -151,17 +159,51 @@ def summarize(spec: AnalysisSpec, summary: RunSummary, comparison: pa.Table, est
         "rmse": _rmse(np.asarray(comparison["estimate"], dtype=float), truth),
         "postprocess": spec.postprocess,
         "eps_local": first.get("eps_local", spec.epsilon),
+        "epsilon_spec": spec.epsilon,
+        "epsilon_role": "central target" if epsilon_is_central_target(spec.randomizer) else "local",
         "eps_central": max((r["eps_central"] for r in crowds.values()), default=float("nan")),
+        "eps_central_cumulative": max((r["eps_central_cumulative"] for r in estimates.select(
+            ["eps_central_cumulative"]).to_pylist() if r["eps_central_cumulative"] is not None), default=float("nan"))
+        if estimates.num_rows and "eps_central_cumulative" in estimates.column_names else float("nan"),
         "delta": spec.delta,
         "n_reports": int(n_reports),
         "n_clients": int(n_clients),
         "messages_per_client": round(n_reports / n_clients, 3) if n_clients else float("nan"),
-        "deleted": summary.count("reports_deleted"),
+        "deleted": summary.count("sets_deleted"),
         "accounting": summary.accounting,
         "accounting_balanced": summary.balanced,
         "pipeline_seconds": round(summary.seconds, 2),
     }
     return {**facts, **(kind_facts or {})}
+
+
+def accounting_line(parts: dict[str, int]) -> str:
+    """``read N = a + b + ...`` of one stage, naming only the non-zero terms."""
+    terms = " + ".join(f"{k.replace('_', '-')} {v:,}" for k, v in parts.items() if k != "read" and v)
+    return f"read {parts.get('read', 0):,} = {terms or '0'}"
+
+
+def epsilon_is_central_target(mechanism: Mechanism) -> bool:
+    """True when ``[mechanism] epsilon`` is a central (shuffled) target the mechanism calibrates its noise to
+    (002's vector summation; 004's multi-message protocols, which have no local guarantee at all), False when
+    it is the local epsilon of each report."""
+    return (not math.isfinite(float(mechanism.epsilon_local))
+            or callable(getattr(mechanism, "central_guarantee", None)) or hasattr(mechanism, "n_expected"))
+
+
+def ledger_lines(facts: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's privacy lines: what ``[mechanism] epsilon`` meant (local, or a central target) and the
+    local guarantee that results (none for a multi-message protocol)."""
+    per_client = f"{facts['mechanism']}, {facts['messages_per_client']} messages/client"
+    eps_local = float(facts["eps_local"])
+    if facts.get("epsilon_role") != "central target":
+        return [("eps_local", f"{eps_local:g} ({per_client})")]
+    lines = [("target eps_central ([mechanism] epsilon)", f"{facts['epsilon_spec']:g}")]
+    if math.isfinite(eps_local):
+        lines.append(("eps_local (implied by the target)", f"{eps_local:.4g} ({per_client})"))
+    else:
+        lines.append(("eps_local", f"inf: {NO_LOCAL_GUARANTEE} ({per_client})"))
+    return lines
 
 
 def _rmse(estimate: np.ndarray, truth: np.ndarray) -> float:
@@ -170,9 +212,7 @@ def _rmse(estimate: np.ndarray, truth: np.ndarray) -> float:
 
 
 def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
-    a = facts["accounting"]
     balance = "balanced" if facts["accounting_balanced"] else "NOT BALANCED"
-    expanded = f" + {a['expanded']:,} extra messages" if a.get("expanded") else ""
     processed = f"  (after {facts['postprocess']}: {facts['rmse']:.3g})" if facts["postprocess"] != "none" else ""
     if facts["kind"] in ("range", "quantile"):
         processed = f"  (consistent tree: {facts['rmse']:.3g})"
@@ -185,43 +225,63 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
             f" of {facts['random_ranges']:,}" if "random_ranges" in facts else "")),
         (f"RMSE ({facts.get('rmse_label', 'raw')}, unbiased)", f"{facts['rmse_raw']:.3g}{processed}"),
         *[tuple(line) for line in facts.get("details", ())],
-        ("eps_local", f"{facts['eps_local']:g} ({facts['mechanism']}, {facts['messages_per_client']} messages/client)"),
+        *ledger_lines(facts),
         ("eps_central (shuffled)", f"{facts['eps_central']:.5f}"),
         ("delta", f"{facts['delta']:g}"),
         ("clients analyzed", f"{facts['n_clients']:,} ({facts['n_reports']:,} messages)"),
-        ("deleted by crowd threshold", f"{facts['deleted']:,} messages"),
-        ("records", f"read {a['read']:,}{expanded} = dead-lettered {a['dead_lettered']:,} + deleted {a['deleted']:,} "
-                    f"+ analyzed {a['analyzed']:,} (valid {a['valid']:,}): {balance}"),
+        ("eps_central over all windows so far", f"{facts.get('eps_central_cumulative', float('nan')):.5f} "
+                                                "(odometer, incl. the crowd count)"),
+        ("deleted by crowd threshold", f"{facts['deleted']:,} devices"),
+        *[(f"records, {stage}", accounting_line(parts)) for stage, parts in facts["accounting"].items()],
+        ("accounting", balance),
         ("pipeline time", f"{facts['pipeline_seconds']} s"),
-        ("outputs", f"{out}/estimates.parquet, truth.parquet, dead_letters.avro, {plot_file}"),
+        ("outputs", f"{out}/estimates/ (Parquet dataset), truth.parquet, {plot_file}; raw dead letters stay in "
+                    f"{out}/state/encode and {out}/state/shuffle"),
     ]
     print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<40}{x[1]}" for x in lines) + "\n")
 
 
-def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out: Path,
+def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out: str | Path | OutputLocation,
              spec_path: Path | None = None, kind: str = "histogram", distribution: str = "zipf",
              zipf_s: float = 1.1, bad_per_kind: int = 3, seed: int | None = None,
              bootstrap: str | None = None) -> DemoOutcome:
     """Run the whole demo of one kind (``DEMO_SPECS``); uses an embedded broker unless ``bootstrap`` names one."""
     if kind not in DEMO_SPECS:
         raise ValueError(f"demo kind must be one of {', '.join(DEMO_SPECS)} (got {kind!r})")
-    spec = load_spec(spec_path or DEMO_SPECS[kind]).with_mechanism(mechanism, epsilon)
-    out.mkdir(parents=True, exist_ok=True)
+    spec = load_spec(spec_path or example_path(DEMO_SPECS[kind]))
+    try:
+        spec = spec.with_mechanism(mechanism, epsilon)
+    except SpecError as err:  # a bad --mechanism/--epsilon flag, not a bad file
+        raise ValueError(str(err)) from None
+    location = output_location(out)
+    if location.is_url:
+        raise ConfigError(f"esa demo writes its outputs and plot locally; give a local --out directory, not {out} "
+                          "(the jobs write to URLs: esa run --output_dir gs://...)")
+    out = location.prepare().local
+    assert out is not None
+    shrink = l2_shrink(spec)
+    if shrink is not None:
+        print(f"note: {spec.mechanism} clips vectors to L2 norm <= {spec.randomizer.clip:g}; the demo draws its "
+              f"vectors inside that ball (shrunk by {shrink[1]:.3g} toward the value range's point nearest 0), "
+              "so none is clipped", file=sys.stderr)
     run_id = secrets.token_hex(4)
     raw_topic, reports_topic = f"telemetry-{run_id}", f"reports-{run_id}"
     population = synthesize(spec, clients, distribution=distribution, zipf_s=zipf_s, seed=seed)
     with LocalBroker() if bootstrap is None else _External(bootstrap) as broker:
         print(f"broker on {broker.bootstrap}; producing {clients:,} clients of {spec.spec_id}", file=sys.stderr)
         t0 = time.perf_counter()
+        enrol_simulated(out / "keys", population.client_ids.tolist())
         produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic, reports_topic=reports_topic,
                            bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"))
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",
               file=sys.stderr, flush=True)
+        # A demo is a backfill of past windows: drain releases every window at the end of the run.
         config = JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out, raw_topic=raw_topic,
-                                reports_topic=reports_topic, group_id=f"esa-demo-{run_id}", seed=seed)
+                           reports_topic=reports_topic, shuffled_topic=f"shuffled-{run_id}",
+                           group_id=f"esa-demo-{run_id}", seed=seed, drain=True)
         with heartbeat("pipeline running"):
             summary = run(config)
-    estimates = pq.read_table(summary.estimates_path)
+    estimates = read_estimates(out)
     truth = truth_table(spec, population)
     pq.write_table(truth, out / "truth.parquet")
     comparison = compare(estimates, truth, on=JOIN_ON.get(spec.kind, "item_index"))

@@ -27,7 +27,7 @@ Check = Callable[[AnalysisSpec, pa.Table, pa.Table, pa.Table, "int | None"], tup
 
 def _crowd_rows(table: pa.Table, window_start: int, crowd_id: str | None) -> list[dict[str, Any]]:
     cols = [c for c in ("window_start", "crowd_id", "item", "item_index", "truth", "raw_estimate", "stderr",
-                        "example") if c in table.column_names]
+                        "example", "population") if c in table.column_names]
     return [r for r in table.select(cols).to_pylist() if (r["window_start"], r["crowd_id"]) == (window_start, crowd_id)]
 
 
@@ -63,12 +63,15 @@ def random_ranges(size: int, truth_leaves: np.ndarray, count: int, rng: np.rando
     return lo.astype(np.int64), hi.astype(np.int64)
 
 
-def _leaf_truth(rows: list[dict[str, Any]], bits: int) -> np.ndarray:
+def _leaf_truth(rows: list[dict[str, Any]], bits: int, n_clients: int) -> np.ndarray:
+    """True count of every leaf from the TRUTH table's rows of one crowd (not the comparison: a tree may
+    store only some nodes, e.g. 004's left children), rescaled to the ``n_clients`` the shuffler released."""
     out = np.full(1 << bits, np.nan)
     prefix = f"{bits}/"
     for r in rows:
         if r["item"].startswith(prefix):
-            out[int(r["item"][len(prefix):])] = r["truth"]
+            scale = n_clients / r["population"] if r.get("population") else 1.0
+            out[int(r["item"][len(prefix):])] = r["truth"] * scale
     return out
 
 
@@ -80,7 +83,7 @@ def range_checks(spec: AnalysisSpec, estimates: pa.Table, comparison: pa.Table, 
     z_ranges, quantiles, evidence = [], [], None
     for stored in trees:
         rows = _crowd_rows(comparison, stored.window_start, stored.crowd_id)
-        leaves = _leaf_truth(rows, stored.bits)
+        leaves = _leaf_truth(_crowd_rows(truth, stored.window_start, stored.crowd_id), stored.bits, stored.tree.n)
         if not rows or np.isnan(leaves).any():
             continue
         lo, hi = random_ranges(stored.size, leaves, RANDOM_RANGES, rng)

@@ -1,54 +1,75 @@
-"""Encode job: raw TelemetryEvents -> randomized Reports on the reports topic (edge collectors).
+"""Encode job: raw TelemetryEvents -> signed, sealed message sets on the reports topic (edge collectors).
 
-Each event is randomized once, with the keyed per-event PRF of ``transforms.encode``, so a retried bundle
-re-sends the same report (the shuffler keeps one per client and window). Accounting:
-read = dead-lettered + encoded.
+The device's trust domain (an edge collector or a simulation holding the devices' keys): each event is
+randomized once with the keyed per-event PRF of ``transforms.encode`` under the encoder's persisted key,
+its payloads are sealed to the analyzer and the set is signed with the device's key
+(``transforms.seal``), so a rerun after a crash re-sends byte-identical sets (the shuffler keeps one).
+The Kafka key is the device id, so one device's sets stay in order in one partition. Raw dead letters stay
+here (``STATE/dead_letters``). Accounting: read = dead-lettered + encoded.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    BoundedRun,
     JobConfig,
     RunSummary,
-    Sources,
     config_from_options,
-    encoder_key,
-    execute,
-    write_dead_letters,
+    finish_run,
+    locked,
+    plan_run,
+    run_pipeline,
 )
-from schemas import encode_record
 from transforms.encode import EncodeEvents
 from transforms.kafkaio import WriteToKafka
-from transforms.records import ReportElement, report_record
+from transforms.mechanisms.randomness import job_key_from_seed
+from transforms.seal import SealSetsFn
+from transforms.sinks import WriteAvroFile
+
+STAGE = "encode"
 
 
-def report_messages(batch: list[ReportElement], mechanisms: dict) -> list[tuple[bytes, bytes]]:
-    """(Kafka key = client id, Avro Report) per report: the key keeps a client's reports in one partition."""
-    return [(r.client_id.encode(), encode_record("Report", report_record(mechanisms[r.spec_id], r), check=False))
-            for r in batch]
+def encoder_key(config: JobConfig) -> bytes:
+    """The encoder's persisted PRF key (16 bytes for SipHash); a test seed replaces it only when given."""
+    from transforms.trust.keys import load_or_create_secret
+
+    if config.seed is not None:
+        return job_key_from_seed(config.seed)
+    return load_or_create_secret(config.keys / "encoder" / "prf.key")[16:32]
 
 
-def build(sources: Sources) -> None:
-    config = sources.config
-    if not config.reports_topic:
-        raise ValueError("the encode job needs --reports_topic")
+def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
+    config = run.config
     specs = list(config.specs)
-    mechanisms = {s.spec_id: s.randomizer for s in specs}
-    raw = sources.read(config.raw_topic, "ReadRaw")
-    reports, dead = raw | "Encode" >> EncodeEvents(specs, encoder_key(config), batched_input=sources.batched)
+    reports, dead = (pipeline | "ReadRaw" >> run.reader()
+                     | "Encode" >> EncodeEvents(specs, encoder_key(config), batched_input=True))
     _ = (reports
-         | "ToReports" >> beam.FlatMap(report_messages, mechanisms)
-         | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic))
-    write_dead_letters(config, [dead])
+         | "SealAndSign" >> beam.ParDo(SealSetsFn(specs, str(config.keys)))
+         | "Flatten" >> beam.FlatMap(lambda batch: batch)
+         | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic, producer_config=config.kafka_config))
+    _ = dead | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter")
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
-    return execute(config, build, "encode", options)
+    from pipelines.shuffle import keep_dead_letters
+
+    if not config.reports_topic:
+        raise ValueError("the encode job needs --reports_topic")
+    started = time.perf_counter()
+    with locked(config, STAGE):
+        bounded = plan_run(config, STAGE, config.raw_topic)
+        counters = run_pipeline(lambda p: build(p, bounded), options)
+        keep_dead_letters(bounded, config.state / "dead_letters")
+        finish_run(bounded, {}, {})
+    parts = {"dead_lettered": counters.get("dead_lettered", 0), "encoded": counters.get("events_encoded", 0)}
+    return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
+                      {"run_key": bounded.key})
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -1,68 +1,81 @@
-"""The whole chain in one Beam pipeline: raw topic (and device reports) -> estimates.
+"""The whole chain as one command: raw topic -> encode -> reports -> shuffle -> shuffled -> analyze -> estimates.
 
-    Kafka raw topic ─ decode ▸ encode ─┐
-                                       ├─▶ shuffle (per spec) ─▶ analyze ─▶ estimates.parquet [+ topic]
-    Kafka reports topic ─ decode ──────┘
-    every unusable record ─────────────────────────────────────────────▶ dead_letters.avro [+ topic]
-
-For demos and tests; in production the three stages run as separate jobs (``pipelines/encode.py``,
-``shuffle.py``, ``analyze.py``) so the shuffler lives in its own trust domain. Accounting:
-read = dead-lettered + deleted (crowd threshold) + analyzed.
+The three stages run as the three jobs they are in production, one after the other, each in its own trust
+domain with its own state directory (``STATE/encode``, ``STATE/shuffle``, ``STATE/analyze``) and talking
+only through Kafka topics: the analyzer of a demo holds no more than the analyzer of a deployment. Each
+stage is exactly-once on its own (see ``pipelines.job``), so the chain is too; ``--follow`` repeats the
+chain. Accounting is per stage: every stage's records balance on their own.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.transforms import window
 
-from pipelines.job import (
-    JobConfig,
-    RunSummary,
-    Sources,
-    config_from_options,
-    encoder_key,
-    execute,
-    reports_of,
-    write_dead_letters,
-    write_estimates,
-)
-from transforms.analyze import Analyze
-from transforms.encode import DecodeReports, EncodeEvents
-from transforms.shuffle import Shuffle
+from pipelines import analyze, encode, shuffle
+from pipelines.job import JobConfig, RunSummary, config_from_options
+from transforms.kafkaio import ensure_topics
 
 
-def build(sources: Sources) -> None:
-    """Add the end-to-end graph: both input topics, every spec's shuffle and analysis, all outputs."""
-    config = sources.config
-    specs = list(config.specs)
-    raw = sources.read(config.raw_topic, "ReadRaw")
-    reports, dead_encode = raw | "Encode" >> EncodeEvents(specs, encoder_key(config), batched_input=sources.batched)
-    dead = [dead_encode]
-    if config.reports_topic:
-        device_reports, dead_device = sources.read(config.reports_topic, "ReadReports") | "DecodeDevice" >> \
-            DecodeReports(specs)
-        reports = (reports, device_reports) | "AllReports" >> beam.Flatten()
-        dead.append(dead_device)
-    estimates = []
-    for i, spec in enumerate(specs):
-        mine = reports | f"Select{i}" >> beam.FlatMap(reports_of, spec.spec_id)
-        shuffled, dead_shuffle = mine | f"Shuffle{i}" >> Shuffle(spec, seed=config.seed)
-        dead.append(dead_shuffle)
-        estimates.append(shuffled | f"Analyze{i}" >> Analyze(spec)
-                         | f"EstimatesGlobal{i}" >> beam.WindowInto(window.GlobalWindows()))
-    write_estimates(config, estimates)
-    write_dead_letters(config, dead)
+@dataclass
+class ChainSummary:
+    """The three stages' summaries of one pass of the chain."""
+
+    stages: dict[str, RunSummary] = field(default_factory=dict)
+    seconds: float = 0.0
+    stage: str = "end_to_end"
+
+    def count(self, name: str) -> int:
+        return sum(s.count(name) for s in self.stages.values())
+
+    @property
+    def accounting(self) -> dict[str, dict[str, int]]:
+        return {name: s.accounting for name, s in self.stages.items()}
+
+    @property
+    def balanced(self) -> bool:
+        return all(s.balanced for s in self.stages.values())
+
+    @property
+    def dead_fraction(self) -> float:
+        first = next(iter(self.stages.values()), None)
+        read = first.count("kafka_records_read") if first else 0
+        return self.count("dead_lettered") / read if read else 0.0
+
+    @property
+    def out_dir(self) -> Path:
+        return self.stages["analyze"].out_dir
+
+    @property
+    def estimates_path(self) -> Path:
+        return self.stages["analyze"].estimates_path
+
+    @property
+    def dead_letters_path(self) -> Path:
+        return self.stages["analyze"].dead_letters_path
 
 
-def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
-    """Run the chain once over what is new on the topics; see ``pipelines.job.execute``."""
-    return execute(config, build, "end_to_end", options)
+def run(config: JobConfig, options: PipelineOptions | None = None) -> ChainSummary:
+    """One pass of the chain over what is new on the topics."""
+    started = time.perf_counter()
+    if not config.reports_topic:
+        from dataclasses import replace
+
+        config = replace(config, reports_topic=f"{config.raw_topic}-reports")
+    ensure_topics(config.bootstrap, [config.reports_topic, config.shuffled_topic], partitions=3)
+    summary = ChainSummary()
+    summary.stages["encode"] = encode.run(config.for_stage("encode"), options)
+    summary.stages["shuffle"] = shuffle.run(config.for_stage("shuffle"), options)
+    summary.stages["analyze"] = analyze.run(config.for_stage("analyze"), options)
+    summary.seconds = time.perf_counter() - started
+    return summary
 
 
-def run_from_argv(argv: Sequence[str]) -> RunSummary:
-    """``esa run --spec X.toml --kafka_bootstrap HOST:PORT ...`` (Beam flags pass through)."""
+def run_from_argv(argv: Sequence[str]) -> ChainSummary:
+    """``esa run --spec X.toml --kafka_bootstrap HOST:PORT --output_dir D ...`` (Beam flags pass through)."""
     options = PipelineOptions(list(argv))
     return run(config_from_options(options), options)

@@ -1,52 +1,63 @@
-"""What every esa job shares: its config, its Kafka sources and sinks, the run-and-commit step, and the
-record accounting a user checks first.
+"""What every esa job shares: its config, its state directory, the bounded read, the run, the accounting.
 
-A job reads bounded ranges of Kafka topics, runs on the FnApiRunner (or the runner the options name),
-and commits the consumer group's offsets only after the pipeline finished successfully: a failed run is
-re-read, and a second successful run reads nothing new.
+A job is a service that runs as a sequence of bounded runs. Each run, under an exclusive lock on the job's
+``--state_dir``, reads every partition from its *resume offset* (kept in the state dir; the consumer
+group's committed offset only on the very first run) to the end of the log, runs one Beam pipeline that
+stages its results in ``state_dir/staging/<run key>``, and then -- only after the pipeline succeeded --
+the job's driver seals each release in the ledger, publishes it, moves the staged outputs into place and
+finally saves the new resume offsets (never past a record of a window that is still open) and commits
+them to the consumer group for lag monitoring. A crash anywhere before the state is saved re-runs with
+the same run key: staged outputs are overwritten, sealed releases republished identically.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from pipelines.options import EsaKafkaOptions, EsaOptions, local_runner_requested
-from transforms.kafkaio import ReadFromKafkaBounded, read_from_kafka
-from transforms.mechanisms.randomness import job_key_from_entropy, job_key_from_seed
-from transforms.records import ReportElement
-from transforms.sinks import WriteAvroFile, WriteEstimatesParquet, WriteRecordsToKafka
+from pipelines.options import (
+    EsaKafkaOptions,
+    EsaOptions,
+    EsaServiceOptions,
+    kafka_client_config,
+    local_runner_requested,
+)
+from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, plan_bounded_read
 from transforms.spec import AnalysisSpec, load_spec
+from transforms.state.files import StateLock
+from transforms.state.run_state import RunState, run_key
 
 LOG = logging.getLogger(__name__)
-ESTIMATES_FILE = "estimates.parquet"
-DEAD_LETTERS_FILE = "dead_letters.avro"
+CRASH_ENV = "ESA_CRASH_AT"  # fault injection for tests: kill -9 this process at a named point
 
-# Per stage: the counters that must add up to the records read (plus the extra messages of multi-message
-# encoders: an event that becomes k messages adds k - 1), and to the valid reports.
-_BALANCE = {
-    "end_to_end": (("dead_lettered", "reports_deleted", "reports_analyzed"), ("reports_deleted", "reports_analyzed")),
-    "encode": (("dead_lettered", "events_encoded"), None),
-    "shuffle": (("dead_lettered", "reports_deleted", "reports_released"), ("reports_deleted", "reports_released")),
-    "analyze": (("dead_lettered", "reports_analyzed"), None),
-}
+
+def crash_point(name: str) -> None:
+    """SIGKILL ourselves at ``name`` if the test harness asked for it (``ESA_CRASH_AT=name``)."""
+    if os.environ.get(CRASH_ENV) == name:
+        LOG.warning("fault injection: SIGKILL at %s", name)
+        os.kill(os.getpid(), 9)
 
 
 @dataclass(frozen=True)
 class JobConfig:
-    """Everything a job needs; built from EsaOptions/EsaKafkaOptions or directly in code."""
+    """Everything a job needs; built from the command-line options or directly in code."""
 
     bootstrap: str
     specs: tuple[AnalysisSpec, ...]
     out_dir: Path
+    state_dir: Path | None = None  # default: out_dir / "state"
+    keys_dir: Path | None = None  # default: out_dir / "keys"
     raw_topic: str = "telemetry"
     reports_topic: str | None = "reports"
     shuffled_topic: str = "shuffled"
@@ -55,6 +66,25 @@ class JobConfig:
     estimates_topic: str | None = None
     seed: int | None = None
     kafka_io: str = "python"
+    kafka_config: dict[str, Any] = field(default_factory=dict)
+    drain: bool = False
+    out_of_orderness_seconds: int = 600
+    idle_timeout_seconds: int = 300
+    max_age_seconds: int = 30 * 86400
+    max_skew_seconds: int = 3600
+    now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
+
+    @property
+    def state(self) -> Path:
+        return self.state_dir if self.state_dir is not None else self.out_dir / "state"
+
+    @property
+    def keys(self) -> Path:
+        return self.keys_dir if self.keys_dir is not None else self.out_dir / "keys"
+
+    def for_stage(self, stage: str) -> JobConfig:
+        """Each stage keeps its state apart (its own trust domain): state_dir/<stage>."""
+        return replace(self, state_dir=self.state / stage)
 
 
 @dataclass
@@ -64,54 +94,48 @@ class RunSummary:
     counters: dict[str, int]
     out_dir: Path
     seconds: float
-    stage: str = "end_to_end"
+    stage: str
+    parts: dict[str, int] = field(default_factory=dict)  # the accounting terms, named
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def count(self, name: str) -> int:
         return int(self.counters.get(name, 0))
 
     @property
     def accounting(self) -> dict[str, int]:
-        parts, valid = _BALANCE[self.stage]
-        names = ["kafka_records_read", *parts, *(["reports_valid"] if valid else [])]
-        short = {"kafka_records_read": "read", "reports_valid": "valid", "dead_lettered": "dead_lettered",
-                 "reports_deleted": "deleted", "reports_analyzed": "analyzed", "events_encoded": "encoded",
-                 "reports_released": "released"}
-        out = {short[n]: self.count(n) for n in names}
-        if self.stage == "end_to_end" and self.expanded:
-            out["expanded"] = self.expanded
-        return out
-
-    @property
-    def expanded(self) -> int:
-        """Messages created beyond one per event by multi-message encoders (fragments, presence markers)."""
-        return self.count("reports_encoded") - self.count("events_encoded")
+        return {"read": self.count("kafka_records_read"), **self.parts}
 
     @property
     def balanced(self) -> bool:
-        """Every consumed record is analyzed (or passed on), deliberately deleted, or dead-lettered, once."""
-        parts, valid = _BALANCE[self.stage]
-        extra = self.expanded if self.stage == "end_to_end" else 0
-        ok = self.count("kafka_records_read") + extra == sum(self.count(p) for p in parts)
-        return ok and (valid is None or self.count("reports_valid") == sum(self.count(p) for p in valid))
+        """Every consumed record is used (or held for its window), deliberately deleted, or dead-lettered, once."""
+        return self.count("kafka_records_read") == sum(self.parts.values())
+
+    @property
+    def dead_fraction(self) -> float:
+        read = self.count("kafka_records_read")
+        return self.count("dead_lettered") / read if read else 0.0
 
     @property
     def estimates_path(self) -> Path:
-        return self.out_dir / ESTIMATES_FILE
+        return self.out_dir / "estimates"
 
     @property
     def dead_letters_path(self) -> Path:
-        return self.out_dir / DEAD_LETTERS_FILE
+        return self.out_dir / "dead_letters"
 
 
 def config_from_options(options: PipelineOptions) -> JobConfig:
     """Turn command-line pipeline options into a config (specs are loaded and validated here)."""
-    kafka, esa = options.view_as(EsaKafkaOptions), options.view_as(EsaOptions)
+    kafka, esa, service = (options.view_as(EsaKafkaOptions), options.view_as(EsaOptions),
+                           options.view_as(EsaServiceOptions))
     if not esa.spec:
         raise ValueError("at least one --spec FILE.toml is required")
     return JobConfig(
         bootstrap=kafka.kafka_bootstrap,
         specs=tuple(load_spec(p) for p in esa.spec),
         out_dir=Path(esa.output_dir),
+        state_dir=Path(service.state_dir) if service.state_dir else None,
+        keys_dir=Path(service.keys_dir) if service.keys_dir else None,
         raw_topic=kafka.raw_topic,
         reports_topic=kafka.reports_topic or None,
         shuffled_topic=kafka.shuffled_topic,
@@ -120,82 +144,103 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         estimates_topic=kafka.estimates_topic or None,
         seed=esa.seed,
         kafka_io=kafka.kafka_io,
+        kafka_config=kafka_client_config(kafka.kafka_config),
+        drain=service.drain,
+        out_of_orderness_seconds=service.out_of_orderness_seconds,
+        idle_timeout_seconds=service.idle_timeout_seconds,
+        max_age_seconds=service.max_age_seconds,
+        max_skew_seconds=service.max_skew_seconds,
     )
 
 
-class Sources:
-    """Kafka sources of one pipeline; remembers the bounded readers whose offsets to commit."""
+@dataclass
+class BoundedRun:
+    """One run of a job: its plan, its run key, its staging directory and its prior state."""
 
-    def __init__(self, pipeline: beam.Pipeline, config: JobConfig):
-        self.pipeline, self.config = pipeline, config
-        self.readers: list[ReadFromKafkaBounded] = []
+    config: JobConfig
+    stage: str
+    topic: str
+    state: RunState
+    plan: list[PartitionRange]
+    key: str
+    staging: Path
+    now_ms: int
 
     @property
-    def batched(self) -> bool:
-        """The Python-native reader emits lists of records; the cross-language one single records."""
-        return self.config.kafka_io == "python"
+    def source_ends(self) -> dict[str, int]:
+        return {f"{r.topic}/{r.partition}": r.stop for r in self.plan}
 
-    def read(self, topic: str, label: str) -> beam.PCollection:
-        config = self.config
-        if self.batched:
-            reader = ReadFromKafkaBounded(config.bootstrap, topic, config.group_id, batched=True)
-            self.readers.append(reader)
-            return self.pipeline | label >> reader
-        return read_from_kafka(self.pipeline, bootstrap=config.bootstrap, topic=topic, group_id=config.group_id,
-                               implementation=config.kafka_io, label=label)
+    def reader(self) -> ReadFromKafkaBounded:
+        c = self.config
+        return ReadFromKafkaBounded(c.bootstrap, self.topic, c.group_id, batched=True, plan=self.plan,
+                                    consumer_config=c.kafka_config)
 
 
-def reports_of(batch: list[ReportElement], spec_id: str) -> Iterator[list[ReportElement]]:
-    """The part of a batch of reports that belongs to one spec (batches stay batches)."""
-    mine = [r for r in batch if r.spec_id == spec_id]
-    if mine:
-        yield mine
+def plan_run(config: JobConfig, stage: str, topic: str) -> BoundedRun:
+    """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
+    state_path = config.state / "run_state.json"
+    state = RunState.load(state_path)
+    resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
+    plan = plan_bounded_read(config.bootstrap, topic, config.group_id, consumer_config=config.kafka_config,
+                             start_offsets=resume or None)
+    starts = {f"{r.topic}/{r.partition}": r.start for r in plan}
+    key = run_key(starts, state.processed_until)
+    staging = config.state / "staging" / key
+    if staging.exists():
+        shutil.rmtree(staging)  # a crashed attempt with the same key: its staged files are redone
+    staging.mkdir(parents=True)
+    now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
+    LOG.info("%s run %s: %d records planned from %s (resume %s)", stage, key, sum(r.stop - r.start for r in plan),
+             topic, {r.partition: r.start for r in plan})
+    return BoundedRun(config, stage, topic, state, plan, key, staging, now)
 
 
-def encoder_key(config: JobConfig) -> bytes:
-    """The secret key of the encoder's per-event PRF (OS entropy unless a test seed is given)."""
-    return job_key_from_seed(config.seed) if config.seed is not None else job_key_from_entropy()
+def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str, int]) -> RunState:
+    """Save where the next run resumes (never past a held record) and commit it to the consumer group."""
+    state = run.state
+    resume = dict(state.resume)
+    processed = dict(state.processed_until)
+    max_event = dict(state.max_event_ms)
+    last_wall = dict(state.last_data_wall_ms)
+    for r in run.plan:
+        pkey = f"{r.topic}/{r.partition}"
+        resume[pkey] = min(held.get(pkey, r.stop), r.stop)
+        processed[pkey] = max(processed.get(pkey, 0), r.stop)
+    for pkey, event_ms in run_max_event_ms.items():
+        max_event[pkey] = max(max_event.get(pkey, event_ms), event_ms)
+        last_wall[pkey] = run.now_ms
+    new = RunState(resume=resume, processed_until=processed, max_event_ms=max_event, last_data_wall_ms=last_wall,
+                   runs=state.runs + 1, updated_at_ms=int(time.time() * 1000))
+    crash_point(f"{run.stage}:before_state")
+    new.save(run.config.state / "run_state.json")
+    commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]
+    try:
+        commit_plan(run.config.bootstrap, run.config.group_id, commit, run.config.kafka_config)
+    except Exception as err:
+        LOG.warning("could not commit offsets to group %s (state is saved): %s", run.config.group_id, err)
+    shutil.rmtree(run.staging, ignore_errors=True)
+    return new
 
 
-def write_dead_letters(config: JobConfig, dead: list[beam.PCollection]) -> None:
-    """All dead letters of a job -> DIR/dead_letters.avro (and the dead-letter topic, if configured)."""
-    all_dead = dead | "AllDeadLetters" >> beam.Flatten()
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    all_dead | "DeadLetterFile" >> WriteAvroFile(str(config.out_dir / DEAD_LETTERS_FILE), "DeadLetter")
-    if config.dead_letter_topic:
-        all_dead | "DeadLetterTopic" >> WriteRecordsToKafka(config.bootstrap, config.dead_letter_topic, "DeadLetter")
-
-
-def write_estimates(config: JobConfig, estimates: list[beam.PCollection]) -> None:
-    """Estimate records (global window) -> DIR/estimates.parquet (and the estimates topic, if configured)."""
-    all_estimates = estimates | "AllEstimates" >> beam.Flatten()
-    config.out_dir.mkdir(parents=True, exist_ok=True)
-    all_estimates | "EstimatesFile" >> WriteEstimatesParquet(str(config.out_dir / ESTIMATES_FILE))
-    if config.estimates_topic:
-        all_estimates | "EstimatesTopic" >> WriteRecordsToKafka(config.bootstrap, config.estimates_topic, "Estimate")
-
-
-def execute(config: JobConfig, build: Callable[[Sources], None], stage: str,
-            options: PipelineOptions | None = None) -> RunSummary:
-    """Build with ``build``, run, wait; commit offsets only if the run succeeded; return the summary."""
+def run_pipeline(build: Callable[[beam.Pipeline], None], options: PipelineOptions | None) -> dict[str, int]:
+    """Build with ``build``, run to completion on the FnApiRunner (or the runner the options name)."""
     options = options or PipelineOptions([])
     runner = FnApiRunner() if local_runner_requested(options) else None
-    started = time.perf_counter()
     pipeline = beam.Pipeline(runner=runner, options=options)
-    sources = Sources(pipeline, config)
-    build(sources)
-    LOG.info("running %s for %s", stage, ", ".join(s.spec_id for s in config.specs))
+    build(pipeline)
     result = pipeline.run()
     state = result.wait_until_finish()
     if str(state) not in {"DONE", "PipelineState.DONE"}:
-        raise RuntimeError(f"pipeline ended in state {state}; offsets not committed")
-    for reader in sources.readers:
-        reader.commit_offsets()
-    return RunSummary(counters=esa_counters(result), out_dir=config.out_dir,
-                      seconds=time.perf_counter() - started, stage=stage)
+        raise RuntimeError(f"pipeline ended in state {state}; nothing was released or committed")
+    return esa_counters(result)
 
 
-def esa_counters(result: beam.runners.runner.PipelineResult) -> dict[str, int]:
+def locked(config: JobConfig, stage: str) -> StateLock:
+    config.state.mkdir(parents=True, exist_ok=True)
+    return StateLock(config.state, stage)
+
+
+def esa_counters(result: Any) -> dict[str, int]:
     """Sum the ``esa`` namespace counters over steps (the same counter name is used by several stages)."""
     totals: dict[str, int] = {}
     for counter in result.metrics().query(MetricsFilter().with_namespace("esa"))["counters"]:

@@ -13,14 +13,18 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--kafka_bootstrap", default="127.0.0.1:9092",
                             help="Kafka bootstrap servers (host:port[,host:port])")
         parser.add_argument("--raw_topic", default="telemetry", help="topic of TelemetryEvent records")
-        parser.add_argument("--reports_topic", default="reports",
-                            help="topic of device-encoded Report records ('' to skip)")
+        parser.add_argument("--reports_topic", default="",
+                            help="topic of device-encoded Report records (default: none)")
         parser.add_argument("--shuffled_topic", default="shuffled",
                             help="topic of ShuffledReport records between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",
                             help="consumer group whose committed offsets bound the read")
         parser.add_argument("--dead_letter_topic", default="", help="also publish dead letters here ('' = off)")
         parser.add_argument("--estimates_topic", default="", help="also publish estimates here ('' = off)")
+        parser.add_argument("--kafka_config", default="",
+                            help="file of extra Kafka client settings, one key=value per line (TLS/SASL: "
+                                 "security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile, sasl_mechanism, "
+                                 "sasl_plain_username, sasl_plain_password, ...); see docs/operations.md")
         parser.add_argument("--kafka_io", default="python", choices=["python", "xlang"],
                             help="python: kafka-python source (DirectRunner); xlang: Beam's Java KafkaIO "
                                  "(Dataflow/Flink, needs an expansion service)")
@@ -36,6 +40,53 @@ class EsaOptions(PipelineOptions):
         parser.add_argument("--output_dir", default="out", help="directory for Parquet/Avro outputs")
         parser.add_argument("--seed", type=int, default=None,
                             help="seed all randomness (tests and simulations ONLY; default: OS entropy)")
+
+
+class EsaServiceOptions(PipelineOptions):
+    """How a job keeps its state across runs, where its keys are, and when windows close."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument("--state_dir", default="",
+                            help="the job's durable state: lock, release ledger, resume offsets "
+                                 "(default: OUTPUT_DIR/state); one state dir per running job")
+        parser.add_argument("--keys_dir", default="", help="keys directory (default: OUTPUT_DIR/keys); see "
+                                                           "docs/operations.md for its layout")
+        parser.add_argument("--follow", action="store_true",
+                            help="keep running: one bounded run after another until SIGINT/SIGTERM")
+        parser.add_argument("--poll_seconds", type=float, default=5.0, help="--follow: pause between runs")
+        parser.add_argument("--drain", action="store_true",
+                            help="release every open window at the end of this run (later reports are late)")
+        parser.add_argument("--out_of_orderness_seconds", type=int, default=600,
+                            help="watermark = max event time seen - this (per partition, min over partitions)")
+        parser.add_argument("--idle_timeout_seconds", type=int, default=300,
+                            help="a partition without new data for this long no longer holds the watermark back")
+        parser.add_argument("--max_age_seconds", type=int, default=30 * 86400,
+                            help="reports with an event time older than this are refused at ingress")
+        parser.add_argument("--max_skew_seconds", type=int, default=3600,
+                            help="reports with an event time this far in the future are refused at ingress")
+
+
+def kafka_client_config(path: str) -> dict[str, object]:
+    """Read ``key=value`` lines (``#`` comments) into kafka client settings; numbers become ints.
+
+    Kept in a file, not on the command line, so that passwords do not show in ``ps``.
+    """
+    if not path:
+        return {}
+    out: dict[str, object] = {}
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    for number, line in enumerate(lines, start=1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{path}:{number}: expected key=value, got {line!r}")
+        value = value.strip()
+        out[key.strip().replace(".", "_")] = int(value) if value.isdigit() else value
+    return out
 
 
 def local_runner_requested(options: PipelineOptions) -> bool:

@@ -9,6 +9,7 @@ analyzer's Estimate rows; ``avro_value`` is how a device would put the raw value
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,12 +80,21 @@ VALUE_LAWS: dict[str, ValueLaw] = {"histogram": histogram_values, "kv_mean": kv_
                                     "quantile": latency_values, "heavy_hitters": url_values}
 
 
+def recent_windows_start(window_ms: int, windows: int, now_ms: int | None = None) -> int:
+    """Start of ``windows`` whole windows (aligned to the spec's window size) ending at the start of the
+    current window: the recent past, so a simulation looks like live telemetry that just closed."""
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    return (now // window_ms - windows) * window_ms
+
+
 def synthesize(spec: AnalysisSpec, n: int, *, distribution: str = "zipf", zipf_s: float = 1.1, windows: int = 1,
                start_ms: int | None = None, seed: int | None = None, crowds: tuple[str, ...] = ()) -> Population:
     """Draw n clients (seeded only for tests and reproducible simulations; OS entropy otherwise).
 
     ``crowds`` names the crowd ids clients are spread over (uniformly) when the spec partitions crowds;
-    by default two versions, ``v1`` and ``v2``.
+    by default two versions, ``v1`` and ``v2``. Event times fall in ``windows`` whole windows from
+    ``start_ms`` (default: the last ``windows`` complete windows before now); client ids carry a random
+    prefix, fresh per call.
     """
     if n < 1 or windows < 1:
         raise ValueError("need at least one client and one window")
@@ -94,12 +104,15 @@ def synthesize(spec: AnalysisSpec, n: int, *, distribution: str = "zipf", zipf_s
         raise ValueError(f"no synthetic population for {spec.kind} analyses")
     rng = seeded_rng(seed) if seed is not None else os_entropy_rng()
     window_ms = spec.window_seconds * 1000
-    if start_ms is None:  # the last complete window before the Unix time 1.8e12 ms keeps outputs comparable
-        start_ms = (1_800_000_000_000 // window_ms) * window_ms
+    if start_ms is None:
+        start_ms = recent_windows_start(window_ms, windows)
     values = VALUE_LAWS[spec.kind](spec, n, rng, Law(distribution, zipf_s))
     window_index = rng.integers(0, windows, size=n)
     times = start_ms + window_index * window_ms + rng.integers(0, window_ms, size=n)
-    ids = np.array([f"client-{i:08d}" for i in range(n)], dtype=object)
+    # A fresh prefix per population: two simulations on one topic are different clients, not duplicates
+    # (drawn last, so a seed reproduces the same values and times as before).
+    prefix = rng.bytes(4).hex()
+    ids = np.array([f"client-{prefix}-{i:08d}" for i in range(n)], dtype=object)
     crowd_ids = None
     if spec.crowd.partition is not None:
         names = np.array(crowds or ("v1", "v2"), dtype=object)

@@ -1,8 +1,9 @@
 """``esa query``: ranges and quantiles answered from stored range-tree estimates (no pipeline, no broker).
 
-A range or quantile analysis stores every node of its dyadic tree as an Estimate row (item ``"level/index"``,
+A range or quantile analysis stores every node of its tree as an Estimate row (item ``"level/index"``,
 ``raw_estimate`` = the unbiased count) and, in the ``parameters`` JSON under ``"readout"``, the per-level
-variance constants and the bucketing (bits, value_range). That is exactly what ``RangeTree.from_rows`` needs,
+variance constants and the bucketing (bits, value_range). That is exactly what ``RangeTree.from_rows`` needs
+(``LeftChildrenTree.from_rows`` for 004's multi-message range counting, which stores the root and left children),
 so a stored tree answers any range [LO, HI) or quantile with the same numbers and standard errors as the live
 accumulator. Ranges are asked in value units; the tree only knows whole buckets, so a range is answered over
 the smallest run of buckets covering it, and the output says which value range that is.
@@ -23,9 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipelines.paths import OutputLocation, output_location
+from transforms.mechanisms.left_children_tree import LeftChildrenTree
 from transforms.mechanisms.range_tree import RangeTree
 
 Z_95 = 1.96
+# How each tree structure (``readout["structure"]``, the estimate's ``structure``) is rebuilt from its rows:
+# dyadic_range stores every node of its tree, mm_range (004's matrix mechanism) only the root and left children.
+STRUCTURES: dict[str, type[RangeTree] | type[LeftChildrenTree]] = {"dyadic": RangeTree,
+                                                                   "left_children": LeftChildrenTree}
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class StoredTree:
     window_start: int
     window_end: int
     crowd_id: str | None
-    tree: RangeTree
+    tree: RangeTree | LeftChildrenTree
     value_range: tuple[float, float] | None
     eps_local: float
     eps_central: float
@@ -116,9 +123,14 @@ def _parse_level_index(items: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
             np.fromiter((int(p[1]) for p in parts), dtype=np.int64, count=len(parts)))
 
 
-def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree:
-    """Rebuild one crowd's RangeTree from its node rows (``raw_estimate`` per ``"level/index"``) and the
-    per-level constants [clients, var_intercept, var_slope, cov_beta] of the ``readout`` parameters."""
+def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree | LeftChildrenTree:
+    """Rebuild one crowd's tree from its node rows (``raw_estimate`` per ``"level/index"``) and the per-level
+    constants [clients, var_intercept, var_slope, cov_beta] of the ``readout`` parameters, as the structure
+    the analyzer stored (``readout["structure"]``: a full dyadic tree or 004's left-children nodes)."""
+    structure = readout.get("structure", "dyadic")
+    if structure not in STRUCTURES:
+        raise ValueError(f"unknown range-tree structure {structure!r} in the readout parameters "
+                         f"(known: {', '.join(STRUCTURES)})")
     names = rows["item"].to_pylist()
     node = np.fromiter((not name.startswith("quantile:") for name in names), dtype=bool, count=len(names))
     level, index = _parse_level_index([n for n, keep in zip(names, node.tolist(), strict=True) if keep])
@@ -127,7 +139,7 @@ def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree:
     if missing:
         raise ValueError(f"the readout parameters lack the constants of tree levels {missing}")
     table = np.array([constants[str(x)] for x in level.tolist()], dtype=np.float64).reshape(-1, 4)
-    return RangeTree.from_rows({
+    return STRUCTURES[structure].from_rows({
         "level": level, "index": index,
         "estimate": np.asarray(rows["raw_estimate"], dtype=np.float64)[node],
         "stderr": np.asarray(rows["stderr"], dtype=np.float64)[node],
@@ -135,8 +147,8 @@ def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree:
         "cov_beta": table[:, 3]})
 
 
-def _window_ms(text: str) -> int:
-    """A window start given as milliseconds since the epoch or an ISO 8601 time (UTC unless it says)."""
+def parse_time_ms(text: str, flag: str = "--window") -> int:
+    """A time given as milliseconds since the epoch or an ISO 8601 time (UTC unless it says)."""
     try:
         return int(text)
     except ValueError:
@@ -144,7 +156,7 @@ def _window_ms(text: str) -> int:
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"--window must be epoch milliseconds or an ISO 8601 time, got {text!r}") from None
+        raise ValueError(f"{flag} must be epoch milliseconds or an ISO 8601 time, got {text!r}") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return round(when.timestamp() * 1000)
@@ -157,7 +169,7 @@ def trees_of(table: pa.Table, spec_id: str | None = None, window: str | int | No
         return []
     keys = table.select(["spec_id", "window_start", "crowd_id"]).group_by(
         ["spec_id", "window_start", "crowd_id"]).aggregate([]).to_pylist()
-    start = None if window is None else _window_ms(str(window))
+    start = None if window is None else parse_time_ms(str(window))
     out = []
     for key in sorted(keys, key=lambda k: (k["spec_id"], k["window_start"], k["crowd_id"] or "")):
         if (spec_id is not None and key["spec_id"] != spec_id) or (start is not None and key["window_start"] != start) \
@@ -181,13 +193,28 @@ def trees_of(table: pa.Table, spec_id: str | None = None, window: str | int | No
     return out
 
 
-def read_trees(estimates: Path, spec_id: str | None = None, window: str | int | None = None,
+def estimates_file(estimates: str | Path | OutputLocation) -> Path | str:
+    """DIR/estimates.parquet of a local directory or a URL (``gs://bucket/esa``), or the file given itself."""
+    location = output_location(estimates)
+    if location.local is not None:
+        path = location.local
+        path = path / "estimates.parquet" if path.is_dir() else path
+        if not path.is_file():
+            raise ValueError(f"no estimates at {path} (give the output directory of esa run/demo/analyze)")
+        return path
+    url = str(location)
+    return url if url.endswith(".parquet") else location.join("estimates.parquet")
+
+
+def read_trees(estimates: str | Path | OutputLocation, spec_id: str | None = None, window: str | int | None = None,
                crowd: str | None = None) -> list[StoredTree]:
-    """The range trees stored in DIR/estimates.parquet (or that file), filtered; ValueError if there are none."""
-    path = estimates / "estimates.parquet" if estimates.is_dir() else estimates
-    if not path.is_file():
-        raise ValueError(f"no estimates at {path} (give the output directory of esa run/demo/analyze)")
-    table = pq.read_table(path)
+    """The range trees stored in DIR/estimates.parquet (or that file, or a URL), filtered; ValueError if there
+    are none."""
+    path = estimates_file(estimates)
+    try:
+        table = pq.read_table(str(path))
+    except (OSError, pa.ArrowException) as err:
+        raise ValueError(f"cannot read estimates at {path}: {err}") from None
     trees = trees_of(table, spec_id, window, crowd)
     if not trees:
         analyses = sorted(set(table["spec_id"].to_pylist())) if table.num_rows else []
@@ -232,7 +259,7 @@ def z_of(confidence: float) -> float:
     return float(norm.ppf(0.5 + confidence / 2))
 
 
-def query(estimates: Path, ranges: Sequence[tuple[float, float]], quantiles: Sequence[float], *,
+def query(estimates: str | Path | OutputLocation, ranges: Sequence[tuple[float, float]], quantiles: Sequence[float], *,
           spec_id: str | None = None, window: str | None = None, crowd: str | None = None,
           confidence: float = 0.95) -> list[dict[str, Any]]:
     """Answer every range and quantile on every matching stored tree (checks the questions first)."""
@@ -278,5 +305,5 @@ def query_command(args: Any) -> int:
     results = query(args.estimates, [tuple(r) for r in args.ranges or ()], list(args.quantiles or ()),
                     spec_id=args.spec_id, window=args.window, crowd=args.crowd,
                     confidence=getattr(args, "confidence", 0.95))
-    print(json.dumps(results, indent=2) if args.json else format_answers(results))
+    print(json.dumps(results, indent=2) if args.json else format_answers(results), flush=True)
     return 0

@@ -1,59 +1,222 @@
-"""Shuffle job: Reports -> anonymous, thresholded, permuted ShuffledReports (the shuffler's trust domain).
+"""Shuffle job: signed message sets (reports topic) -> signed release batches (shuffled topic).
 
-Reads the reports topic (device-encoded or from the encode job), applies ``transforms.shuffle.Shuffle``
-per spec and writes each released report as its own ShuffledReport message, in the permuted order,
-without a Kafka key: no client id, no key, no exact time leaves this job. Accounting:
-read = dead-lettered + deleted + released.
+The shuffler's trust domain: it holds the device registry, its signing key and its PRF key, never the
+analyzer's private key. One run: read from the resume offsets, authenticate, window, hold open windows,
+dedupe/threshold/permute closed ones (``transforms.shuffle``), stage the release parts; then, in the
+driver, for every staged release: number and sign its batches, write them to ``state/releases/`` (fsync),
+**seal** the release in the ledger (create-if-absent), publish the batches keyed by
+``release_id:index`` (a replay is a no-op for a compacted consumer), mark it published; finally save the
+resume offsets. A sealed but unpublished release found at start (crash between seal and publish) is
+republished byte-for-byte from ``state/releases/``. Accounting (in message sets = Kafka records):
+read = dead-lettered + re-read + held + deleted + released.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import struct
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    BoundedRun,
     JobConfig,
     RunSummary,
-    Sources,
     config_from_options,
-    execute,
-    reports_of,
-    write_dead_letters,
+    crash_point,
+    finish_run,
+    locked,
+    plan_run,
+    run_pipeline,
 )
-from schemas import encode_record
-from transforms.encode import DecodeReports
-from transforms.kafkaio import WriteToKafka
-from transforms.mechanisms.base import Mechanism
-from transforms.records import ShuffledBatch, shuffled_records
-from transforms.shuffle import Shuffle
+from transforms.analyze_release import released_lookup
+from transforms.ingress import DEAD, TIMES, IngressFn, PriorRuns, TimePolicy
+from transforms.kafkaio import produce_records
+from transforms.shuffle import ReleasePart, Shuffle, WindowClock
+from transforms.sinks import WriteAvroFile
+from transforms.staging import StageFn, load_staged, stable_name
+from transforms.state.files import atomic_write_bytes
+from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
+
+LOG = logging.getLogger(__name__)
+STAGE = "shuffle"
 
 
-def shuffled_messages(batch: ShuffledBatch, mechanism: Mechanism) -> list[bytes]:
-    """One keyless ShuffledReport message per released report, in the batch's random order."""
-    return [encode_record("ShuffledReport", record, check=False) for record in shuffled_records(mechanism, batch)]
-
-
-def build(sources: Sources) -> None:
-    config = sources.config
-    if not config.reports_topic:
-        raise ValueError("the shuffle job needs --reports_topic")
+def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
+    config = run.config
     specs = list(config.specs)
-    reports, dead_decode = sources.read(config.reports_topic, "ReadReports") | "Decode" >> DecodeReports(specs)
-    dead = [dead_decode]
-    for i, spec in enumerate(specs):
-        mine = reports | f"Select{i}" >> beam.FlatMap(reports_of, spec.spec_id)
-        released, dead_shuffle = mine | f"Shuffle{i}" >> Shuffle(spec, seed=config.seed)
-        dead.append(dead_shuffle)
-        _ = (released
-             | f"ToShuffledReports{i}" >> beam.FlatMap(shuffled_messages, spec.randomizer)
-             | f"WriteShuffled{i}" >> WriteToKafka(config.bootstrap, config.shuffled_topic))
-    write_dead_letters(config, dead)
+    prior = PriorRuns(processed_until=dict(run.state.processed_until),
+                      released=released_lookup(e for s in specs for e in ledger.entries(s.spec_id)))
+    clock = WindowClock(run.now_ms, config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000,
+                        dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
+    times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
+    registry = str(config.keys / "registry" / "devices.parquet")
+    ingress = (pipeline | "ReadReports" >> run.reader()
+               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times)).with_outputs(DEAD, TIMES,
+                                                                                                main="sets"))
+    released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
+        specs, shuffler_prf_key(config), clock)
+    staging = str(run.staging)
+    _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", lambda p: stable_name(
+        p.spec_id, p.crowd_id, p.window_end_ms, p.subkey)))
+    _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
+    _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
+    _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
+         | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
+
+
+def shuffler_prf_key(config: JobConfig) -> bytes:
+    """The shuffler's persisted PRF key (16 bytes for SipHash); a test seed replaces it only when given."""
+    from transforms.mechanisms.randomness import job_key_from_seed
+    from transforms.trust.keys import load_or_create_secret
+
+    if config.seed is not None:
+        return job_key_from_seed(config.seed + 0x5EED)
+    return load_or_create_secret(config.keys / "shuffler" / "prf.key")[:16]
+
+
+def release_file(config: JobConfig, release_id: str) -> Path:
+    return config.state / "releases" / f"{release_id}.bin"
+
+
+def assemble(config: JobConfig, parts: list[ReleasePart]) -> dict[str, tuple[ReleaseKey, bytes, int, int]]:
+    """Staged parts -> per release: (key, file bytes of its signed batches, sets, messages)."""
+    from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
+    from transforms.trust.keys import load_shuffler_signer
+    from transforms.trust.message_set import SealedMessage
+    from transforms.trust.release import (
+        ReleaseBatch,
+        encode_release_batch,
+        release_id_of,
+        sign_release_batch,
+        split_into_batches,
+    )
+
+    key_id, signer = load_shuffler_signer(config.keys)
+    by_release: dict[tuple, list[ReleasePart]] = {}
+    for part in parts:
+        by_release.setdefault((part.spec_id, part.crowd_id, part.window_end_ms), []).append(part)
+    out = {}
+    for (spec_id, crowd, end), mine in sorted(by_release.items(), key=lambda kv: repr(kv[0])):
+        mine.sort(key=lambda p: p.subkey)
+        messages = [SealedMessage(c, s) for p in mine for c, s in p.messages]
+        n_sets = sum(p.n_sets for p in mine)
+        deleted = None if any(p.deleted is None for p in mine) else sum(p.deleted for p in mine)
+        rid = release_id_of(spec_id, crowd, end)
+        chunks = split_into_batches(messages)
+        blob = bytearray()
+        for i, chunk in enumerate(chunks):
+            batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(chunks), n_sets, len(messages), deleted,
+                                 tuple(chunk))
+            data = encode_release_batch(sign_release_batch(batch, key_id, signer))
+            blob += struct.pack(">I", len(data)) + data
+        out[rid] = (ReleaseKey(spec_id, crowd, end), bytes(blob), n_sets, len(messages))
+    return out
+
+
+def batches_of(blob: bytes) -> list[bytes]:
+    out, i = [], 0
+    while i < len(blob):
+        (n,) = struct.unpack_from(">I", blob, i)
+        out.append(blob[i + 4:i + 4 + n])
+        i += 4 + n
+    return out
+
+
+def publish(config: JobConfig, release_id: str, blob: bytes) -> int:
+    """Produce a release's batches, keyed ``release_id:index``; raises unless every batch was acknowledged."""
+    batches = batches_of(blob)
+    produce_records(config.bootstrap, config.shuffled_topic,
+                    ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(batches)),
+                    producer_config=config.kafka_config)
+    return len(batches)
+
+
+def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
+    """Crash recovery: releases sealed by a run that died before publishing them go out now, identical."""
+    done = 0
+    for entry in ledger.unpublished():
+        blob = release_file(config, entry.release_id).read_bytes()
+        if hashlib.sha256(blob).hexdigest() != entry.digest:
+            raise RuntimeError(f"staged release {entry.release_id} does not match its ledger digest; refusing "
+                               "to publish (state directory damaged?)")
+        publish(config, entry.release_id, blob)
+        ledger.mark_published(entry.key)
+        done += 1
+    if done:
+        LOG.warning("republished %d release(s) sealed by an interrupted run", done)
+    return done
+
+
+def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
+    """The release step: for each staged release, durable file -> ledger seal -> publish -> mark published."""
+    config = run.config
+    released, conflicts = 0, 0
+    for rid, (key, blob, n_sets, n_messages) in assemble(config, load_staged(run.staging, "part")).items():
+        path = release_file(config, rid)
+        atomic_write_bytes(path, blob)
+        digest = hashlib.sha256(blob).hexdigest()
+        entry = ReleaseEntry(key=key, release_id=rid, digest=digest, n_sets=n_sets, n_messages=n_messages,
+                             batches=len(batches_of(blob)), source_ends=run.source_ends, run_key=run.key,
+                             sealed_at_ms=int(time.time() * 1000))
+        stored, created = ledger.seal(entry)
+        if not created and stored.digest != digest:
+            conflicts += 1
+            LOG.error("window %s of %s crowd %s was already released by run %s; this run's release is discarded",
+                      key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
+            continue
+        crash_point("shuffle:after_seal")
+        if stored.status != "published":
+            publish(config, rid, blob)
+            crash_point("shuffle:after_publish")
+            ledger.mark_published(key)
+        released += 1
+    return released, conflicts
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
-    return execute(config, build, "shuffle", options)
+    """One bounded run of the shuffler (see the module doc)."""
+    started = time.perf_counter()
+    with locked(config, STAGE):
+        ledger = ReleaseLedger(config.state / "ledger")
+        republish_unpublished(config, ledger)
+        if not config.reports_topic:
+            raise ValueError("the shuffle job needs --reports_topic")
+        bounded = plan_run(config, STAGE, config.reports_topic)
+        crash_point("shuffle:before_pipeline")
+        counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
+        crash_point("shuffle:after_pipeline")
+        releases, conflicts = seal_and_publish(bounded, ledger)
+        keep_dead_letters(bounded, config.state / "dead_letters")
+        held = {k: v for k, v in load_staged(bounded.staging, "held")}
+        times = {k: v for k, v in load_staged(bounded.staging, "time")}
+        finish_run(bounded, held, times)
+    parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
+             "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
+             "released": counters.get("sets_released", 0)}
+    return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
+                      {"releases": releases, "conflicts": conflicts, "run_key": bounded.key})
+
+
+def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
+    """Move the run's staged dead letters (raw bytes: shuffler domain only) to their per-run file."""
+    import fastavro
+
+    staged = run.staging / "dead_letters.avro"
+    if not staged.exists():
+        return None
+    with staged.open("rb") as f:
+        if next(iter(fastavro.reader(f)), None) is None:
+            return None
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"dead-letters-{run.key}.avro"
+    staged.replace(target)
+    return target
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

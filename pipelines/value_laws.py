@@ -60,11 +60,40 @@ def kv_truth(spec: AnalysisSpec, values: list[dict[str, float]]) -> dict[str, np
 
 
 def vector_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: Any) -> np.ndarray:
-    """Vectors with coordinate j Beta-distributed around a coordinate-specific mean on the value range."""
+    """Vectors with coordinate j Beta-distributed around a coordinate-specific mean on the value range, inside
+    the mechanism's input domain (``l2_shrink``: an L2-bounded mechanism such as ldp_sgd would clip others)."""
     d = spec.d
     lo, hi = spec.domain["value_range"]
     centre = 0.1 + 0.8 * (np.arange(d) * 0.618034 % 1.0)
-    return lo + (hi - lo) * rng.beta(centre * 5.0, (1 - centre) * 5.0, size=(n, d))
+    values = lo + (hi - lo) * rng.beta(centre * 5.0, (1 - centre) * 5.0, size=(n, d))
+    shrink = l2_shrink(spec)
+    if shrink is None:
+        return values
+    anchor, factor = shrink
+    return anchor + factor * (values - anchor)
+
+
+def l2_shrink(spec: AnalysisSpec) -> tuple[np.ndarray, float] | None:
+    """(anchor, factor) such that ``anchor + factor (v - anchor)`` keeps every vector v of the value box inside
+    the L2 ball of radius ``clip`` of an L2-bounded mechanism (ldp_sgd clips longer vectors, which biases its
+    mean); None when the mechanism has no L2 bound or the whole box fits. The anchor is the box's point
+    nearest the origin, so shrunk vectors stay in the value range. ValueError when no vector of the box fits.
+    """
+    mechanism = spec.randomizer
+    clip = getattr(mechanism, "clip", None)
+    if clip is None or getattr(mechanism, "input_range", None) is not None:
+        return None
+    lo, hi = spec.domain["value_range"]
+    d = spec.d
+    anchor = np.full(d, min(max(0.0, lo), hi))
+    near = float(np.linalg.norm(anchor))
+    far = float(np.sqrt(d) * max(abs(lo - anchor[0]), abs(hi - anchor[0])))  # farthest corner from the anchor
+    if near >= clip:
+        raise ValueError(f"{mechanism.name} takes vectors of L2 norm <= clip = {clip:g}, but no vector of the value "
+                         f"range {[lo, hi]}^{d} is that short: use vector_sum, or a value_range around 0")
+    if near + far <= clip:
+        return None
+    return anchor, (clip - near) / far
 
 
 def vector_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
@@ -115,11 +144,16 @@ def leaves_of(spec: AnalysisSpec, values: np.ndarray) -> np.ndarray:
 
 def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     """The exact count of every node of the spec's tree: root "0/0" (n), then level by level, as
-    ``RangeTree.to_rows`` orders its rows. Counts scale with the clients analyzed (``scales_with_n``)."""
-    size = 2 ** spec.domain["bits"]
-    leaf_counts = np.bincount(leaves_of(spec, values), minlength=size).astype(np.float64)
+    ``RangeTree.to_rows`` orders its rows. Counts scale with the clients analyzed (``scales_with_n``).
+
+    The levels are the mechanism's own (``prefix_lengths`` of a dyadic tree of any branching) or, for a
+    mechanism that stores a subset of the binary tree's nodes (004's left children, ``mm_range``), every
+    level 1..bits: the demo joins estimates to the truth by node name, so a superset is what it needs.
+    """
+    bits = spec.domain["bits"]
+    leaf_counts = np.bincount(leaves_of(spec, values), minlength=2 ** bits).astype(np.float64)
     names, truth = ["0/0"], [np.array([leaf_counts.sum()])]
-    for length in spec.randomizer.prefix_lengths:
+    for length in getattr(spec.randomizer, "prefix_lengths", None) or range(1, bits + 1):
         names.extend(f"{length}/{i}" for i in range(1 << length))
         truth.append(leaf_counts.reshape(1 << length, -1).sum(axis=1))
     counts = np.concatenate(truth)

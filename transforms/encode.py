@@ -32,6 +32,7 @@ from transforms.records import (
     payload_from_avro,
 )
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
+from transforms.state.dead_letters import bounded_letter
 
 LOG = logging.getLogger(__name__)
 DEAD = "dead_letters"
@@ -102,7 +103,15 @@ class DecodeEventsFn(beam.DoFn):
                 crowd = crowd_of(spec, event.get("crowd_id"))
             except (WireFormatError, ValueError) as err:
                 self._dead.inc()
-                yield TaggedOutput(DEAD, dead_letter("decode", str(err), original=record.value, source=source))
+                yield TaggedOutput(DEAD, bounded_letter(dead_letter("decode", str(err), original=record.value,
+                                                                    source=source)))
+                continue
+            except Exception as err:  # no record may stop the job: anything unforeseen is this record's fault
+                LOG.exception("decoding failed at %s", source)
+                self._dead.inc()
+                yield TaggedOutput(DEAD, bounded_letter(dead_letter(
+                    "decode", f"internal error on this record ({type(err).__name__})", original=record.value,
+                    source=source)))
                 continue
             events.append(EventElement(spec.spec_id, event["client_id"], event["event_time"], value, source,
                                        record.value, crowd))

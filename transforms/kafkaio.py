@@ -121,8 +121,10 @@ def _probe_real_end(consumer: KafkaConsumer, reported: Mapping[TopicPartition, i
 
 def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_polls: int = 2,
                       idle_poll_ms: int = 300, max_probe_s: float = 10.0,
-                      consumer_config: Mapping[str, Any] | None = None) -> list[PartitionRange]:
-    """Per partition: start = committed offset of `group_id` (or the beginning), stop = real end of log."""
+                      consumer_config: Mapping[str, Any] | None = None,
+                      start_offsets: Mapping[int, int] | None = None) -> list[PartitionRange]:
+    """Per partition: start = ``start_offsets`` (a job's own durable resume point), else the committed
+    offset of `group_id`, else the beginning; stop = real end of log."""
     config = dict(consumer_config or {})
     probe = _consumer(bootstrap, fetch_max_wait_ms=100, **config)
     try:
@@ -135,7 +137,9 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_
     finally:
         probe.close()
     committed: dict[TopicPartition, int | None] = {}
-    if group_id is not None:
+    if start_offsets:
+        committed = {tp: start_offsets.get(tp.partition) for tp in tps}
+    elif group_id is not None:
         grouped = _consumer(bootstrap, group_id, **config)
         try:
             committed = {tp: grouped.committed(tp) for tp in tps}
@@ -230,8 +234,11 @@ class ReadFromKafkaBounded(beam.PTransform):
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, *,
                  consumer_config: Mapping[str, Any] | None = None, stall_timeout_s: float = 30.0,
-                 batched: bool = False) -> None:
+                 batched: bool = False, start_offsets: Mapping[int, int] | None = None,
+                 plan: list[PartitionRange] | None = None) -> None:
         super().__init__()
+        self.start_offsets = dict(start_offsets or {})
+        self.fixed_plan = plan
         self.batched = batched
         self.bootstrap, self.topic, self.group_id = bootstrap, topic, group_id
         self.consumer_config = dict(consumer_config or {})
@@ -239,8 +246,9 @@ class ReadFromKafkaBounded(beam.PTransform):
         self.plan: list[PartitionRange] | None = None
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        self.plan = plan_bounded_read(self.bootstrap, self.topic, self.group_id,
-                                      consumer_config=self.consumer_config)
+        self.plan = self.fixed_plan if self.fixed_plan is not None else plan_bounded_read(
+            self.bootstrap, self.topic, self.group_id, consumer_config=self.consumer_config,
+            start_offsets=self.start_offsets)
         return (pbegin
                 | "Plan" >> beam.Create(self.plan)
                 | "Spread" >> beam.Reshuffle()

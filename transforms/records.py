@@ -23,6 +23,7 @@ import numpy as np
 
 from schemas import SCHEMA_VERSION, load_schema
 from transforms.mechanisms.base import Mechanism, channel_count, is_single_message
+from transforms.state.dead_letters import truncate_original
 
 PAYLOAD_RECORDS = {
     "category": "esa.telemetry.CategoryPayload",
@@ -121,16 +122,19 @@ def _presence_array(mechanism: Mechanism) -> np.ndarray:
 
 def dead_letter(stage: str, reason: str, *, original: bytes | None = None, source: SourceRef | None = None,
                 spec_id: str | None = None) -> dict[str, Any]:
-    """A DeadLetter record (schemas/DeadLetter.avsc)."""
+    """A DeadLetter record (schemas/DeadLetter.avsc); the original is capped at 64 KiB (with its full digest)."""
+    kept, digest = truncate_original(original)
     return {
         "schema_version": SCHEMA_VERSION,
-        "original": original,
+        "original": kept,
         "topic": source.topic if source else None,
         "partition": source.partition if source else None,
         "offset": source.offset if source else None,
         "stage": stage,
         "reason": reason,
         "spec_id": spec_id,
+        "original_length": None if original is None else len(original),
+        "original_digest": digest,
     }
 
 
@@ -295,3 +299,78 @@ def client_messages(mechanism: Mechanism, reports: np.ndarray, owner: np.ndarray
     all_owner = np.concatenate([np.arange(clients, dtype=np.int64), owner])
     order = np.argsort(all_owner, kind="stable")
     return np.concatenate([markers, wire])[order], all_owner[order]
+
+
+@cache
+def _payload_union() -> Any:
+    """The parsed payload union of Report.avsc: what a sealed message's plaintext is written with."""
+    import fastavro
+
+    schema = load_schema("Report").parsed
+    named = {n: s for n, s in schema["__named_schemas"].items()} if "__named_schemas" in schema else {}
+    for field in schema["fields"]:
+        if field["name"] == "payload":
+            return fastavro.parse_schema(field["type"], named_schemas=dict(named))
+    raise KeyError("no payload field in schemas/Report.avsc")
+
+
+def encode_payload(mechanism: Mechanism, row: PayloadRow) -> bytes:
+    """A row's payload as the plaintext a device seals to the analyzer: 2-byte length, schemaless Avro of the
+    payload union, zero padding to the mechanism's fixed ``payload_pad_length``.
+
+    Padding matters because sealing hides contents, not lengths: Avro varints are shorter for small values,
+    so an unpadded ciphertext's length would tell the shuffler something about the randomized value.
+    """
+    import io
+
+    import fastavro
+
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _payload_union(), payload_to_avro(mechanism, row))
+    data = out.getvalue()
+    size = payload_pad_length(mechanism)
+    if len(data) > size:
+        raise ValueError(f"payload of {len(data)} bytes exceeds the {mechanism.name} bound of {size}")
+    return len(data).to_bytes(2, "big") + data + bytes(size - len(data))
+
+
+@cache
+def payload_pad_length(mechanism: Mechanism) -> int:
+    """The longest encoded payload the mechanism can produce: every integer at its longest varint (10 bytes)."""
+    import io
+
+    import fastavro
+
+    dtype = wire_dtype(mechanism)
+    row = np.zeros(1, dtype=dtype)
+    for name in dtype.names:
+        if name != CHANNEL and dtype.fields[name][0].base.kind in "iu":
+            row[name] = np.iinfo(np.int64).min if dtype.fields[name][0].base.kind == "i" else 0
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _payload_union(), payload_to_avro(mechanism, array_to_rows(row)[0]))
+    return len(out.getvalue()) + 9 * sum(1 for n in dtype.names if dtype.fields[n][0].base.kind == "u")
+
+
+def decode_payload(mechanism: Mechanism, data: bytes, channel: int) -> PayloadRow:
+    """Inverse of ``encode_payload`` with every domain check of ``payload_from_avro``; ``ValueError`` says why."""
+    import io
+
+    import fastavro
+
+    if not 2 <= len(data) <= MAX_PAYLOAD_BYTES:
+        raise ValueError(f"payload of {len(data)} bytes (2 to {MAX_PAYLOAD_BYTES})")
+    size = int.from_bytes(data[:2], "big")
+    if size > len(data) - 2 or any(data[2 + size:]):
+        raise ValueError("payload length prefix or padding is malformed")
+    data = data[2:2 + size]
+    buffer = io.BytesIO(data)
+    try:
+        payload = fastavro.schemaless_reader(buffer, _payload_union(), return_record_name=True)
+    except Exception as err:  # fastavro raises many types on garbage: each is a malformed payload
+        raise ValueError(f"undecodable payload ({type(err).__name__})") from None
+    if buffer.tell() != len(data):
+        raise ValueError(f"{len(data) - buffer.tell()} trailing bytes after the payload")
+    return payload_from_avro(mechanism, payload, channel)
+
+
+MAX_PAYLOAD_BYTES = 4096

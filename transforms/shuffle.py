@@ -1,29 +1,29 @@
-"""The shuffler (DESIGN.md §5): reports in, anonymous thresholded permuted batches out.
+"""The shuffler: authenticated message sets in, anonymous thresholded permuted release parts out.
 
-Per (window, spec, crowd id) crowd:
+Windows are explicit keys, not Beam windows: a crowd is one (spec, crowd id, window end), and whether
+its window is *closed* is decided from the event-time watermark of the run (``WindowClock``), so the cost
+of a run grows with its records, not with its number of distinct windows, and the same graph gives the
+same releases on any runner. Per closed crowd:
 
-1. reports are windowed on event time (FixedWindows; one on-time pane at the watermark; no early panes,
-   which would release partial crowds). Late panes are never released: their reports are counted and
-   dead-lettered as late (reports later than the allowed lateness are dropped by Beam itself);
-2. one message set per (client, window) is kept (``max_reports_per_window`` in the spec) -- the earliest,
-   by event time then Kafka position, so a retry keeps the same one -- and the rest are dead-lettered as
-   duplicates. A message set is one report, or all messages of one event of a multi-message mechanism
-   (fragments on their channels plus one presence marker; excess messages per channel are a flood).
-   Clients are grouped by a stable hash bucket: a few keys per window, not one key per client;
-3. identity is stripped: from here on a report is its payload alone, in lists under random sub-keys;
-4. the crowd threshold of 001 Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
-   (two-sided geometric) Laplace; n - n_hat uniformly chosen message sets (whole clients) are deleted,
-   allotted to the sub-keys by a multivariate hypergeometric draw so no worker ever holds a whole crowd; a crowd with
-   n_hat = 0 releases nothing, and n_hat > n aborts the crowd (explicitly, never clamped: a clamp would
-   change delta);
-5. each sub-crowd's surviving messages are permuted and emitted as ``ShuffledBatch``es stamped with the
-   window end.
+1. one message set per (device, window) is kept -- the earliest by event time, then Kafka position, so
+   a rerun keeps the same one -- byte-identical copies (replays, retried sends) and later sets are
+   dead-lettered as duplicates; a set without exactly one presence marker, or with more messages on a
+   channel than the mechanism sends, is dead-lettered (multi-message mechanisms);
+2. identity is stripped: from here on a set is its sealed messages alone, under sub-keys drawn by a
+   keyed PRF of (device, crowd), so no worker holds a whole crowd;
+3. the crowd threshold of 001 Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
+   Laplace; n - n_hat uniformly chosen sets (whole devices) are deleted, allotted to sub-keys by a
+   multivariate hypergeometric draw; n_hat below the spec's ``min_clients`` releases nothing, and
+   n_hat > n aborts the crowd (never clamped: a clamp would change delta);
+4. each sub-crowd's surviving messages are broken out of their sets and permuted, then leave as
+   ``ReleasePart``s. Payloads are sealed to the analyzer: the shuffler routes what it cannot read.
 
-All shuffler randomness (sub-keys, threshold noise, deletions, permutation) is a keyed PRF of the crowd
-under a secret shuffler key (OS entropy, or a seed in tests), so a retried or replayed bundle reproduces
-exactly the same release (DESIGN.md §6). ``beam.Reshuffle`` is not used: it keeps timestamps and draws
-keys from ``random``. Counters in the ``esa`` namespace account for every report:
-``reports_valid`` = ``reports_deleted`` + ``reports_released``.
+Sets of windows still open are *held*: nothing is released, and the job's driver resumes the next run
+at the earliest held offset of each partition, so an open window's sets are read again with the new
+ones (and deduplicated together) when it closes. All randomness (sub-keys, threshold noise, deletions,
+permutations) is a keyed PRF of the crowd under the shuffler's persisted key, so a rerun of the same
+sets reproduces the same release. ``beam.Reshuffle`` is not used: it keeps timestamps and draws keys
+from ``random``.
 """
 
 from __future__ import annotations
@@ -31,29 +31,28 @@ from __future__ import annotations
 import logging
 import math
 import pickle
-import zlib
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
-from apache_beam.pvalue import TaggedOutput
-from apache_beam.transforms import trigger, window
-from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import PaneInfoTiming
+from apache_beam.pvalue import AsDict, TaggedOutput
 
+from transforms.ingress import DEAD, NAMESPACE, SetElement
 from transforms.mechanisms.base import is_single_message, messages_per_channel
-from transforms.mechanisms.randomness import job_key_from_entropy, job_key_from_seed, keyed_generator, keyed_index
+from transforms.mechanisms.randomness import keyed_generator, keyed_index
 from transforms.privacy.crowd import crowd_threshold
-from transforms.records import PRESENCE, ReportElement, ShuffledBatch, dead_letter, rows_to_array
+from transforms.records import PRESENCE, dead_letter
 from transforms.spec import AnalysisSpec
+from transforms.state.run_state import watermark_ms
 
 LOG = logging.getLogger(__name__)
-NAMESPACE = "esa"
-DEAD = "dead_letters"
+HELD = "held"
 WITHHELD = -1  # decision for a crowd that releases nothing
-DEDUPE_BUCKETS = 64  # client-hash buckets per (window, crowd) for deduplication
+CrowdKey = tuple[str, str | None, int]  # (spec_id, crowd_id, window_end_ms)
+Message = tuple[int, bytes]  # (channel, sealed payload)
 
 
 def discrete_laplace(rng: np.random.Generator, epsilon: float) -> int:
@@ -71,247 +70,235 @@ def noisy_crowd_target(n: int, noise: int, threshold: float) -> int:
     return max(math.floor(n + noise - threshold), 0)
 
 
-def client_bucket(client_id: str, buckets: int) -> int:
-    """Stable bucket of a client (CRC-32, identical on every worker; Python's ``hash`` is salted).
+class ReleasePart(NamedTuple):
+    """The released, permuted messages of one sub-crowd; the driver numbers, signs and publishes them."""
 
-    Duplicates of one client always meet in one bucket, so deduplication needs a handful of keys per
-    window instead of one per client (a windowed GroupByKey pays per-key trigger and timer work).
+    spec_id: str
+    crowd_id: str | None
+    window_end_ms: int
+    subkey: int
+    messages: tuple[Message, ...]
+    n_sets: int
+    deleted: int | None  # sets the threshold deleted from this sub-crowd, if the spec publishes it
+
+
+@dataclass(frozen=True)
+class WindowClock:
+    """Decides which windows are closed in this run: window end + allowed lateness <= watermark.
+
+    The watermark is min over active partitions of (max authenticated event time - out-of-orderness),
+    over this run's records and what earlier runs saw (``state.run_state.watermark_ms``); ``drain``
+    closes every window (end of a bounded backfill, or an operator's explicit drain).
     """
-    return zlib.crc32(client_id.encode("utf-8")) % buckets
+
+    now_ms: int
+    out_of_orderness_ms: int
+    idle_timeout_ms: int
+    prior_max_event_ms: Mapping[str, int] = field(default_factory=dict)
+    prior_last_data_wall_ms: Mapping[str, int] = field(default_factory=dict)
+    drain: bool = False
+
+    def watermark(self, run_max_event_ms: Mapping[str, int]) -> int | None:
+        if self.drain:
+            return None
+        max_event = dict(self.prior_max_event_ms)
+        last_wall = dict(self.prior_last_data_wall_ms)
+        for pkey, event_ms in run_max_event_ms.items():
+            max_event[pkey] = max(max_event.get(pkey, event_ms), event_ms)
+            last_wall[pkey] = self.now_ms
+        return watermark_ms(max_event, last_wall, self.now_ms, self.out_of_orderness_ms, self.idle_timeout_ms)
+
+    def closed(self, window_end_ms: int, lateness_ms: int, watermark: int | None) -> bool:
+        return self.drain or (watermark is not None and window_end_ms + lateness_ms <= watermark)
 
 
-def as_reports(element: ReportElement | list[ReportElement]) -> list[ReportElement]:
-    """Stages accept a batch (list) of reports or a single report."""
-    return element if isinstance(element, list) else [element]
-
-
-class BucketByWindowFn(beam.DoFn):
-    """A batch of reports -> one timestamped list per (window, crowd, client bucket).
-
-    Grouping before the windowed GroupByKey keeps elements batched: every list lies in a single window
-    (it carries the earliest event time of its reports), so Beam's window assignment and lateness rules
-    apply to it exactly as to its reports.
-    """
-
-    def __init__(self, window_ms: int):
-        self._window_ms = window_ms
-
-    def process(self, element: ReportElement | list[ReportElement]) -> Iterator[window.TimestampedValue]:
-        groups: dict[tuple[int, str | None, int], list[ReportElement]] = {}
-        for report in as_reports(element):
-            start = report.event_time_ms - report.event_time_ms % self._window_ms
-            key = (start, report.crowd_id, client_bucket(report.client_id, DEDUPE_BUCKETS))
-            groups.setdefault(key, []).append(report)
-        for (_, crowd, bucket), reports in groups.items():
-            first = min(r.event_time_ms for r in reports)
-            # One pickle per list: Beam's coder would otherwise pickle every report on its own (5x slower).
-            blob = pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL)
-            yield window.TimestampedValue(((crowd, bucket), blob), Timestamp(micros=first * 1000))
-
-
-def _position(report: ReportElement) -> tuple[int, tuple[str, int, int]]:
+def _position(item: SetElement) -> tuple[int, tuple[str, int, int]]:
     """Order of arrival that does not depend on bundling: event time, then Kafka position."""
-    return report.event_time_ms, report.source or ("", -1, -1)
+    return item.event_time_ms, tuple(item.source)
 
 
 class DedupeAndStripFn(beam.DoFn):
-    """((crowd, bucket), [report lists]) -> ((crowd, sub-key), [message sets]) + dead letters.
+    """((spec, crowd, window, bucket), [pickled SetElement lists]) -> kept sets under sub-keys, or held.
 
-    A *message set* is what one client sent for one event: a single report, or -- for mechanisms that
-    send several messages -- every message with that event time (exactly one presence marker and at most
-    ``messages_per_channel`` messages per channel). Keeps each client's first ``quota`` sets (earliest
-    event time, then Kafka position, so a retry keeps the same ones), counts distinct clients, and strips
-    identity: what leaves is tuples of payload rows, scattered over sub-keys drawn by a keyed PRF of
-    (client, crowd, window). Late panes release nothing.
+    Open windows: every set is held (its offset leaves on ``HELD`` so the next run re-reads it).
+    Closed windows: one set per device (``quota`` per window), identity stripped; what leaves is
+    ((spec, crowd, window), sub-key) -> list of sets, each a tuple of sealed messages.
     """
 
-    def __init__(self, spec: AnalysisSpec, key: bytes):
-        mechanism = spec.randomizer
-        self._spec_id, self._quota = spec.spec_id, spec.max_reports_per_client
-        self._single = is_single_message(mechanism)
-        self._per_channel = messages_per_channel(mechanism)
-        self._subkeys, self._key = spec.crowd.subkeys, key
-        self._valid = Metrics.counter(NAMESPACE, "reports_valid")
-        self._clients = Metrics.counter(NAMESPACE, "distinct_clients")
-        self._late = Metrics.counter(NAMESPACE, "reports_late")
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock):
+        self._specs = {s.spec_id: s for s in specs}
+        self._key, self._clock = key, clock
+        self._watermark: tuple[int | None] | None = None
+        self._held = Metrics.counter(NAMESPACE, "sets_held")
+        self._valid = Metrics.counter(NAMESPACE, "sets_valid")
+        self._devices = Metrics.counter(NAMESPACE, "distinct_devices")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
 
-    def _reject(self, report: ReportElement, reason: str) -> TaggedOutput:
+    def _reject(self, item: SetElement, reason: str) -> TaggedOutput:
         self._dead.inc()
-        return TaggedOutput(DEAD, dead_letter("shuffle", reason, original=report.original, source=report.source,
-                                              spec_id=report.spec_id))
+        return TaggedOutput(DEAD, dead_letter("shuffle", reason, source=item.source, spec_id=item.spec_id))
 
-    def process(self, keyed: tuple[tuple[str | None, int], Iterable[bytes]],
-                win: window.BoundedWindow = beam.DoFn.WindowParam,
-                pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
-        (crowd, _), blobs = keyed
-        late = pane.timing == PaneInfoTiming.LATE
-        by_client: dict[str, list[ReportElement]] = {}
-        for report in (r for blob in blobs for r in pickle.loads(blob)):
-            if late:
-                self._late.inc()
-                yield self._reject(report, f"late: arrived after its window (ending {win.end.micros // 1000}) closed")
-            elif report.spec_id != self._spec_id:
-                yield self._reject(report, f"report for spec {report.spec_id} reached the shuffler of {self._spec_id}")
-            else:
-                by_client.setdefault(report.client_id, []).append(report)
-        kept: dict[int, list[tuple]] = {}
-        for client, mine in by_client.items():
-            sets = self._message_sets(mine)
-            subkey = keyed_index(self._key, f"{win.start.micros}/{crowd}/{client}", self._subkeys)
-            for i, message_set in enumerate(sets):
-                if i >= self._quota:
-                    for dup in message_set:
-                        yield self._reject(dup, f"duplicate: client {client} already sent {self._quota} report(s) "
-                                                "in this window")
+    def process(self, keyed: tuple[tuple[str, str | None, int, int], Iterable[bytes]],
+                run_times: Mapping[str, int]) -> Iterator[Any]:
+        (spec_id, crowd, window_end, _), blobs = keyed
+        spec = self._specs[spec_id]
+        if self._watermark is None:
+            self._watermark = (self._clock.watermark(run_times),)
+        items = [item for blob in blobs for item in pickle.loads(blob)]
+        if not self._clock.closed(window_end, spec.allowed_lateness_seconds * 1000, self._watermark[0]):
+            self._held.inc(len(items))
+            earliest: dict[str, int] = {}
+            for item in items:
+                pkey = f"{item.source.topic}/{item.source.partition}"
+                earliest[pkey] = min(earliest.get(pkey, item.source.offset), item.source.offset)
+            for pkey, offset in earliest.items():
+                yield TaggedOutput(HELD, (pkey, offset))
+            return
+        by_device: dict[str, list[SetElement]] = {}
+        for item in items:
+            by_device.setdefault(item.device_id, []).append(item)
+        single = is_single_message(spec.randomizer)
+        per_channel = messages_per_channel(spec.randomizer)
+        kept: dict[int, list[tuple[Message, ...]]] = {}
+        for device, sets in by_device.items():
+            sets.sort(key=_position)
+            first_digest, n_kept = sets[0].digest, 0
+            for item in sets:
+                if n_kept and item.digest == first_digest:
+                    yield self._reject(item, "duplicate: an identical copy of a set already kept (replay or resend)")
                     continue
-                problem = None if self._single else self._set_problem(message_set)
+                if n_kept >= spec.max_reports_per_client:
+                    yield self._reject(item, f"duplicate: the device already sent {spec.max_reports_per_client} "
+                                             "set(s) in this window")
+                    continue
+                problem = None if single else set_problem(item.messages, per_channel)
                 if problem:
-                    for report in message_set:
-                        yield self._reject(report, f"{problem} (client {client})")
+                    yield self._reject(item, problem)
                     continue
-                kept.setdefault(subkey, []).append(tuple(r.payload for r in message_set))
-        self._clients.inc(len(by_client))
-        self._valid.inc(sum(len(s) for sets in kept.values() for s in sets))
+                n_kept += 1
+                subkey = keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", spec.crowd.subkeys)
+                kept.setdefault(subkey, []).append(item.messages)
+        self._devices.inc(len(by_device))
+        self._valid.inc(sum(len(sets) for sets in kept.values()))
         for subkey, sets in kept.items():
-            yield (crowd, subkey), sets
+            yield (spec_id, crowd, window_end), (subkey, sets)
 
-    def _message_sets(self, reports: list[ReportElement]) -> list[list[ReportElement]]:
-        """One client's reports as message sets in arrival order (single-message: one report per set)."""
-        reports.sort(key=_position)
-        if self._single:
-            return [[r] for r in reports]
-        sets: dict[int, list[ReportElement]] = {}
-        for report in reports:
-            sets.setdefault(report.event_time_ms, []).append(report)
-        return list(sets.values())
 
-    def _set_problem(self, message_set: list[ReportElement]) -> str | None:
-        """Why a multi-message set cannot be used as it is, or None."""
-        per_channel: dict[int, int] = {}
-        for report in message_set:
-            per_channel[report.channel] = per_channel.get(report.channel, 0) + 1
-        if per_channel.get(PRESENCE, 0) != 1:
-            return f"message set with {per_channel.get(PRESENCE, 0)} presence markers (expected exactly 1)"
-        flooded = [c for c, k in per_channel.items() if c != PRESENCE and k > self._per_channel]
-        if flooded:
-            return (f"flood: {per_channel[flooded[0]]} messages on channel {flooded[0]} for one event "
-                    f"(at most {self._per_channel})")
-        return None
+def set_problem(messages: tuple[Message, ...], per_channel_limit: int) -> str | None:
+    """Why a multi-message set cannot be used as it is, or None."""
+    per_channel: dict[int, int] = {}
+    for channel, _ in messages:
+        per_channel[channel] = per_channel.get(channel, 0) + 1
+    if per_channel.get(PRESENCE, 0) != 1:
+        return f"message set with {per_channel.get(PRESENCE, 0)} presence markers (expected exactly 1)"
+    flooded = [c for c, k in per_channel.items() if c != PRESENCE and k > per_channel_limit]
+    if flooded:
+        return (f"flood: {per_channel[flooded[0]]} messages on channel {flooded[0]} in one set "
+                f"(at most {per_channel_limit})")
+    return None
 
 
 class CrowdThresholdFn(beam.DoFn):
-    """(crowd, [(sub-key, message sets)]) -> ((crowd, sub-key), message sets to delete, or WITHHELD)."""
+    """(crowd key, [(sub-key, set count)]) -> ((crowd key, sub-key), sets to delete, or WITHHELD)."""
 
-    def __init__(self, spec: AnalysisSpec, key: bytes):
-        self._crowd, self._spec_id, self._key = spec.crowd, spec.spec_id, key
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes):
+        self._specs = {s.spec_id: s for s in specs}
+        self._key = key
         self._released = Metrics.counter(NAMESPACE, "crowds_released")
         self._suppressed = Metrics.counter(NAMESPACE, "crowds_suppressed")
         self._aborted = Metrics.counter(NAMESPACE, "crowds_aborted")
 
-    def process(self, keyed: tuple[str | None, Iterable[tuple[int, int]]],
-                win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[tuple[tuple[str | None, int], int]]:
-        crowd, parts = keyed
+    def process(self, keyed: tuple[CrowdKey, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[CrowdKey, int], int]]:
+        crowd_key, parts = keyed
+        spec_id, crowd, window_end = crowd_key
+        crowd_spec = self._specs[spec_id].crowd
         subkeys, counts = zip(*sorted(parts), strict=True)
         n = int(sum(counts))
-        rng = keyed_generator(self._key, "threshold", self._spec_id, str(crowd), win.start.micros)
-        n_hat = noisy_crowd_target(n, discrete_laplace(rng, self._crowd.epsilon),
-                                   crowd_threshold(self._crowd.epsilon, self._crowd.delta))
-        if n_hat > n or n_hat == 0:
+        rng = keyed_generator(self._key, "threshold", spec_id, str(crowd), window_end)
+        n_hat = noisy_crowd_target(n, discrete_laplace(rng, crowd_spec.epsilon),
+                                   crowd_threshold(crowd_spec.epsilon, crowd_spec.delta))
+        if n_hat > n or n_hat < max(crowd_spec.min_clients, 1):
             # Both outcomes release nothing; only the shuffler's own log and counters know why.
             (self._aborted if n_hat > n else self._suppressed).inc()
-            LOG.info("crowd %s/%s window ending %s withheld (%s)", self._spec_id, crowd,
-                     win.end.to_utc_datetime(), "aborted" if n_hat > n else "below threshold")
+            LOG.info("crowd %s/%s window ending %d withheld (%s)", spec_id, crowd, window_end,
+                     "aborted" if n_hat > n else "below threshold")
             for key in subkeys:
-                yield (crowd, key), WITHHELD
+                yield (crowd_key, key), WITHHELD
             return
         self._released.inc()
         deletions = rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), n - n_hat)
         for key, d in zip(subkeys, deletions.tolist(), strict=True):
-            yield (crowd, key), int(d)
+            yield (crowd_key, key), int(d)
 
 
 class ReleaseFn(beam.DoFn):
-    """Join a sub-crowd with its decision: delete whole message sets, permute messages, emit batches.
+    """Join a sub-crowd with its decision: delete whole sets, permute the messages, emit a ReleasePart.
 
-    Messages are permuted *after* the sets are broken up, so no position in a batch links two messages of
-    one client; batches are stamped with the window end.
+    Messages are permuted *after* the sets are broken up, so no position links two messages of a device.
     """
 
-    def __init__(self, spec: AnalysisSpec, batch_size: int, key: bytes):
-        self._spec, self._batch_size, self._key = spec, batch_size, key
-        self._deleted = Metrics.counter(NAMESPACE, "reports_deleted")
-        self._released = Metrics.counter(NAMESPACE, "reports_released")
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes):
+        self._specs = {s.spec_id: s for s in specs}
+        self._key = key
+        self._deleted = Metrics.counter(NAMESPACE, "sets_deleted")
+        self._released = Metrics.counter(NAMESPACE, "sets_released")
+        self._messages = Metrics.counter(NAMESPACE, "messages_released")
 
-    def process(self, keyed: tuple[tuple[str | None, int], dict[str, list]],
-                win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[window.TimestampedValue]:
-        (crowd, subkey), joined = keyed
-        sets = sorted(s for part in joined["reports"] for s in part)  # canonical order: GBK order is not
+    def process(self, keyed: tuple[tuple[CrowdKey, int], dict[str, list]]) -> Iterator[ReleasePart]:
+        (crowd_key, subkey), joined = keyed
+        spec_id, crowd, window_end = crowd_key
+        sets = sorted(s for part in joined["sets"] for s in part)  # canonical order: GroupByKey's is not
         decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
         decision = decisions[0]
         if decision == WITHHELD:
-            self._deleted.inc(sum(len(s) for s in sets))
+            self._deleted.inc(len(sets))
             return
-        rng = keyed_generator(self._key, "release", self._spec.spec_id, str(crowd), subkey, win.start.micros)
+        rng = keyed_generator(self._key, "release", spec_id, str(crowd), subkey, window_end)
         survivors = rng.permutation(len(sets))[decision:]  # one draw: which sets survive
         rows = [row for i in survivors for row in sets[i]]
         order = rng.permutation(len(rows))
-        self._deleted.inc(sum(len(s) for s in sets) - len(rows))
-        self._released.inc(len(rows))
-        window_end_ms = win.end.micros // 1000
-        published = self._spec.crowd.publish_deletions
-        if not len(order) and not published:
-            return
-        mechanism = self._spec.randomizer
-        for start in range(0, max(len(order), 1), self._batch_size):
-            batch = rows_to_array(mechanism, [rows[i] for i in order[start:start + self._batch_size]])
-            deleted = (decision if start == 0 else 0) if published else None
-            yield window.TimestampedValue(ShuffledBatch(self._spec.spec_id, crowd, window_end_ms, batch, deleted),
-                                          win.max_timestamp())
+        self._deleted.inc(len(sets) - len(survivors))
+        self._released.inc(len(survivors))
+        self._messages.inc(len(rows))
+        published = self._specs[spec_id].crowd.publish_deletions
+        yield ReleasePart(spec_id, crowd, window_end, subkey, tuple(rows[i] for i in order), len(survivors),
+                          decision if published else None)
 
 
 class Shuffle(beam.PTransform):
-    """ReportElements (or lists of them) of one spec -> (ShuffledBatches, dead letters). See the module doc."""
+    """Authenticated sets (from ``IngressFn``) + per-partition event times -> (ReleaseParts, held, dead).
 
-    def __init__(self, spec: AnalysisSpec, *, batch_size: int = 4096, seed: int | None = None):
+    ``held`` carries (partition key, earliest offset) of sets in windows that are still open.
+    """
+
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock):
         super().__init__()
-        self._spec, self._batch_size = spec, batch_size
-        if seed is not None:
-            LOG.warning("shuffler randomness seeded (%d): for tests and simulations only", seed)
-        self._key = job_key_from_seed(seed + 0x5EED) if seed is not None else job_key_from_entropy()
+        self._specs, self._key, self._clock = list(specs), key, clock
 
-    def expand(self, reports: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
-        spec = self._spec
-        windowed = (
-            reports
-            | "BucketByWindow" >> beam.ParDo(BucketByWindowFn(spec.window_seconds * 1000))
-            | "FixedWindows" >> beam.WindowInto(
-                window.FixedWindows(spec.window_seconds),
-                trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
-                allowed_lateness=spec.allowed_lateness_seconds,
-                accumulation_mode=trigger.AccumulationMode.DISCARDING)
-        )
+    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> tuple[Any, Any, Any]:
+        keyed_sets, times = inputs
+        run_times = times | "MaxEventTime" >> beam.CombinePerKey(max)
         deduped = (
-            windowed
-            | "GroupByClientBucket" >> beam.GroupByKey()
-            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(spec, self._key)).with_outputs(DEAD, main="kept")
+            keyed_sets
+            | "GroupByDeviceBucket" >> beam.GroupByKey()
+            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(self._specs, self._key, self._clock),
+                                             AsDict(run_times)).with_outputs(DEAD, HELD, main="kept")
         )
-        stripped = deduped.kept
+        stripped = deduped.kept | "BySubkey" >> beam.Map(lambda kv: ((kv[0], kv[1][0]), kv[1][1]))
         decisions = (
             stripped
             | "PartSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1])))
             | "SubcrowdSizes" >> beam.CombinePerKey(sum)
             | "KeyByCrowd" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupCrowd" >> beam.GroupByKey()
-            | "Threshold" >> beam.ParDo(CrowdThresholdFn(spec, self._key))
+            | "Threshold" >> beam.ParDo(CrowdThresholdFn(self._specs, self._key))
         )
         released = (
-            {"reports": stripped, "decision": decisions}
+            {"sets": stripped, "decision": decisions}
             | "JoinDecisions" >> beam.CoGroupByKey()
-            | "DeleteAndPermute" >> beam.ParDo(ReleaseFn(spec, self._batch_size, self._key))
+            | "DeleteAndPermute" >> beam.ParDo(ReleaseFn(self._specs, self._key))
         )
-        # Dead letters leave the event-time windows so they can be merged with those of other stages.
-        dead = deduped[DEAD] | "DeadLettersGlobal" >> beam.WindowInto(window.GlobalWindows())
-        return released, dead
+        held = deduped[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
+        return released, held, deduped[DEAD], run_times

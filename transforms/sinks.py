@@ -7,32 +7,13 @@ re-windowing into the global window: the rows already carry their window bounds 
 from __future__ import annotations
 
 import apache_beam as beam
-import pyarrow as pa
 from apache_beam.transforms import window
 
-from schemas import avro_file_schema, encode_record, load_schema
+from schemas import avro_file_schema, encode_record
+from schemas.arrow import ESTIMATE_ARROW_SCHEMA, arrow_schema_of
 from transforms.kafkaio import WriteToKafka
 
-_ARROW_TYPES = {"int": pa.int32(), "long": pa.int64(), "double": pa.float64(), "string": pa.string(),
-                "boolean": pa.bool_()}
-
-
-def arrow_schema_of(name: str) -> pa.Schema:
-    """The Arrow schema of a flat Avro record schema (nullable unions become nullable columns).
-
-    Derived, not restated, so the Parquet columns cannot drift from ``schemas/<name>.avsc``.
-    """
-    columns = []
-    for field in load_schema(name).parsed["fields"]:
-        avro_type = field["type"]
-        nullable = isinstance(avro_type, list)
-        if nullable:
-            avro_type = next(t for t in avro_type if t != "null")
-        columns.append(pa.field(field["name"], _ARROW_TYPES[avro_type], nullable=nullable))
-    return pa.schema(columns)
-
-
-ESTIMATE_ARROW_SCHEMA = arrow_schema_of("Estimate")
+__all__ = ["ESTIMATE_ARROW_SCHEMA", "WriteAvroFile", "WriteEstimatesParquet", "WriteRecordsToKafka", "arrow_schema_of"]
 
 
 class WriteEstimatesParquet(beam.PTransform):

@@ -35,7 +35,7 @@ KNOWN_FIELDS: dict[str, set[str] | None] = {
     "postprocess": {"method"},
     "mechanism": None,
     "window": {"size_seconds", "allowed_lateness_seconds"},
-    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions", "partition"},
+    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions", "partition", "min_clients"},
     "privacy": {"delta"},
     "clients": {"max_reports_per_window"},
 }
@@ -59,6 +59,9 @@ class CrowdSpec:
     # Name of the public attribute (TelemetryEvent.crowd_id, e.g. a software version) whose values split
     # clients into crowds that are thresholded and analyzed separately (001 §V); None: one crowd.
     partition: str | None = None
+    # The smallest release: the shuffler withholds a crowd whose noisy target is below it, and the analyzer
+    # refuses any release claiming fewer sets (a forged or truncated small crowd never gets estimates).
+    min_clients: int = 10
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         delta=reader.get("crowd", "delta", (int, float), CrowdSpec.delta),
         subkeys=reader.get("crowd", "subkeys", int, CrowdSpec.subkeys),
         publish_deletions=reader.get("crowd", "publish_deletions", bool, CrowdSpec.publish_deletions),
+        min_clients=reader.get("crowd", "min_clients", int, CrowdSpec.min_clients),
         partition=partition,
     )
     spec = AnalysisSpec(
@@ -296,6 +300,8 @@ def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
         ("crowd", "epsilon", spec.crowd.epsilon, 0 < spec.crowd.epsilon <= 30, "must be in (0, 30]"),
         ("crowd", "delta", spec.crowd.delta, 0 < spec.crowd.delta < 1, "must be in (0, 1)"),
         ("crowd", "subkeys", spec.crowd.subkeys, 1 <= spec.crowd.subkeys <= 4096, "must be in [1, 4096]"),
+        ("crowd", "min_clients", spec.crowd.min_clients, 1 <= spec.crowd.min_clients <= 10**9,
+         "must be in [1, 1e9]"),
         ("privacy", "delta", spec.delta, 0 < spec.delta < 1, "must be in (0, 1)"),
         ("clients", "max_reports_per_window", spec.max_reports_per_client, spec.max_reports_per_client >= 1,
          "must be >= 1"),

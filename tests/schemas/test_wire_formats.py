@@ -67,9 +67,11 @@ def estimate(n_deleted: int | None) -> dict[str, Any]:
 def dead_letter(full: bool) -> dict[str, Any]:
     if not full:
         return {"schema_version": SCHEMA_VERSION, "original": None, "topic": None, "partition": None,
-                "offset": None, "stage": "decode", "reason": "not an Avro message", "spec_id": None}
+                "offset": None, "stage": "decode", "reason": "not an Avro message", "spec_id": None,
+                "original_length": None, "original_digest": None}
     return {"schema_version": SCHEMA_VERSION, "original": b"\x00\xffgarbage", "topic": "telemetry", "partition": 3,
-            "offset": 2**40 + 7, "stage": "shuffle", "reason": "duplicate: client c", "spec_id": "s@0123456789ab"}
+            "offset": 2**40 + 7, "stage": "shuffle", "reason": "duplicate: client c", "spec_id": "s@0123456789ab",
+            "original_length": 9, "original_digest": None}
 
 
 def message_set(crowd_id: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""Exit codes of the ``esa`` command, in one place (scripts and orchestrators branch on them).
+
+    0  OK                 the command did what it was asked
+    1  UNEXPECTED         a bug or an unforeseen failure (a traceback is printed), including a run whose
+                          record accounting does not balance
+    2  USAGE              bad command line: unknown flag, bad value, missing argument
+    3  CONFIG             bad analysis spec or configuration (the message names the file and field)
+    4  KAFKA_UNREACHABLE  the broker cannot be reached, or a topic the job reads does not exist
+    5  STATE_LOCKED       the job's state directory is held by another running job
+    6  DEAD_LETTERS       the run finished, but a larger fraction of its records was dead-lettered than
+                          ``--max_dead_letter_fraction`` allows (default 0.1)
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    UNEXPECTED = 1
+    USAGE = 2
+    CONFIG = 3
+    KAFKA_UNREACHABLE = 4
+    STATE_LOCKED = 5
+    DEAD_LETTERS = 6
+
+
+def epilog() -> str:
+    """The table above, for ``esa --help``."""
+    lines = (__doc__ or "").split("\n\n", 1)[1].rstrip()
+    return "exit codes:\n" + lines
+
+
+class EsaError(Exception):
+    """An error the ``esa`` command reports in one line and exits with ``exit_code`` (no traceback)."""
+
+    exit_code: ExitCode = ExitCode.UNEXPECTED
+
+
+class ConfigError(EsaError, ValueError):
+    """A bad spec, option value or output location."""
+
+    exit_code = ExitCode.CONFIG
+
+
+class KafkaUnavailableError(EsaError, ConnectionError):
+    """The broker cannot be reached, or a topic that must exist does not."""
+
+    exit_code = ExitCode.KAFKA_UNREACHABLE
+
+
+class StateLockedError(EsaError):
+    """Another job holds the state directory."""
+
+    exit_code = ExitCode.STATE_LOCKED
+
+
+class TooManyDeadLettersError(EsaError):
+    """The run finished but dead-lettered more than the allowed fraction of its records."""
+
+    exit_code = ExitCode.DEAD_LETTERS

@@ -1,0 +1,157 @@
+"""The privacy odometer: composed eps of shuffled windows (and crowd counts) by privacy loss distributions.
+
+Reference values: the issue's composed values for shuffled k-RR (d = 64, eps0 = 4, total delta 1e-6).
+Independent checks: the single-window tight bound of ``shuffle_bound`` (a different code path: bisection
+on the hockey-stick divergence), an exact enumeration of the two-fold product pair at small n, basic
+composition above and the optimistic (rounded-down) PLD below.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy.stats import binom
+
+from transforms.privacy.crowd import crowd_threshold
+from transforms.privacy.mixture import alpha_grr, alpha_oue
+from transforms.privacy.odometer import (
+    PrivacyOdometer,
+    WindowRelease,
+    compose_releases,
+    cumulative_epsilon,
+    quantize_clients,
+)
+from transforms.privacy.shuffle_bound import epsilon_central
+from transforms.privacy.shuffle_pld import crowd_count_pmfs, shuffle_loss_pmf
+
+ALPHA = alpha_grr(4.0, 64)
+DELTA = 1e-6
+
+
+def _krr(n: int) -> WindowRelease:
+    return WindowRelease(ALPHA, 4.0, n)
+
+
+@pytest.mark.parametrize(("n", "windows", "quoted"), [
+    (10**5, 1, 0.079), (10**5, 10, 0.271), (10**5, 30, 0.488), (10**5, 365, 1.89),
+    (10**6, 1, 0.0229), (10**6, 30, 0.143), (10**6, 365, 0.569),
+])
+def test_quoted_composed_values(n: int, windows: int, quoted: float) -> None:
+    eps = cumulative_epsilon([_krr(n)] * windows, DELTA)
+    assert abs(eps / quoted - 1.0) < 0.05
+
+
+@pytest.mark.parametrize(("n", "alpha", "eps0"), [(10**5, ALPHA, 4.0), (20_000, alpha_oue(2.0), 2.0),
+                                                  (500, alpha_grr(1.0, 8), 1.0)])
+def test_single_window_equals_tight_bound(n: int, alpha: float, eps0: float) -> None:
+    single = epsilon_central(n, alpha, eps0, DELTA)
+    eps = cumulative_epsilon([WindowRelease(alpha, eps0, n)], DELTA)
+    assert abs(eps / single - 1.0) < 1e-3
+
+
+def _optimistic(n: int, windows: int) -> float:
+    """The same pair's PLD rounded *down* and without its infinite mass: a lower bound on the exact value."""
+    loss, prob, _ = shuffle_loss_pmf(n, ALPHA, 4.0)
+    interval = 1e-5
+    index = np.floor(loss / interval).astype(np.int64)
+    lo = int(index.min())
+    mass = np.bincount(index - lo, weights=prob)
+    pld = pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+        {lo + i: float(v) for i, v in enumerate(mass) if v > 0}, 0.0, interval, pessimistic_estimate=False)
+    return float(pld.self_compose(windows).get_epsilon_for_delta(DELTA))
+
+
+def test_bounds_and_monotonicity() -> None:
+    n = 10**5
+    values = [cumulative_epsilon([_krr(n)] * w, DELTA) for w in (1, 2, 10, 30)]
+    assert all(a < b for a, b in itertools.pairwise(values))
+    for w, eps in zip((1, 2, 10, 30), values, strict=True):
+        basic = w * epsilon_central(n, ALPHA, 4.0, DELTA / w)  # delta split evenly over the windows
+        assert eps <= basic + w * 1e-5  # up to the PLD's pessimistic rounding (one grid step per window)
+        assert eps >= _optimistic(n, w) - 1e-12
+    assert values[-1] <= 30 * 4.0
+    # more clients per window: never more expensive
+    assert cumulative_epsilon([_krr(2 * n)] * 10, DELTA) < values[2]
+
+
+def _exact_pair(n: int, alpha: float, eps0: float) -> tuple[np.ndarray, np.ndarray]:
+    """P and Q of §1.6 over every outcome (m, x), built from scipy.stats (not from the module under test)."""
+    e_a = math.exp(eps0) * alpha
+    rest = 1.0 - alpha - e_a
+    p_out, q_out = [], []
+    for m in range(n + 1):
+        for x in range(m + 1):
+            z = rest * binom.pmf(m, n - 1, 2 * alpha) * binom.pmf(x, m, 0.5)
+            b = binom.pmf(m - 1, n - 1, 2 * alpha) if m >= 1 else 0.0
+            one = b * binom.pmf(x - 1, m - 1, 0.5) if m >= 1 else 0.0
+            two = b * binom.pmf(x, m - 1, 0.5) if m >= 1 else 0.0
+            p_out.append(z + e_a * one + alpha * two)
+            q_out.append(z + alpha * one + e_a * two)
+    return np.array(p_out), np.array(q_out)
+
+
+def test_two_windows_against_exact_enumeration() -> None:
+    n, eps0 = 40, 2.0
+    alpha = alpha_grr(eps0, 4)
+    delta = 1e-3
+    p, q = _exact_pair(n, alpha, eps0)
+    pp, qq = np.outer(p, p).ravel(), np.outer(q, q).ravel()
+
+    def hockey(eps: float) -> float:
+        return float(np.maximum(pp - math.exp(eps) * qq, 0.0).sum())
+
+    eps = cumulative_epsilon([WindowRelease(alpha, eps0, n)] * 2, delta)
+    assert hockey(eps) <= delta * (1 + 1e-9)  # certified
+    assert hockey(eps * (1 - 2e-3)) > delta   # and tight
+
+
+def test_crowd_count_pair_and_cost() -> None:
+    p, q = crowd_count_pmfs(1.0, 1e-9)
+    assert math.isclose(sum(p.values()), 1.0) and math.isclose(sum(q.values()), 1.0)
+    t = math.ceil(crowd_threshold(1.0, 1e-9))
+    assert math.isclose(p["top"], (1 - math.exp(-0.5)) * math.exp(-0.5 * t) / (1 + math.exp(-0.5)))
+    # count alone: the pair P x Q vs Q x P, hockey-stick by enumeration at the odometer's epsilon
+    crowd_only = WindowRelease(ALPHA, 4.0, 0, 1.0, 1e-9)
+    eps = cumulative_epsilon([crowd_only], DELTA)
+    keys = list(p)
+    pp = np.array([p[a] * q[b] for a in keys for b in keys])
+    qq = np.array([q[a] * p[b] for a in keys for b in keys])
+    assert np.maximum(pp - math.exp(eps) * qq, 0).sum() <= DELTA
+    assert np.maximum(pp - math.exp(eps - 1e-3) * qq, 0).sum() > DELTA
+    assert eps <= 1.0 + 1e-4  # Thm V.1's eps_cr, on the dot: two counts at eps_cr/2 each
+    with_crowd = cumulative_epsilon([WindowRelease(ALPHA, 4.0, 10**5, 1.0, 1e-9)] * 3, DELTA)
+    assert with_crowd > cumulative_epsilon([_krr(10**5)] * 3, DELTA)
+    # the count's infinite-loss outcome (~7.5e-8 per window at delta_cr = 1e-6) is paid in every window: 20 exceed 1e-6
+    assert math.isinf(cumulative_epsilon([WindowRelease(ALPHA, 4.0, 10**5, 1.0, 1e-6)] * 20, DELTA))
+
+
+def test_odometer_incremental_json_and_method() -> None:
+    odometer = PrivacyOdometer(DELTA)
+    values = [odometer.add(_krr(n)) for n in (50_000, 50_000, 80_000, 50_123)]
+    assert values == sorted(values)
+    rebuilt = PrivacyOdometer.from_json(odometer.to_json())
+    assert rebuilt.releases == odometer.releases
+    assert abs(rebuilt.epsilon - values[-1]) < 1e-6
+    assert "pld" in odometer.method
+    mixed = WindowRelease.approximate(0.3, 1e-8, 1000)
+    eps, method = compose_releases([_krr(50_000), mixed], DELTA)
+    assert "(eps, delta)" in method and eps > values[0]
+
+
+def test_approximate_windows_and_validation() -> None:
+    pure = [WindowRelease.approximate(0.5, 0.0, 100)] * 4
+    eps = cumulative_epsilon(pure, DELTA)
+    assert eps < 4 * 0.5 and eps > 0.5
+    assert abs(cumulative_epsilon(pure[:1], DELTA) - 0.5) < 1e-3
+    assert cumulative_epsilon([WindowRelease(ALPHA, 4.0, 0)], DELTA) == 0.0  # nothing released
+    assert quantize_clients(1_234_567) == 1_230_000 and quantize_clients(999) == 999
+    with pytest.raises(ValueError):
+        WindowRelease(0.5, 4.0, 100)  # (1 + e^4) alpha > 1
+    with pytest.raises(ValueError):
+        WindowRelease(ALPHA, 4.0, 100, crowd_epsilon=1.0)
+    with pytest.raises(ValueError):
+        PrivacyOdometer(0.0)

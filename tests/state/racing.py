@@ -1,0 +1,45 @@
+"""Process helpers: N forked racers released together by a barrier; Python children to kill -9."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _worker(barrier: Any, results: Any, fn: Callable[..., Any], index: int, args: tuple[Any, ...]) -> None:
+    barrier.wait()
+    try:
+        results.put((index, fn(index, *args)))
+    except BaseException as err:  # reported, so the test fails with the child's error
+        results.put((index, err))
+
+
+def race(n: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> list[Any]:
+    """``[fn(i, *args) for i in range(n)]``, each in its own process, all started at the same instant."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(barrier, results, fn, i, args)) for i in range(n)]
+    for proc in procs:
+        proc.start()
+    out = dict(results.get(timeout=timeout_s) for _ in procs)
+    for proc in procs:
+        proc.join(timeout_s)
+    for index, value in out.items():
+        if isinstance(value, BaseException):
+            raise AssertionError(f"racer {index} failed: {value!r}") from value
+    return [out[i] for i in range(n)]
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    """A Python child running ``code`` with this checkout importable; its stdout is a pipe of lines."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
+                            text=True, env=env)

@@ -1,0 +1,203 @@
+"""Shuffler ingress: Kafka records of signed message sets -> authenticated sets keyed by crowd and window.
+
+The first thing the shuffler does with a record, before it is allowed to influence anything:
+
+1. decode the ``MessageSet`` (every field range-checked by ``transforms.trust.message_set``);
+2. check it belongs to a spec this shuffler serves and to a crowd the spec allows;
+3. refuse event times outside ``[now - max_age, now + max_skew]`` (like DAP's report expiry and clock
+   skew): a forged far-future time would otherwise advance the watermark and close windows early;
+4. verify the device's Ed25519 signature against the enrolment registry (the crowd threshold therefore
+   counts authenticated devices; a fabricated device id never reaches a crowd);
+5. place it: a window already in the release ledger either contains it (its offset is below the read
+   that sealed the release: a re-read, skipped) or it is late (dead-lettered, never released again).
+
+Records a previous run already dead-lettered (offset below that run's end) are skipped, not dead-lettered
+twice. Payloads stay sealed: the shuffler never holds the analyzer's key. Every outcome is a counter, so a
+run balances: read = dead-lettered + re-read + held + deleted + released (in message sets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
+
+from transforms.dead_letters import record_dead_letter
+from transforms.encode import crowd_of
+from transforms.kafkaio import KafkaRecord
+from transforms.mechanisms.base import channel_count, is_single_message
+from transforms.records import PRESENCE, SourceRef
+from transforms.spec import AnalysisSpec
+
+LOG = logging.getLogger(__name__)
+NAMESPACE = "esa"
+DEAD = "dead_letters"
+TIMES = "event_times"
+DEDUPE_BUCKETS = 64  # device-hash buckets per (crowd, window): duplicates of one device always meet
+
+
+class SetElement(NamedTuple):
+    """An authenticated message set inside the shuffler: routing fields, sealed messages, where it was read."""
+
+    spec_id: str
+    crowd_id: str | None
+    device_id: str
+    event_time_ms: int
+    window_end_ms: int
+    digest: bytes  # SHA-256 of the signed record: byte-identical copies (replays, retries) share it
+    messages: tuple[tuple[int, bytes], ...]  # (channel, sealed payload)
+    source: SourceRef
+
+
+@dataclass(frozen=True)
+class PriorRuns:
+    """What earlier runs decided, passed to the workers as constants (small: one entry per window)."""
+
+    processed_until: Mapping[str, int] = field(default_factory=dict)  # "topic/partition" -> end of last run
+    released: Mapping[tuple[str, str | None, int], Mapping[str, int]] = field(default_factory=dict)
+    # (spec_id, crowd_id, window_end_ms) -> "topic/partition" -> end offset of the read that sealed it
+
+
+@dataclass(frozen=True)
+class TimePolicy:
+    """Event-time bounds at ingress, fixed once per run so every worker (and a retry) agrees."""
+
+    now_ms: int
+    max_age_ms: int
+    max_skew_ms: int
+
+    def problem(self, event_time_ms: int) -> str | None:
+        if event_time_ms < self.now_ms - self.max_age_ms:
+            return f"stale: event time more than {self.max_age_ms // 1000} s before the run started"
+        if event_time_ms > self.now_ms + self.max_skew_ms:
+            return f"from the future: event time more than {self.max_skew_ms // 1000} s after the run started"
+        return None
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def window_end_of(event_time_ms: int, window_ms: int) -> int:
+    return (event_time_ms // window_ms + 1) * window_ms
+
+
+def device_bucket(device_id: str, buckets: int = DEDUPE_BUCKETS) -> int:
+    """Stable bucket of a device (CRC-32: identical on every worker, unlike Python's salted ``hash``)."""
+    return zlib.crc32(device_id.encode("ascii", "replace")) % buckets
+
+
+def channel_problem(spec: AnalysisSpec, messages: Sequence[tuple[int, bytes]]) -> str | None:
+    """Channels a mechanism cannot have (contents are sealed: only the routing is checked here)."""
+    mechanism = spec.randomizer
+    if is_single_message(mechanism):
+        if len(messages) != 1 or messages[0][0] != 0:
+            return f"{mechanism.name} sends exactly one message on channel 0"
+        return None
+    channels = channel_count(mechanism)
+    bad = [c for c, _ in messages if c != PRESENCE and not 0 <= c < channels]
+    if bad:
+        return f"channel {bad[0]} does not exist for {mechanism.name} (channels 0..{channels - 1})"
+    return None
+
+
+class IngressFn(beam.DoFn):
+    """Batches of KafkaRecords -> ((spec, crowd, window_end, bucket), pickled [SetElement]) + dead letters.
+
+    Also emits, on ``TIMES``, (partition key, max authenticated event time) per input batch: the
+    watermark is computed from authenticated, in-range records only.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy):
+        self._specs = {s.spec_id: s for s in specs}
+        self._registry_path, self._prior, self._times = registry_path, prior, times
+        self._registry: Any = None
+        self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
+        self._reread = Metrics.counter(NAMESPACE, "records_reread")
+        self._late = Metrics.counter(NAMESPACE, "sets_late")
+        self._accepted = Metrics.counter(NAMESPACE, "sets_authenticated")
+
+    def setup(self) -> None:
+        from transforms.trust.devices import DeviceRegistry
+
+        self._registry = DeviceRegistry.load(self._registry_path)
+
+    def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
+        groups: dict[tuple[str, str | None, int, int], list[SetElement]] = {}
+        latest: dict[str, int] = {}
+        for record in element if isinstance(element, list) else [element]:
+            pkey = partition_key(record.topic, record.partition)
+            seen_before = record.offset < self._prior.processed_until.get(pkey, 0)
+            try:
+                item, problem = self._admit(record)
+            except Exception as err:
+                item, problem = None, f"internal error on this record ({type(err).__name__})"
+                LOG.exception("ingress failed on %s", pkey)
+            if problem is not None:
+                if seen_before:
+                    self._reread.inc()  # dead-lettered by the run that first read it
+                else:
+                    self._dead.inc()
+                    yield TaggedOutput(DEAD, record_dead_letter("ingress", problem, record))
+                continue
+            assert item is not None
+            released = self._prior.released.get((item.spec_id, item.crowd_id, item.window_end_ms))
+            if released is not None:
+                if record.offset < released.get(pkey, 0) or seen_before:
+                    self._reread.inc()  # part of that release, or already dead-lettered as late
+                else:
+                    self._late.inc()
+                    self._dead.inc()
+                    yield TaggedOutput(DEAD, record_dead_letter(
+                        "ingress", "late: its window was already released", record))
+                continue
+            self._accepted.inc()
+            latest[pkey] = max(latest.get(pkey, item.event_time_ms), item.event_time_ms)
+            key = (item.spec_id, item.crowd_id, item.window_end_ms, device_bucket(item.device_id))
+            groups.setdefault(key, []).append(item)
+        for pkey, event_ms in latest.items():
+            yield TaggedOutput(TIMES, (pkey, event_ms))
+        for key, items in groups.items():
+            # One pickle per list: Beam's coder would otherwise pickle every set on its own.
+            yield key, pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _admit(self, record: KafkaRecord) -> tuple[SetElement | None, str | None]:
+        from schemas import WireFormatError
+        from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
+
+        if record.value is None:
+            return None, "empty record"
+        try:
+            message_set = decode_message_set(record.value)
+        except WireFormatError as err:
+            return None, f"malformed message set: {err.reason}"
+        spec = self._specs.get(message_set.spec_id)
+        if spec is None:
+            return None, "unknown spec_id (not served by this shuffler)"
+        try:
+            crowd = crowd_of(spec, message_set.crowd_id)
+        except ValueError as err:
+            return None, str(err)
+        if crowd != message_set.crowd_id:
+            return None, f"crowd_id given but {spec.name} has no crowd partition"
+        problem = self._times.problem(message_set.event_time_ms)
+        messages = tuple((m.channel, m.sealed) for m in message_set.messages)
+        problem = problem or channel_problem(spec, messages)
+        if problem:
+            return None, problem
+        try:
+            verify_message_set(message_set, self._registry)
+        except AuthError as err:
+            return None, f"unauthenticated: {err}"
+        window_end = window_end_of(message_set.event_time_ms, spec.window_seconds * 1000)
+        digest = hashlib.sha256(record.value).digest()
+        return SetElement(spec.spec_id, crowd, message_set.device_id, message_set.event_time_ms, window_end, digest,
+                          messages, SourceRef(record.topic, record.partition, record.offset)), None

@@ -1,0 +1,60 @@
+"""The analyst's odometer: each estimate row carries the population's cumulative epsilon across windows.
+
+A population is one (spec, crowd id): the same devices report in every window, so their privacy loss
+composes across windows. The per-window curve is the project's tight shuffle bound for the clients
+actually released (plus the crowd threshold's own noisy count); windows are composed by privacy loss
+distributions (``transforms.privacy.odometer``). The accounting parameters of every release are kept in
+the analyst's ledger entry, so the running total is recomputed from the ledger and never depends on
+process memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from transforms.spec import AnalysisSpec
+
+
+def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the odometer needs of one window's release (JSON-safe, stored in the analyst's ledger)."""
+    mechanism = spec.randomizer
+    n = int(rows[0]["n_clients"]) if rows else 0
+    own = callable(getattr(mechanism, "epsilon_central", None)) or spec.max_reports_per_client > 1 \
+        or not math.isfinite(float(mechanism.epsilon_local))
+    return {"mechanism": mechanism.name, "own_accountant": bool(own),
+            "mixture_alpha": None if own else float(mechanism.mixture_alpha),
+            "eps_local": None if own else float(mechanism.epsilon_local), "n_clients": n,
+            "eps_central": float(rows[0]["eps_central"]) if rows else None, "delta": float(spec.delta),
+            "crowd_epsilon": float(spec.crowd.epsilon), "crowd_delta": float(spec.crowd.delta)}
+
+
+def with_cumulative_epsilon(spec: AnalysisSpec, rows: list[dict[str, Any]], population: Iterable[Any],
+                            upto_window_end_ms: int) -> list[dict[str, Any]]:
+    """Rows with ``eps_central_cumulative`` and ``windows_composed`` over the population's releases so far."""
+    releases = sorted((e for e in population if e.key.window_end_ms <= upto_window_end_ms),
+                      key=lambda e: e.key.window_end_ms)
+    accounts = [e.extra["accounting"] for e in releases if "accounting" in e.extra]
+    total = cumulative_for_spec(spec, accounts)
+    return [{**row, "eps_central_cumulative": total, "windows_composed": len(accounts)} for row in rows]
+
+
+def window_release(account: dict[str, Any]) -> Any:
+    """One ledger account -> the odometer's ``WindowRelease`` (shuffle parameters, or (eps, delta) for
+    mechanisms that carry their own accountant)."""
+    from transforms.privacy.odometer import WindowRelease
+
+    crowd = (account["crowd_epsilon"], account["crowd_delta"])
+    if account.get("own_accountant"):
+        return WindowRelease.approximate(account["eps_central"], account["delta"], account["n_clients"], *crowd)
+    return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd)
+
+
+def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]]) -> float | None:
+    """The population's cumulative epsilon at the spec's delta; None before any release."""
+    from transforms.privacy.odometer import cumulative_epsilon
+
+    if not accounts:
+        return None
+    return float(cumulative_epsilon([window_release(a) for a in accounts], spec.delta))

@@ -1,0 +1,94 @@
+"""Edge encoder, last step: randomized reports -> signed message sets with payloads sealed to the analyzer.
+
+What a device does before anything leaves it (``transforms.device`` is the on-device library; this DoFn
+does the same for edge collectors and simulations, which hold the simulated devices' keys): every message
+of one event is sealed on its own to the analyzer's public key, with the routing fields that survive the
+shuffle (spec, crowd, window end, channel) as associated data, and the set is signed with the device's
+key. Sealing ephemerals and the set's nonce come from a keyed PRF of the event's Kafka position under the
+encoder's persisted key, so a retried or rerun bundle sends byte-identical sets (the shuffler keeps one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from transforms.records import ReportElement, encode_payload
+from transforms.spec import AnalysisSpec
+
+NAMESPACE = "esa"
+
+
+def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:
+    window = spec.window_seconds * 1000
+    return (event_time_ms // window + 1) * window
+
+
+def _prf(key: bytes, *parts: bytes) -> bytes:
+    """32 pseudo-random bytes bound to ``parts`` (BLAKE2b keyed with the encoder's secret)."""
+    h = hashlib.blake2b(key=key[:64], digest_size=32)
+    for part in parts:
+        h.update(len(part).to_bytes(4, "big"))
+        h.update(part)
+    return h.digest()
+
+
+class SealSetsFn(beam.DoFn):
+    """Lists of ReportElements (one spec; one event's messages consecutive) -> (device id, MessageSet bytes)."""
+
+    def __init__(self, specs: list[AnalysisSpec], keys_dir: str):
+        self._specs = {s.spec_id: s for s in specs}
+        self._keys_dir = keys_dir
+        self._sets = Metrics.counter(NAMESPACE, "sets_sealed")
+        self._fleet: Any = None
+
+    def setup(self) -> None:
+        from transforms.trust.devices import SimulatedFleet
+        from transforms.trust.keys import load_analyzer_public, load_or_create_secret
+
+        keys = Path(self._keys_dir)
+        self._fleet = SimulatedFleet.from_keys_dir(keys)
+        self._key_id, self._analyzer = load_analyzer_public(keys)
+        self._prf_key = load_or_create_secret(keys / "encoder" / "prf.key")
+
+    def process(self, batch: list[ReportElement]) -> Iterator[list[tuple[bytes, bytes]]]:
+        out: list[tuple[bytes, bytes]] = []
+        start = 0
+        while start < len(batch):
+            stop = start + 1
+            while stop < len(batch) and batch[stop].source == batch[start].source:
+                stop += 1
+            out.append(self._seal(batch[start:stop]))
+            start = stop
+        self._sets.inc(len(out))
+        if out:
+            yield out
+
+    def _seal(self, reports: list[ReportElement]) -> tuple[bytes, bytes]:
+        from transforms.records import row_channel
+        from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
+        from transforms.trust.sealing import associated_data, seal
+
+        first = reports[0]
+        spec = self._specs[first.spec_id]
+        mechanism = spec.randomizer
+        end = window_end_ms(spec, first.event_time_ms)
+        source = first.source
+        position = f"{source.topic}/{source.partition}/{source.offset}".encode() if source else b"?"
+        messages = []
+        for i, report in enumerate(reports):
+            channel = row_channel(mechanism, report.payload)
+            ephemeral = _prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big"))
+            sealed = seal(self._analyzer, self._key_id, encode_payload(mechanism, report.payload),
+                          associated_data(spec.spec_id, first.crowd_id, end, channel), ephemeral)
+            messages.append(SealedMessage(channel, sealed))
+        device_id = self._fleet.device_id(first.client_id)
+        unsigned = MessageSet(spec.spec_id, first.crowd_id, device_id, first.event_time_ms,
+                              _prf(self._prf_key, b"nonce", position)[:16], self._key_id, tuple(messages))
+        signed = sign_message_set(unsigned, self._fleet.signing_key(first.client_id))
+        return device_id.encode(), encode_message_set(signed)

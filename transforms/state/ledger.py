@@ -1,0 +1,224 @@
+"""The release ledger: which (spec, crowd, window) has been released, once and for all.
+
+One ledger per trust domain's state directory. Releasing a crowd's window is a two-step protocol:
+
+1. ``seal``: create-if-absent of the window's entry (its release id, the digest of what is released, and the
+   source offsets that delimit its input). Of two racing jobs or a rerun of a crashed one exactly one seals;
+   the other gets the stored entry back and must release *that* (or nothing), never its own.
+2. publish the release (write estimates, produce to Kafka), then ``mark_published``. A crash between the two
+   leaves a sealed-but-unpublished entry: ``unpublished()`` lists them so the next run republishes them.
+   Publication therefore must be idempotent (the estimates store is, by release id).
+
+Layout: ``root/<spec part>/<window_end_ms>_<crowd part>.json``; see ``ReleaseKey.slug``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from transforms.state.files import StateError, atomic_write_json, create_exclusive, read_json
+
+SEALED, PUBLISHED = "sealed", "published"
+STATUSES = (SEALED, PUBLISHED)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_STEM_CHARS = 48
+
+
+def _safe_part(text: str) -> str:
+    """A readable, filesystem-safe, collision-resistant name for ``text``: sanitized prefix + 10 hex of SHA-256.
+
+    The hash keeps distinct texts apart after sanitizing ("a/b" and "a_b"); the prefix keeps the tree readable.
+    """
+    stem = _UNSAFE.sub("_", text)[:_STEM_CHARS]
+    if stem.startswith("."):
+        stem = "_" + stem[1:]  # never a hidden file: listings skip dot-files (temporary files)
+    return f"{stem}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:10]}"
+
+
+@dataclass(frozen=True)
+class ReleaseKey:
+    """One crowd's window of one spec: the unit that is released exactly once."""
+
+    spec_id: str
+    crowd_id: str | None
+    window_end_ms: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec_id, str) or not self.spec_id:
+            raise ValueError(f"spec_id must be a non-empty string, got {self.spec_id!r}")
+        if self.crowd_id is not None and not isinstance(self.crowd_id, str):
+            raise ValueError(f"crowd_id must be a string or None, got {self.crowd_id!r}")
+        if not isinstance(self.window_end_ms, int) or isinstance(self.window_end_ms, bool):
+            raise ValueError(f"window_end_ms must be an int, got {self.window_end_ms!r}")
+
+    @property
+    def spec_dir(self) -> str:
+        return _safe_part(self.spec_id)
+
+    @property
+    def slug(self) -> str:
+        """``<spec part>/<window_end_ms>_<crowd part>``; crowd None is ``_all`` (a crowd named "_all" gets a
+        hash suffix like every named crowd, so the two never collide)."""
+        crowd = "_all" if self.crowd_id is None else _safe_part(self.crowd_id)
+        return f"{self.spec_dir}/{self.window_end_ms}_{crowd}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec_id": self.spec_id, "crowd_id": self.crowd_id, "window_end_ms": self.window_end_ms}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ReleaseKey:
+        return cls(spec_id=obj["spec_id"], crowd_id=obj["crowd_id"], window_end_ms=obj["window_end_ms"])
+
+
+@dataclass(frozen=True)
+class ReleaseEntry:
+    """What was released for a key. ``source_ends`` maps "topic/partition" to the end offset (exclusive) of the
+    read that sealed it: records of this window below it belong to this release, records at or above it are
+    late for it. ``digest`` identifies the released content, so a rerun can check it would release the same."""
+
+    key: ReleaseKey
+    release_id: str
+    digest: str
+    n_sets: int
+    n_messages: int
+    batches: int
+    source_ends: dict[str, int]
+    run_key: str
+    sealed_at_ms: int
+    status: str = SEALED
+    extra: dict[str, Any] = field(default_factory=dict)
+    published_at_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if not isinstance(self.release_id, str) or not self.release_id:
+            raise ValueError(f"release_id must be a non-empty string, got {self.release_id!r}")
+        for name in ("n_sets", "n_messages", "batches", "sealed_at_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        for source, end in self.source_ends.items():
+            if not isinstance(source, str) or not isinstance(end, int) or isinstance(end, bool):
+                raise ValueError(f"source_ends must map 'topic/partition' to an int offset, got {source!r}: {end!r}")
+
+    @property
+    def published(self) -> bool:
+        return self.status == PUBLISHED
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["key"] = self.key.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ReleaseEntry:
+        fields = dict(obj)
+        fields["key"] = ReleaseKey.from_json(fields["key"])
+        return cls(**fields)
+
+
+def release_id_for(key: ReleaseKey, digest: str) -> str:
+    """A deterministic release id: 16 hex of SHA-256 of the key and the content digest.
+
+    A rerun that reproduces a release gets the same id, hence the same estimates part path, so republishing
+    after a crash is a no-op; a different content digest gets a different id.
+    """
+    canonical = json.dumps({"digest": digest, "key": key.to_json()}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ReleaseLedger:
+    """The ledger under ``root`` (a trust domain's state directory, e.g. ``state/releases``)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def path_of(self, key: ReleaseKey) -> Path:
+        return self.root / f"{key.slug}.json"
+
+    def _load(self, path: Path | str, expected: ReleaseKey | None = None) -> ReleaseEntry | None:
+        obj = read_json(path)  # str paths from scandir: pathlib parsing would dominate a 20,000-entry listing
+        if obj is None:
+            return None
+        try:
+            entry = ReleaseEntry.from_json(obj)
+        except (KeyError, TypeError, ValueError) as err:
+            raise StateError(f"invalid ledger entry {path}: {err}") from None
+        if expected is not None and entry.key != expected:
+            raise StateError(f"ledger entry {path} holds {entry.key}, not {expected} (a slug hash collision)")
+        return entry
+
+    def get(self, key: ReleaseKey) -> ReleaseEntry | None:
+        return self._load(self.path_of(key), key)
+
+    def seal(self, entry: ReleaseEntry) -> tuple[ReleaseEntry, bool]:
+        """Record ``entry`` unless its key is sealed already: (stored entry, whether we created it).
+
+        When False the caller compares ``digest``: equal means a rerun reproduced the same release (publish
+        the stored one if unpublished); different means the window was released with other content and
+        this attempt must not release.
+        """
+        path = self.path_of(entry.key)
+        data = (json.dumps(entry.to_json(), sort_keys=True, indent=1) + "\n").encode("utf-8")
+        if create_exclusive(path, data):
+            return entry, True
+        stored = self._load(path, entry.key)
+        if stored is None:  # entries are never deleted by this module
+            raise StateError(f"ledger entry {path} vanished while sealing; is something deleting state files?")
+        return stored, False
+
+    def mark_published(self, key: ReleaseKey, now_ms: int | None = None) -> None:
+        """Mark a sealed entry published (idempotent: the first publication time is kept)."""
+        entry = self.get(key)
+        if entry is None:
+            raise StateError(f"cannot mark {key} published: it was never sealed in {self.root}")
+        if entry.published:
+            return
+        published = replace(entry, status=PUBLISHED, published_at_ms=_now_ms() if now_ms is None else now_ms)
+        atomic_write_json(self.path_of(key), published.to_json())
+
+    def entries(self, spec_id: str | None = None) -> Iterator[ReleaseEntry]:
+        """Every entry (of one spec if given), in no particular order."""
+        if spec_id is not None:
+            spec_dirs = [str(self.root / ReleaseKey(spec_id, None, 0).spec_dir)]
+        else:
+            spec_dirs = [d.path for d in _scan(self.root) if d.is_dir() and not d.name.startswith(".")]
+        for spec_dir in spec_dirs:
+            for item in _scan(spec_dir):
+                if item.name.endswith(".json") and not item.name.startswith("."):
+                    entry = self._load(item.path)
+                    if entry is None:
+                        continue
+                    if spec_id is not None and entry.key.spec_id != spec_id:
+                        raise StateError(f"ledger entry {item.path} belongs to {entry.key.spec_id}, not {spec_id}")
+                    yield entry
+
+    def released(self, spec_id: str) -> dict[tuple[str | None, int], ReleaseEntry]:
+        """A spec's entries keyed by (crowd_id, window_end_ms), for per-element lookups."""
+        return {(e.key.crowd_id, e.key.window_end_ms): e for e in self.entries(spec_id)}
+
+    def unpublished(self) -> list[ReleaseEntry]:
+        """Sealed entries never marked published (a crash between seal and publish), oldest window first."""
+        pending = [e for e in self.entries() if not e.published]
+        return sorted(pending, key=lambda e: (e.key.window_end_ms, e.key.spec_id, e.key.crowd_id or ""))
+
+
+def _scan(directory: Path | str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
