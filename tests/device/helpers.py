@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-import fastavro
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from transforms.device.payload import _payload_union
-from transforms.records import PayloadRow, payload_from_avro
+from transforms.records import PayloadRow, decode_payload
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.trust.message_set import MessageSet, decode_message_set
 from transforms.trust.sealing import associated_data, open_sealed
@@ -41,8 +38,5 @@ def open_report(spec: AnalysisSpec, data: bytes) -> tuple[MessageSet, list[Paylo
     for message in ms.messages:
         plain = open_sealed({KEY_ID: ANALYZER}, message.sealed,
                             associated_data(ms.spec_id, ms.crowd_id, window_end, message.channel))
-        buf = io.BytesIO(plain)
-        payload = fastavro.schemaless_reader(buf, _payload_union(), return_record_name=True)
-        assert buf.tell() == len(plain)
-        rows.append(payload_from_avro(spec.randomizer, payload, message.channel))
+        rows.append(decode_payload(spec.randomizer, plain, message.channel))
     return ms, rows

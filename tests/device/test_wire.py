@@ -65,6 +65,7 @@ def test_sealed_payloads_open_to_valid_rows_bound_to_their_routing(tmp_path, spe
     assert (ms.spec_id, ms.device_id, ms.key_id, ms.event_time_ms) == (spec.spec_id, client.device_id, KEY_ID,
                                                                       int(T0 * 1000))
     channels = [m.channel for m in ms.messages]
+    assert len({len(m.sealed) for m in ms.messages}) == 1  # padded: a blob's length says nothing about its message
     if is_single_message(spec.randomizer):
         assert len(rows) == 1 and channels == [0]
     else:

@@ -25,12 +25,19 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from transforms.device.accounting import ReportCost, report_cost
 from transforms.device.budget import BUDGET_FILE, Budget, BudgetExceeded, BudgetStatus, Ledger
 from transforms.device.memo import MemoStore, is_memoizing
-from transforms.device.payload import encode_payload
 from transforms.device.state import load_device_key, locked, state_directory
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng
-from transforms.records import CHANNEL, PRESENCE, PayloadRow, array_to_rows, row_channel, wire_dtype
+from transforms.records import (
+    CHANNEL,
+    PRESENCE,
+    PayloadRow,
+    array_to_rows,
+    encode_payload,
+    row_channel,
+    wire_dtype,
+)
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 from transforms.trust.devices import device_id_of
 from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
