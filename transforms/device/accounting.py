@@ -7,7 +7,9 @@
   same backstop, together eps(k tau) = ``fragment_epsilon(eps_b, eps_f, k tau)``-LDP (001 Thm IV.1; at most
   eps_b however large k). The k-th report of a value in an epoch therefore costs
   ``eps(k tau) - eps((k - 1) tau)``: the epoch's charges for that value sum to exactly the loss of the
-  epoch's reports, and the charges of every epoch compose to a valid bound of all of them.
+  epoch's reports. Epochs share the backstop, so they do not compose as independent mechanisms; but all
+  reports of a value together are eps(K tau)-LDP, and eps(s) = ln((e^(eps_b+s) + 1)/(e^eps_b + e^s)) is
+  concave in s = t eps_f with eps(0) = 0, hence subadditive: the sum of every epoch's charges bounds them.
 * **Shuffle-only protocols** (004's multi-message protocols: ``epsilon_local`` is infinite): no local
   guarantee exists, so a report is charged the per-window *central* target epsilon of its spec -- the loss
   it causes once shuffled with its crowd, which assumes the shuffler is honest.
