@@ -119,3 +119,14 @@ def test_budget_configuration_is_checked():
             Budget(bad)
     with pytest.raises(ValueError):
         Budget(1.0, epoch_seconds=0)
+
+
+@pytest.mark.parametrize(("eps_b", "eps_f"), [(0.5, 0.1), (2.0, 1.0), (4.0, 3.3), (8.0, 0.5), (10.0, 15.0)])
+def test_per_epoch_charges_of_one_backstop_bound_its_lifetime_loss(eps_b, eps_f):
+    """Charges restart each epoch; their sum over epochs bounds eps(K tau) of all K reports (subadditivity)."""
+    tau = 4
+    for a in range(1, 12):
+        for b in range(1, 12):
+            together = fragment_epsilon(eps_b, eps_f, (a + b) * tau)
+            apart = fragment_epsilon(eps_b, eps_f, a * tau) + fragment_epsilon(eps_b, eps_f, b * tau)
+            assert together <= apart * (1 + 1e-12) and together <= eps_b * (1 + 1e-12)
