@@ -83,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--reports_topic", default="reports")
     sim.add_argument("--bad_per_kind", type=int, default=0, help="also produce N bad records of each kind")
     sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
+    sim.add_argument("--devices", type=Path, default=None,
+                     help="simulate devices that encode themselves with the device client library, one state "
+                          "directory each under this directory; their signed message sets go straight to the "
+                          "reports topic (default: raw events, which `esa encode` encodes at the edge)")
+    sim.add_argument("--device_budget", type=_positive_float, default=None,
+                     help="with --devices: each device's privacy budget per day, across all specs")
     sim.add_argument("--keys_dir", type=Path, default=Path("out/keys"),
                      help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
                           "out/keys, which is what `esa run --output_dir out` uses)")
@@ -192,9 +198,21 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.enrolment import enrol_simulated
 
     enrol_simulated(args.keys_dir, population.client_ids.tolist())
-    produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
-                                  reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
-                                  seed=args.seed, progress=progress_printer("produced"))
+    if args.devices is not None:
+        from pipelines.device_fleet import FleetOutcome, device_messages
+        from transforms.kafkaio import ensure_topics, produce_records
+
+        outcome = FleetOutcome()
+        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3)
+        produce_records(args.bootstrap, args.reports_topic, device_messages(
+            spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
+            outcome=outcome), progress=lambda done, show=progress_printer("devices reported"): show(
+                done, len(population)), progress_every=1000)
+        produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
+    else:
+        produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
+                                      reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
+                                      seed=args.seed, progress=progress_printer("produced"))
     if args.truth:
         pq.write_table(truth_table(spec, population), args.truth)
     window_ms = population.window_ms
@@ -247,10 +265,8 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
     """Print one run's JSON line; the exit code says whether it balanced and stayed under the dead-letter bar."""
     from pipelines.job_cli import dead_letter_verdict
 
-    read = summary.count("kafka_records_read") if summary.stage != "end_to_end" else \
-        summary.stages["encode"].count("kafka_records_read")
-    fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": summary.count("dead_lettered")},
-                                            max_dead_fraction)
+    read, dead = summary.records_read_and_dead()
+    fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": dead}, max_dead_fraction)
     paths = {"estimates": summary.estimates_path, "dead_letters": summary.dead_letters_path}
     outputs = {name: str(paths[name]) for name in STAGE_OUTPUTS.get(summary.stage, ("dead_letters",))}
     _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,

@@ -115,10 +115,9 @@ class RunSummary:
         """Every consumed record is used (or held for its window), deliberately deleted, or dead-lettered, once."""
         return self.count("kafka_records_read") == sum(self.parts.values())
 
-    @property
-    def dead_fraction(self) -> float:
-        read = self.count("kafka_records_read")
-        return self.count("dead_lettered") / read if read else 0.0
+    def records_read_and_dead(self) -> tuple[int, int]:
+        """(records read, records dead-lettered): what the dead-letter bar of the CLI is measured on."""
+        return self.count("kafka_records_read"), self.count("dead_lettered")
 
     @property
     def estimates_path(self) -> Path:

@@ -13,8 +13,9 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--kafka_bootstrap", default="127.0.0.1:9092",
                             help="Kafka bootstrap servers (host:port[,host:port])")
         parser.add_argument("--raw_topic", default="telemetry", help="topic of TelemetryEvent records")
-        parser.add_argument("--reports_topic", default="",
-                            help="topic of device-encoded Report records (default: none)")
+        parser.add_argument("--reports_topic", default="reports",
+                            help="topic of signed message sets: written by devices (or `esa encode`), read by "
+                                 "`esa shuffle`")
         parser.add_argument("--shuffled_topic", default="shuffled",
                             help="topic of ShuffledReport records between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",
