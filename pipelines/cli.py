@@ -202,12 +202,11 @@ def _simulate(args: argparse.Namespace) -> int:
         from pipelines.device_fleet import FleetOutcome, device_messages
         from transforms.kafkaio import ensure_topics, produce_records
 
-        outcome = FleetOutcome()
+        outcome, show = FleetOutcome(), progress_printer("devices reported")
         ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3)
         produce_records(args.bootstrap, args.reports_topic, device_messages(
             spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
-            outcome=outcome), progress=lambda done, show=progress_printer("devices reported"): show(
-                done, len(population)), progress_every=1000)
+            outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000)
         produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
     else:
         produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
