@@ -26,6 +26,7 @@ from transforms.device.accounting import ReportCost, report_cost
 from transforms.device.budget import BUDGET_FILE, Budget, BudgetExceeded, BudgetStatus, Ledger
 from transforms.device.memo import MemoStore, is_memoizing
 from transforms.device.state import load_device_key, locked, state_directory
+from transforms.device.wire import signed_message_set
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng
@@ -34,14 +35,10 @@ from transforms.records import (
     PRESENCE,
     PayloadRow,
     array_to_rows,
-    encode_payload,
-    row_channel,
     wire_dtype,
 )
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 from transforms.trust.devices import device_id_of
-from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
-from transforms.trust.sealing import associated_data, seal
 
 __all__ = ["Client"]
 
@@ -202,15 +199,7 @@ class Client:
         return self._rng.bytes(size) if self._seeded else os.urandom(size)
 
     def _seal_and_sign(self, rows: list[PayloadRow], event_time_ms: int, crowd: str | None) -> bytes:
-        mech, spec_id = self._mechanism, self.spec.spec_id
-        window_end_ms = (event_time_ms // self._window_ms + 1) * self._window_ms
-        messages = []
-        for row in rows:
-            channel = row_channel(mech, row)
-            sealed = seal(self._analyzer, self._key_id, encode_payload(mech, row),
-                          associated_data(spec_id, crowd, window_end_ms, channel),
-                          self._random_bytes(EPHEMERAL_BYTES) if self._seeded else None)
-            messages.append(SealedMessage(channel, sealed))
-        unsigned = MessageSet(spec_id=spec_id, crowd_id=crowd, device_id=self.device_id, event_time_ms=event_time_ms,
-                              nonce=self._random_bytes(NONCE_BYTES), key_id=self._key_id, messages=tuple(messages))
-        return encode_message_set(sign_message_set(unsigned, self._signer))
+        ephemerals = [self._random_bytes(EPHEMERAL_BYTES) for _ in rows] if self._seeded else None
+        return signed_message_set(self.spec, rows, event_time_ms=event_time_ms, crowd_id=crowd,
+                                  device_id=self.device_id, signer=self._signer, analyzer=self._analyzer,
+                                  key_id=self._key_id, nonce=self._random_bytes(NONCE_BYTES), ephemerals=ephemerals)
