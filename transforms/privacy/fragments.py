@@ -141,7 +141,16 @@ def replacement_tight(n: int, alpha: float, eps: float, delta: float) -> float:
     exact replacement curve is its two-fold composition, computed by PLDs (``odometer``). It is smaller
     than ``replacement_central``'s (2 eps_c, 2 delta) at the same delta. (The message cap's overflow, below
     2^-64 per client, is not included, as in the removal bounds.)
+
+    Where the exact PLD is too large to build (``shuffle_pld.MAX_POINTS``) it returns basic composition of
+    the two channels' tight bounds, 2 eps_c(delta/2), also valid.
     """
     from .odometer import WindowRelease, cumulative_epsilon  # dp_accounting: imported only when accounting
+    from .shuffle_pld import PLDTooLargeError, shuffle_pld
 
-    return cumulative_epsilon([WindowRelease(alpha, eps, check_int("n", n, 2))] * 2, check_delta("delta", delta))
+    n, delta = check_int("n", n, 2), check_delta("delta", delta)
+    try:
+        shuffle_pld(n, alpha, eps)  # cached: cumulative_epsilon reuses it
+    except PLDTooLargeError:
+        return 2.0 * epsilon_central(n, alpha, eps, delta / 2.0)
+    return cumulative_epsilon([WindowRelease(alpha, eps, n)] * 2, delta)
