@@ -138,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
     priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
     priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
                       help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
+    priv.add_argument("--windows", type=_positive_int, default=None,
+                      help="compose W windows of the same population (delta is then the total delta)")
+    priv.add_argument("--crowd-epsilon", type=_positive_float, default=None,
+                      help="with --windows: the [crowd] epsilon of the noisy count published every window")
+    priv.add_argument("--crowd-delta", type=_positive_float, default=None, help="with --windows: [crowd] delta")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plan_parser(sub)
     for subparser in sub.choices.values():
@@ -284,7 +289,15 @@ def _privacy(args: argparse.Namespace) -> int:
 
     report = build_privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta,
                                   fragments=args.fragments, epsilon_fragment=args.epsilon_fragment)
-    _print(json.dumps(report, indent=2) if args.json else format_privacy_report(report))
+    text = format_privacy_report(report)
+    if args.windows is not None:
+        from transforms.privacy.windows_report import format_windows_report, windows_report
+
+        report["windows"] = windows_report(report, args.windows, args.crowd_epsilon, args.crowd_delta)
+        text += "\n" + format_windows_report(report["windows"])
+    elif args.crowd_epsilon is not None or args.crowd_delta is not None:
+        raise ValueError("--crowd-epsilon / --crowd-delta apply with --windows only")
+    _print(json.dumps(report, indent=2) if args.json else text)
     return 0
 
 
@@ -295,33 +308,53 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--d", type=_positive_int, required=True, help="keys (kv_mean) or coordinates (vector_mean)")
     plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
     plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
-    plan.add_argument("--epsilon-central", type=_positive_float, required=True)
+    plan.add_argument("--epsilon-central", type=_positive_float, default=None, help="per-window target")
     plan.add_argument("--delta", type=_positive_float, required=True)
     plan.add_argument("--t", type=_positive_int, default=None,
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
     plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
     plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
     plan.add_argument("--accountant", default=None, help="vector_mean: 002 (the paper's rules, default) or tight")
+    plan.add_argument("--windows", type=_positive_int, default=None,
+                      help="plan for W windows of the same population (with --epsilon-central-total)")
+    plan.add_argument("--epsilon-central-total", type=_positive_float, default=None,
+                      help="with --windows: budget for all W windows together (PLD composition)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _plan(args: argparse.Namespace) -> int:
     from transforms.privacy.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
 
+    if (args.windows is None) != (args.epsilon_central_total is None):
+        raise ValueError("--windows and --epsilon-central-total go together")
+    if (args.windows is None) == (args.epsilon_central is None):
+        raise ValueError("give --epsilon-central (one window) or --windows with --epsilon-central-total")
     if args.kind == "kv_mean":
         if args.mechanism is None or args.s is None:
             raise ValueError("--kind kv_mean needs --mechanism and --s")
         if args.k_round is not None or args.accountant is not None:
             raise ValueError("--k-round and --accountant apply to --kind vector_mean only")
-        plan = plan_kv_mean(args.mechanism, args.d, args.s, args.n, args.epsilon_central, args.delta, t=args.t,
-                            t_rule=args.t_rule or "joint")
-        text = format_kv_plan(plan)
+
+        def make(eps_c: float, delta: float) -> object:
+            return plan_kv_mean(args.mechanism, args.d, args.s, args.n, eps_c, delta, t=args.t,
+                                t_rule=args.t_rule or "joint")
+        formatter = format_kv_plan
     else:
         if args.mechanism is not None or args.s is not None or args.t_rule is not None:
             raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans 002's mechanism)")
-        plan = plan_vector_mean(args.d, args.n, args.epsilon_central, args.delta, k_round=args.k_round,
-                                t=1 if args.t is None else args.t, accountant=args.accountant or "002")
-        text = format_vector_plan(plan)
+
+        def make(eps_c: float, delta: float) -> object:
+            return plan_vector_mean(args.d, args.n, eps_c, delta, k_round=args.k_round,
+                                    t=1 if args.t is None else args.t, accountant=args.accountant or "002")
+        formatter = format_vector_plan
+    if args.windows is None:
+        plan = make(args.epsilon_central, args.delta)
+        text = formatter(plan)
+    else:
+        from transforms.privacy.plan_windows import format_windows_plan, plan_for_windows
+
+        plan = plan_for_windows(make, args.n, args.windows, args.epsilon_central_total, args.delta)
+        text = format_windows_plan(plan, formatter(plan.plan))
     _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
     return 0
 
