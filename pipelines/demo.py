@@ -187,7 +187,7 @@ def ledger_lines(facts: dict[str, Any]) -> list[tuple[str, str]]:
     eps_local = float(facts["eps_local"])
     if facts.get("epsilon_role") != "central target":
         return [("eps_local", f"{eps_local:g} ({per_client})")]
-    lines = [("target eps_central ([mechanism] epsilon)", f"{facts['epsilon_spec']:g}")]
+    lines = [("target eps_central (spec epsilon)", f"{facts['epsilon_spec']:g}")]
     if math.isfinite(eps_local):
         lines.append(("eps_local (implied by the target)", f"{eps_local:.4g} ({per_client})"))
     else:

@@ -84,7 +84,7 @@ def test_epsilon_is_named_by_what_it_means() -> None:
     local = dict(ledger_lines(_facts("app_language.toml", 2.0)))
     assert list(local) == ["eps_local"]
     vector = dict(ledger_lines(_facts("sensor_vector.toml", 1.478)))
-    assert vector["target eps_central ([mechanism] epsilon)"] == "1" and "1.478" in vector[
+    assert vector["target eps_central (spec epsilon)"] == "1" and "1.478" in vector[
         "eps_local (implied by the target)"]
     multi = _facts("latency_range_multimessage.toml", float("inf"))
     lines = dict(ledger_lines(multi))
