@@ -372,9 +372,13 @@ class _QuietFilter(logging.Filter):
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
-    if not verbose:
-        for handler in logging.getLogger().handlers:
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        quiet = [f for f in handler.filters if isinstance(f, _QuietFilter)]
+        if verbose:
+            for f in quiet:
+                handler.removeFilter(f)
+        elif not quiet:
             handler.addFilter(_QuietFilter())
     for noisy in ("apache_beam", "kafka", "root"):
         logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)

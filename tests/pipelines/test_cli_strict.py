@@ -180,3 +180,12 @@ def test_json_piped_to_a_closed_reader_exits_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_beam_command_is_quiet_in_a_fresh_process() -> None:
+    """Importing Beam logs an 'apitools not found' warning on every command; the user sees only the error."""
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "encode", "--kafka_bootsrap", "h:1"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.strip().splitlines() == [
+        "esa encode: error: unknown flag --kafka_bootsrap (did you mean --kafka_bootstrap?); see esa encode --help"]
