@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections import Counter
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +28,13 @@ from tests.transforms.release_inputs import (
     Devices,
     make_spec,
     shuffle_run,
+    sign_release,
 )
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.privacy.crowd import crowd_threshold, discrete_laplace_scale, discrete_laplace_variance
 from transforms.shuffle import ReleasePart, discrete_laplace, noisy_crowd_target
 from transforms.trust.message_set import decode_message_set
+from transforms.trust.release import ReleaseBatch, decode_release_batch
 
 EPS_CR, DELTA_CR = 1.0, 1e-6
 T = crowd_threshold(EPS_CR, DELTA_CR)  # 29.017
@@ -89,11 +92,27 @@ def test_release_parts_carry_no_identity(two_windows: TwoWindows) -> None:
         assert type(part) is ReleasePart and part.spec_id == SPEC.spec_id and part.crowd_id is None
         assert part.deleted is None  # SPEC does not publish deletions
         assert all(isinstance(c, int) and isinstance(s, bytes) for c, s in part.messages)
-        data = pickle.dumps(part)
-        for ms in sets[:40]:
-            for secret in (ms.device_id.encode(), bytes.fromhex(ms.device_id), ms.nonce, ms.signature,
-                           ms.event_time_ms.to_bytes(8, "big"), str(ms.event_time_ms).encode()):
-                assert secret not in data
+        assert_no_identity(pickle.dumps(part), sets)
+
+
+def assert_no_identity(data: bytes, sets: list) -> None:
+    for ms in sets:
+        for secret in (ms.device_id.encode(), bytes.fromhex(ms.device_id), ms.nonce, ms.signature,
+                       ms.event_time_ms.to_bytes(8, "big"), str(ms.event_time_ms).encode()):
+            assert secret not in data
+
+
+def test_signed_release_batches_carry_no_identity(two_windows: TwoWindows) -> None:
+    releases = sign_release(two_windows.devices.keys_dir, two_windows.run.values("released"), per_batch=20)
+    sets = [decode_message_set(r.value) for r in two_windows.records]
+    assert [f.name for f in fields(ReleaseBatch)] == [
+        "release_id", "spec_id", "crowd_id", "window_end_ms", "batch_index", "batch_count", "n_sets", "n_messages",
+        "deleted", "messages", "key_id", "signature"]
+    for batches in releases.values():
+        for data in batches:
+            assert_no_identity(data, sets)
+            batch = decode_release_batch(data)
+            assert batch.crowd_id is None and batch.deleted is None and batch.window_end_ms % WINDOW_MS == 0
 
 
 def test_each_window_releases_a_sub_multiset_of_its_own_messages(two_windows: TwoWindows) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,8 +31,18 @@ from tests.transforms.release_inputs import (
 )
 from transforms.ingress import DEAD, TIMES, PriorRuns
 from transforms.kafkaio import KafkaRecord
+from transforms.mechanisms.randomness import keyed_generator
+from transforms.privacy.crowd import crowd_threshold
 from transforms.records import PRESENCE
-from transforms.shuffle import WITHHELD, CrowdThresholdFn, DedupeAndStripFn, ReleaseFn, WindowClock
+from transforms.shuffle import (
+    WITHHELD,
+    CrowdThresholdFn,
+    DedupeAndStripFn,
+    ReleaseFn,
+    WindowClock,
+    discrete_laplace,
+    noisy_crowd_target,
+)
 from transforms.spec import AnalysisSpec
 
 SPEC = make_spec()
@@ -107,6 +118,29 @@ def test_min_clients_withholds_a_release_below_it(min_clients: int, released: bo
     else:
         assert set(decisions.values()) == {WITHHELD}
 
+
+
+def test_threshold_decisions_follow_algorithm_3_and_aborts_are_never_clamped() -> None:
+    # delta_cr = 0.9: T = 2 ln(2/0.9) = 1.597, so a crowd of 20 aborts (n_hat > n) when L >= 3, probability
+    # q^3/(1+q) = 0.139 per crowd: over 60 crowds P[no abort] = 0.861^60 = 1.3e-4 (and the key is fixed).
+    # Each decision is checked against n_hat recomputed from the crowd's keyed noise draw.
+    spec = make_spec(crowd_delta=0.9, min_clients=10, name="aborts")
+    fn = CrowdThresholdFn([spec], KEY)
+    threshold = crowd_threshold(1.0, 0.9)
+    outcomes = Counter()
+    for k in range(60):
+        crowd = (spec.spec_id, None, WIN_A + (k + 1) * WINDOW_MS)
+        decisions = dict(fn.process((crowd, [(0, 8), (1, 12)])))
+        rng = keyed_generator(KEY, "threshold", spec.spec_id, "None", crowd[2])
+        n_hat = noisy_crowd_target(20, discrete_laplace(rng, 1.0), threshold)
+        if n_hat > 20 or n_hat < 10:
+            assert set(decisions.values()) == {WITHHELD}
+            outcomes["aborted" if n_hat > 20 else "suppressed"] += 1
+        else:
+            deleted = [decisions[(crowd, 0)], decisions[(crowd, 1)]]
+            assert sum(deleted) == 20 - n_hat and 0 <= deleted[0] <= 8 and 0 <= deleted[1] <= 12
+            outcomes["released"] += 1
+    assert outcomes["aborted"] >= 1 and outcomes["released"] >= 1
 
 def release(spec: AnalysisSpec, sets: list[tuple], decision: int) -> list:
     crowd = (spec.spec_id, None, WIN_A + WINDOW_MS)
