@@ -83,6 +83,18 @@ def test_a_quota_of_two_keeps_the_two_earliest_sets(devices: Devices) -> None:
     assert len(kept_sets(main)) == 2
 
 
+
+def test_an_identical_copy_of_any_kept_set_is_a_duplicate_not_another_set(devices: Devices) -> None:
+    # With a quota above 1, a replay of the device's *second* set must not count as a third one.
+    spec = make_spec(quota=3, name="quota3")
+    first = devices.record(devices.message_set(spec, "c0", WIN_A + 10, [(1,)]))
+    second = devices.record(devices.message_set(spec, "c0", WIN_A + 20, [(2,)]))
+    replay = devices.record(second.value)
+    main, tagged = dedupe([spec], devices, [first, second, replay])
+    (letter,) = tagged[DEAD]
+    assert letter["offset"] == replay.offset and "identical copy" in letter["reason"]
+    assert len(kept_sets(main)) == 2
+
 def rappor_set(devices: Devices, client: str, channels: list[int]) -> KafkaRecord:
     return devices.record(devices.message_set(RAPPOR, client, WIN_A + 5, [(c,) for c in channels]))
 
