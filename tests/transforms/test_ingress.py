@@ -135,16 +135,13 @@ def mutated(values: list[bytes]) -> st.SearchStrategy[bytes]:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_ingress_never_raises_and_gives_every_record_one_fate(data: st.DataObject, ingress: IngressFn,
-                                                               devices: Devices, valid_values: list[bytes]) -> None:
+def test_ingress_never_raises_and_gives_every_record_one_fate(data: st.DataObject, devices: Devices,
+                                                               valid_values: list[bytes]) -> None:
     values = data.draw(st.lists(mutated(valid_values), min_size=1, max_size=8))
     skipped_below = data.draw(st.integers(0, len(values)))
     records = [KafkaRecord("reports", 9, i, NOW_MS, None, v) for i, v in enumerate(values)]
-    ingress._prior = PriorRuns(processed_until={"reports/9": skipped_below})
-    try:
-        admitted, dead = outcome_offsets(list(ingress.process(records)))
-    finally:
-        ingress._prior = PriorRuns()
+    ingress = ingress_fn([SPEC, CROWDED, RAPPOR], devices, PriorRuns(processed_until={"reports/9": skipped_below}))
+    admitted, dead = outcome_offsets(list(ingress.process(records)))
     assert len(set(admitted)) == len(admitted) and len(set(dead)) == len(dead)
     assert not set(admitted) & set(dead)
     assert all(o >= skipped_below for o in dead)  # below processed_until a refusal is a skip
