@@ -162,9 +162,10 @@ class DedupeAndStripFn(beam.DoFn):
         kept: dict[int, list[tuple[Message, ...]]] = {}
         for device, sets in by_device.items():
             sets.sort(key=_position)
-            first_digest, n_kept = sets[0].digest, 0
+            kept_digests: set[bytes] = set()
+            n_kept = 0
             for item in sets:
-                if n_kept and item.digest == first_digest:
+                if item.digest in kept_digests:  # a copy of *any* kept set, not only the first
                     yield self._reject(item, "duplicate: an identical copy of a set already kept (replay or resend)")
                     continue
                 if n_kept >= spec.max_reports_per_client:
@@ -176,6 +177,7 @@ class DedupeAndStripFn(beam.DoFn):
                     yield self._reject(item, problem)
                     continue
                 n_kept += 1
+                kept_digests.add(item.digest)
                 subkey = keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", spec.crowd.subkeys)
                 kept.setdefault(subkey, []).append(item.messages)
         self._devices.inc(len(by_device))
