@@ -148,8 +148,8 @@ def decode_release_batch(data: bytes) -> ReleaseBatch:
 
 
 def _varint_bytes(value: int) -> int:
-    """Length of Avro's zig-zag varint encoding of a non-negative int or long."""
-    zz = value << 1
+    """Length of Avro's zig-zag varint encoding of an int or long (channels may be -1: the presence marker)."""
+    zz = (value << 1) ^ (value >> 63)
     n = 1
     while zz >= 0x80:
         zz >>= 7
