@@ -192,3 +192,35 @@ def run_inline(chain: Chain, stages: tuple[str, ...] = STAGES) -> dict[str, Any]
 
 def recent_start(window_ms: int, back: int = 3) -> int:
     return (int(time.time() * 1000) // window_ms - back) * window_ms
+
+
+def cli_argv(chain: Chain, command: str, *extra: str) -> list[str]:
+    """``python -m pipelines.cli COMMAND`` on this chain (``run``: STATE is the parent of the stages' dirs)."""
+    state = chain.out / "state" if command == "run" else chain.state(command)
+    argv = [sys.executable, "-m", "pipelines.cli", command, "--spec", str(SPEC_PATH),
+            "--kafka_bootstrap", chain.bootstrap, "--output_dir", str(chain.out), "--state_dir", str(state),
+            "--keys_dir", str(chain.keys), "--raw_topic", chain.raw, "--reports_topic", chain.reports,
+            "--shuffled_topic", chain.shuffled, "--consumer_group", f"{chain.group}-{command}",
+            "--seed", str(chain.seed)]
+    return argv + (["--drain"] if chain.drain else []) + list(extra)
+
+
+def start_cli(chain: Chain, command: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(cli_argv(chain, command, *extra), env=_env(None), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def subset(population: Any, index: Any) -> Any:
+    """The clients ``index`` of a population (same values and event times)."""
+    from pipelines.population import Population
+
+    crowds = population.crowd_ids[index] if population.crowd_ids is not None else None
+    return Population(population.client_ids[index], population.values[index], population.event_times_ms[index],
+                      population.window_ms, crowds)
+
+
+def files_under(directory: Path) -> dict[str, bytes]:
+    """Relative path -> bytes of every file under ``directory`` (empty if it does not exist)."""
+    if not directory.is_dir():
+        return {}
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
