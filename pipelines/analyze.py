@@ -29,6 +29,7 @@ from pipelines.job import (
     config_from_options,
     crash_point,
     finish_run,
+    keep_dead_letters,
     locked,
     plan_run,
     run_pipeline,
@@ -124,7 +125,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         written = 0
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
             written += write_release(config, ledger, opened, rows, bounded.key)
-        keep_dead_letter_counts(bounded, config)
+        keep_dead_letters(bounded, config.out_dir / "dead_letters")
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
@@ -132,13 +133,6 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "analyzed": counters.get("batches_analyzed", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases_written": written, "run_key": bounded.key})
-
-
-def keep_dead_letter_counts(run: BoundedRun, config: JobConfig) -> None:
-    """Analyst-side dead letters: no bytes, reasons without identifiers; kept per run under OUTPUT_DIR."""
-    from pipelines.shuffle import keep_dead_letters
-
-    keep_dead_letters(run, config.out_dir / "dead_letters")
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -368,7 +368,7 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if isinstance(err, EsaError):
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(err.exit_code)
-    if type(err).__name__ == "StateLocked":
+    if any(c.__name__ == "StateLocked" for c in type(err).__mro__):
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.STATE_LOCKED)
     if type(err).__name__ == "SpecError":

@@ -29,6 +29,29 @@ def _pyplot() -> Any:
     return plt
 
 
+# Unit suffixes of metric names (``latency_ms``) and the unit an axis label states for them.
+UNIT_SUFFIXES = {"ms": "ms", "msec": "ms", "us": "µs", "s": "s", "sec": "s", "seconds": "s", "min": "minutes",
+                 "mins": "minutes", "minutes": "minutes", "h": "hours", "hours": "hours", "bytes": "bytes",
+                 "kb": "kB", "mb": "MB", "pct": "%", "percent": "%"}
+
+
+def value_unit(spec: AnalysisSpec) -> str | None:
+    """The unit of the spec's values, from the suffix of its metric name (``latency_ms`` -> ms), or None."""
+    suffix = spec.metric.rsplit("_", 1)[-1].lower() if "_" in spec.metric else ""
+    return UNIT_SUFFIXES.get(suffix)
+
+
+def value_label(spec: AnalysisSpec) -> str:
+    """Axis label of a value: the metric without its unit suffix and the unit, else the metric and its range."""
+    unit = value_unit(spec)
+    name = spec.metric.rsplit("_", 1)[0] if unit else spec.metric
+    if unit:
+        return f"{name.replace('_', ' ')} ({unit})"
+    bounds = spec.domain.get("value_range")
+    where = f" (range [{bounds[0]:g}, {bounds[1]:g}])" if bounds is not None else ""
+    return f"{name.replace('_', ' ')}{where}"
+
+
 def ledger_title(facts: dict[str, Any]) -> str:
     """One line with the mechanism, n and the privacy ledger (what every demo picture states)."""
     eps_local = float(facts["eps_local"])
@@ -62,7 +85,12 @@ def plot_bars(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], p
     ax.axhline(0, color="grey", lw=0.5)
     if len(order) <= 150:
         ax.set_xticks(x, items, rotation=90, fontsize=7)
-    ax.set_ylabel("estimate")
+    if spec.kind == "vector_mean":
+        ax.set_xlabel("coordinate, ordered by true mean")
+        ax.set_ylabel(f"mean of {value_label(spec)}")
+    else:
+        ax.set_xlabel("category, ordered by true frequency")
+        ax.set_ylabel("frequency (fraction of clients)")
     ax.set_title(f"{ledger_title(facts)}  {100 * facts['fraction_within_3_stderr']:.1f}% within 3 stderr",
                  fontsize=9)
     ax.legend(fontsize=8)
@@ -91,14 +119,20 @@ def plot_grid(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], p
     panels = [("original density", truth, None), (f"raw unbiased estimate  RMSE {facts['rmse_raw']:.2e}", raw, None)]
     if facts["postprocess"] != "none":
         panels.append((f"{facts['postprocess']} projection  RMSE {facts['rmse']:.2e}", processed, None))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.6), dpi=110)
-    for ax, (title, img, _) in zip(np.atleast_1d(axes), panels, strict=True):
-        ax.imshow(np.clip(img, 0, None), cmap="gray", vmin=0, vmax=top, origin="upper", interpolation="nearest")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 0.8, 4.6), dpi=110,
+                             layout="constrained")
+    axes = list(np.atleast_1d(axes))
+    for ax, (title, img, _) in zip(axes, panels, strict=True):
+        shown = ax.imshow(np.clip(img, 0, None), cmap="gray", vmin=0, vmax=top, origin="upper",
+                          interpolation="nearest")
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
+    # One shared scale: every panel is drawn with the same vmin/vmax (negative estimates shown as 0).
+    bar = fig.colorbar(shown, ax=axes, fraction=0.03, pad=0.02)
+    bar.set_label("fraction of clients in the cell", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
     fig.suptitle(f"{width}x{height} grid, attribute fragmenting  {ledger_title(facts)}  "
                  f"{facts['messages_per_client']} messages/client", fontsize=9)
-    fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
@@ -112,7 +146,7 @@ def plot_kv(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], pat
     first = (rows[0]["window_start"], rows[0]["crowd_id"])
     rows = [r for r in rows if (r["window_start"], r["crowd_id"]) == first]
     groups = [("frequency", "share of devices holding the key"), ("mean", "mean (normalised, missing = 0)"),
-              ("conditional_mean", "conditional mean (value units)")]
+              ("conditional_mean", f"conditional mean\n{value_label(spec)}")]
     fig, axes = plt.subplots(3, 1, figsize=(max(8, len(spec.categories) * 0.3), 9), dpi=110, sharex=True)
     x = np.arange(len(spec.categories))
     for ax, (suffix, label) in zip(axes, groups, strict=True):
@@ -125,6 +159,7 @@ def plot_kv(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], pat
         ax.plot(x, truth, "_", ms=9, mew=2, color="black", label="truth")
         ax.set_ylabel(label, fontsize=8)
     axes[-1].set_xticks(x, spec.categories, rotation=90, fontsize=7)
+    axes[-1].set_xlabel("key")
     axes[0].legend(fontsize=8)
     axes[0].set_title(f"{ledger_title(facts)}  {100 * facts['fraction_within_3_stderr']:.1f}% within 3 stderr",
                       fontsize=9)
@@ -147,12 +182,12 @@ def _cdf_curves(evidence: Any, points: int = 400) -> dict[str, np.ndarray]:
     return {"x": edges, "est": est / n, "se": se / n, "truth": cum[cuts] / n_true}
 
 
-def _cdf_panel(ax: Any, curves: dict[str, np.ndarray]) -> None:
+def _cdf_panel(ax: Any, curves: dict[str, np.ndarray], xlabel: str = "value") -> None:
     ax.fill_between(curves["x"], curves["est"] - 2 * curves["se"], curves["est"] + 2 * curves["se"],
                     color="tab:blue", alpha=0.25, lw=0, label="± 2 stderr")
     ax.plot(curves["x"], curves["est"], color="tab:blue", lw=1, label="private estimate (consistent tree)")
     ax.plot(curves["x"], curves["truth"], color="black", lw=1, ls="--", label="truth")
-    ax.set_xlabel("value")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of clients ≤ value")
     ax.legend(fontsize=8, loc="lower right")
 
@@ -160,10 +195,16 @@ def _cdf_panel(ax: Any, curves: dict[str, np.ndarray]) -> None:
 def plot_range(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], path: Path,
                evidence: Any = None) -> None:
     """CDF ± 2 stderr against the true CDF; 60 of the random ranges as estimate ± 2 stderr against their truth
-    (by true count); the z-scores of all random ranges against N(0, 1), with the fraction within 3 stderr."""
+    (by true count); the z-scores of all random ranges against N(0, 1), with the fraction within 3 stderr.
+
+    The ranges overlap and are answered from one tree, so their errors are correlated (between overlapping
+    ranges the correlation reaches ~0.5). Each z-score is still N(0, 1) marginally, so the N(0, 1) density is
+    the *expected* histogram; the histogram of correlated draws just fluctuates around it more than one of
+    independent draws would. Whitening with the exact covariance would cost one adjoint per pair of ranges
+    (minutes for 1,000 ranges), so the panel states the correlation instead."""
     plt = _pyplot()
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 5), dpi=110, width_ratios=(1.1, 1.1, 0.8))
-    _cdf_panel(left, _cdf_curves(evidence))
+    _cdf_panel(left, _cdf_curves(evidence), value_label(spec))
     left.set_title("CDF from the stored tree", fontsize=9)
     shown = np.linspace(0, evidence.truth.size - 1, min(60, evidence.truth.size)).round().astype(int)
     order = shown[np.argsort(evidence.truth[shown], kind="stable")]
@@ -184,6 +225,9 @@ def plot_range(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], 
     for side in (-3, 3):
         right.axvline(side, color="grey", ls=":", lw=1)
     right.set_title(f"{100 * within:.1f}% of random ranges within 3 stderr", fontsize=9)
+    right.set_xlabel("(estimate − truth) / stderr\noverlapping ranges share noise: the z-scores are correlated,\n"
+                     "each N(0, 1) marginally but not independent draws", fontsize=8)
+    right.set_ylabel("density")
     right.legend(fontsize=7, loc="upper left")
     fig.suptitle(f"{spec.name}: range counts  {ledger_title(facts)}", fontsize=9)
     fig.tight_layout()
@@ -197,7 +241,7 @@ def plot_quantiles(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, An
     Right: per quantile, estimate and interval divided by the truth (quantiles span decades)."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), dpi=110)
-    _cdf_panel(left, _cdf_curves(evidence))
+    _cdf_panel(left, _cdf_curves(evidence), value_label(spec))
     qs = evidence.quantiles
     q = np.array([r["q"] for r in qs])
     est = np.array([r["estimate"] for r in qs])
@@ -212,7 +256,10 @@ def plot_quantiles(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, An
     right.errorbar(x, est / ratio, yerr=[(est - lo) / ratio, (hi - est) / ratio], fmt="o", ms=4, color="tab:red",
                    capsize=3, label="estimate, 95% CI")
     right.axhline(1.0, color="black", lw=1, label="truth")
-    right.set_xticks(x, [f"q={v:g}\ntruth {t:.4g}" for v, t in zip(q, truth, strict=True)], fontsize=8)
+    unit = value_unit(spec)
+    right.set_xticks(x, [f"q={v:g}\ntruth {t:.4g}{' ' + unit if unit else ''}" for v, t in zip(q, truth, strict=True)],
+                     fontsize=8)
+    right.set_xlabel("quantile level")
     right.set_ylabel("relative to the true quantile")
     inside = sum(r["within_ci"] for r in qs)
     right.set_title(f"{inside} of {len(qs)} true quantiles inside their 95% CI", fontsize=9)
@@ -241,6 +288,7 @@ def plot_heavy_hitters(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str
     ax.plot(x, truth, "_", ms=18, mew=2.5, color="black", label="true frequency")
     names = [f"{labels.get(r['item'], r['item'])}\n{r['item']}" for r in reported]
     ax.set_xticks(x, names, rotation=70, ha="right", fontsize=7)
+    ax.set_xlabel(f"reported item: string (where known) and its {spec.domain.get('bits', '')}-bit hash")
     ax.set_ylabel("frequency (fraction of clients)")
     missed = [r for r in (evidence.true_top if evidence else []) if r["item"] not in {m["item"] for m in reported}]
     if missed:

@@ -55,6 +55,9 @@ class EsaServiceOptions(PipelineOptions):
         parser.add_argument("--follow", action="store_true",
                             help="keep running: one bounded run after another until SIGINT/SIGTERM")
         parser.add_argument("--poll_seconds", type=float, default=5.0, help="--follow: pause between runs")
+        parser.add_argument("--adopt_consumer_group", action="store_true",
+                            help="let a new state dir start from the consumer group's committed offsets (refused "
+                                 "by default: the group may belong to another job)")
         parser.add_argument("--drain", action="store_true",
                             help="release every open window at the end of this run (later reports are late)")
         parser.add_argument("--out_of_orderness_seconds", type=int, default=600,

@@ -30,6 +30,7 @@ from pipelines.job import (
     config_from_options,
     crash_point,
     finish_run,
+    keep_dead_letters,
     locked,
     plan_run,
     run_pipeline,
@@ -200,22 +201,6 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "run_key": bounded.key})
-
-
-def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
-    """Move the run's staged dead letters (raw bytes: shuffler domain only) to their per-run file."""
-    import fastavro
-
-    staged = run.staging / "dead_letters.avro"
-    if not staged.exists():
-        return None
-    with staged.open("rb") as f:
-        if next(iter(fastavro.reader(f)), None) is None:
-            return None
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"dead-letters-{run.key}.avro"
-    staged.replace(target)
-    return target
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

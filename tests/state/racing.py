@@ -1,10 +1,17 @@
-"""Run one function in N forked processes released together by a barrier, and collect their results."""
+"""Process helpers: N forked racers released together by a barrier; Python children to kill -9."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _worker(barrier: Any, results: Any, fn: Callable[..., Any], index: int, args: tuple[Any, ...]) -> None:
@@ -29,3 +36,10 @@ def race(n: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) ->
         if isinstance(value, BaseException):
             raise AssertionError(f"racer {index} failed: {value!r}") from value
     return [out[i] for i in range(n)]
+
+
+def spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    """A Python child running ``code`` with this checkout importable; its stdout is a pipe of lines."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
+                            text=True, env=env)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.state.racing import race
+from tests.state.racing import race, spawn
 from transforms.state.files import (
     StateError,
     StateLock,
@@ -25,16 +22,6 @@ from transforms.state.files import (
     read_json,
     remove_stale_temps,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def spawn(code: str, *args: str) -> subprocess.Popen[str]:
-    """A Python child running ``code`` with this checkout importable; its stdout is a pipe of lines."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
-                            text=True, env=env)
-
 
 # --- single-process behaviour ----------------------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def _record(ms: MessageSet, **changes: object) -> bytes:
     ({"messages": []}, "message count 0"),
     ({"messages": [{"channel": 0, "sealed": b"x"}] * (MAX_MESSAGES + 1)}, f"message count {MAX_MESSAGES + 1}"),
     ({"messages": [{"channel": 0, "sealed": b"x" * (MAX_SEALED_BYTES + 1)}]}, "sealed message must be"),
-    ({"messages": [{"channel": -1, "sealed": b"x"}]}, "channel out of range"),
+    ({"messages": [{"channel": -2, "sealed": b"x"}]}, "channel out of range"),
     ({"spec_id": ""}, "spec_id must be"),
     ({"spec_id": "s" * 201}, "spec_id must be"),
     ({"crowd_id": "c" * 201}, "crowd_id must be"),

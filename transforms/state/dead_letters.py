@@ -126,7 +126,7 @@ _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
 _BRACKETED = re.compile(r"\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}|<[^<>]*>")
 _WORD = re.compile(r"[A-Za-z][A-Za-z_-]{0,31}")
 _HEX_WORD = re.compile(r"[0-9A-Fa-f]{6,}")
-_INTRODUCERS = frozenset({"client", "clients", "device", "user", "id", "key", "from"})
+_INTRODUCERS = frozenset({"client", "device", "user", "id", "key"})
 _MAX_CLASS = 80
 
 
@@ -135,8 +135,8 @@ def reason_class(reason: str) -> str:
 
     Keeps the text before the first ':' (our reasons put the kind first and the particulars after), drops
     quoted and bracketed parts and everything after an unclosed bracket or quote, every token with a digit
-    or a symbol (ids, spec hashes, offsets, numbers), long hex-looking words, and the word after "client"
-    and similar. "duplicate: client abc123 already sent 1 report(s)" -> "duplicate". Idempotent.
+    or a symbol (ids, spec hashes, offsets, numbers), long hex-looking words, and "client <id>" (also
+    device, user, id, key). "duplicate: client abc123 already sent 1 report(s)" -> "duplicate". Idempotent.
     """
     head = str(reason).split(":", 1)[0]
     head = _QUOTED.sub(" ", head)
@@ -149,10 +149,10 @@ def reason_class(reason: str) -> str:
             skip = False
             continue
         word = token.strip(".,;!?")
-        if not _WORD.fullmatch(word) or _HEX_WORD.fullmatch(word):
-            continue
-        words.append(word)
-        skip = word.lower() in _INTRODUCERS
+        if word.lower() in _INTRODUCERS:  # "client <id>": both go, so that a second pass changes nothing
+            skip = True
+        elif _WORD.fullmatch(word) and not _HEX_WORD.fullmatch(word):
+            words.append(word)
     return " ".join(words)[:_MAX_CLASS].rstrip() or "other"
 
 

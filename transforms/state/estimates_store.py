@@ -33,14 +33,13 @@ ESTIMATES_DIR = "estimates"
 LEGACY_FILE = "estimates.parquet"
 SORT_COLUMNS = ("spec_id", "window_end", "crowd_id", "item")
 _RELEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.@+-]*")
+_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9._@+-]+")
 
 
 def _segment(value: str) -> str:
-    """A directory-safe form of a partition value that Hive readers decode back (URI percent-encoding).
-
-    Values starting with '.' or '_' are encoded too: pyarrow and Spark skip such directories as hidden.
-    """
+    """A directory-safe form of a partition value that Hive readers decode back (URI percent-encoding of
+    '/', '=', spaces, non-ASCII...). The directory name starts with ``spec=`` whatever the value, so it is
+    never one of the '.'/'_' names that pyarrow and Spark skip as hidden."""
     return value if _PLAIN_SEGMENT.fullmatch(value) else quote(value, safe="")
 
 
@@ -56,10 +55,12 @@ def part_path(out_dir: Path, spec_name: str, window_end_ms: int, release_id: str
 
 
 def _check_rows(rows: list[dict[str, Any]], spec_name: str, window_end_ms: int) -> None:
+    """Every required column present (nullable ones may be left out: they default to null), none unknown."""
     names = set(ESTIMATE_ARROW_SCHEMA.names)
+    required = {f.name for f in ESTIMATE_ARROW_SCHEMA if not f.nullable}
     for i, row in enumerate(rows):
-        if set(row) != names:
-            missing, extra = sorted(names - set(row)), sorted(set(row) - names)
+        missing, extra = sorted(required - set(row)), sorted(set(row) - names)
+        if missing or extra:
             raise ValueError(f"estimate row {i} does not match schemas/Estimate.avsc: missing {missing}, extra {extra}")
         if row["window_end"] != window_end_ms:
             raise ValueError(f"estimate row {i} has window_end {row['window_end']}, not the release's {window_end_ms}")
@@ -76,9 +77,9 @@ def write_release_estimates(out_dir: Path, rows: list[dict[str, Any]], *, spec_n
     ``rows`` writes an empty part, which still records that the release was published.
     """
     path = part_path(out_dir, spec_name, window_end_ms, release_id)
+    _check_rows(rows, spec_name, window_end_ms)  # even when the part exists: a caller bug must not hide
     if path.exists():
         return path, False
-    _check_rows(rows, spec_name, window_end_ms)
     table = pa.Table.from_pylist(rows, schema=ESTIMATE_ARROW_SCHEMA)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")

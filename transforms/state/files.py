@@ -107,14 +107,19 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(Path(path), (json.dumps(obj, sort_keys=True, indent=1) + "\n").encode("utf-8"))
 
 
-def read_json(path: Path) -> Any | None:
+def read_json(path: Path | str) -> Any | None:
     """The JSON in ``path``, or None if it does not exist. A corrupt file is an error naming it, not None:
     silently treating damaged state as absent could release a window twice."""
-    path = Path(path)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as handle:
+            raw = handle.read()
     except FileNotFoundError:
         return None
+    return parse_json(raw, path)
+
+
+def parse_json(raw: bytes, path: Path | str) -> Any:
+    """``raw`` as JSON; a corrupt file is a ``StateError`` naming ``path``."""
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

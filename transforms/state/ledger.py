@@ -126,6 +126,16 @@ class ReleaseEntry:
         return cls(**fields)
 
 
+def release_id_for(key: ReleaseKey, digest: str) -> str:
+    """A deterministic release id: 16 hex of SHA-256 of the key and the content digest.
+
+    A rerun that reproduces a release gets the same id, hence the same estimates part path, so republishing
+    after a crash is a no-op; a different content digest gets a different id.
+    """
+    canonical = json.dumps({"digest": digest, "key": key.to_json()}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -139,8 +149,8 @@ class ReleaseLedger:
     def path_of(self, key: ReleaseKey) -> Path:
         return self.root / f"{key.slug}.json"
 
-    def _load(self, path: Path, expected: ReleaseKey | None = None) -> ReleaseEntry | None:
-        obj = read_json(path)
+    def _load(self, path: Path | str, expected: ReleaseKey | None = None) -> ReleaseEntry | None:
+        obj = read_json(path)  # str paths from scandir: pathlib parsing would dominate a 20,000-entry listing
         if obj is None:
             return None
         try:
@@ -183,13 +193,13 @@ class ReleaseLedger:
     def entries(self, spec_id: str | None = None) -> Iterator[ReleaseEntry]:
         """Every entry (of one spec if given), in no particular order."""
         if spec_id is not None:
-            spec_dirs = [self.root / ReleaseKey(spec_id, None, 0).spec_dir]
+            spec_dirs = [str(self.root / ReleaseKey(spec_id, None, 0).spec_dir)]
         else:
-            spec_dirs = [Path(d.path) for d in _scan(self.root) if d.is_dir() and not d.name.startswith(".")]
+            spec_dirs = [d.path for d in _scan(self.root) if d.is_dir() and not d.name.startswith(".")]
         for spec_dir in spec_dirs:
             for item in _scan(spec_dir):
                 if item.name.endswith(".json") and not item.name.startswith("."):
-                    entry = self._load(Path(item.path))
+                    entry = self._load(item.path)
                     if entry is None:
                         continue
                     if spec_id is not None and entry.key.spec_id != spec_id:
@@ -206,7 +216,7 @@ class ReleaseLedger:
         return sorted(pending, key=lambda e: (e.key.window_end_ms, e.key.spec_id, e.key.crowd_id or ""))
 
 
-def _scan(directory: Path) -> list[os.DirEntry[str]]:
+def _scan(directory: Path | str) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as it:
             return list(it)

@@ -41,6 +41,7 @@ NONCE_BYTES = 16
 SIGNATURE_BYTES = 64
 MAX_TIME_MS = 2**53
 MAX_CHANNEL = 2**31 - 1
+MIN_CHANNEL = -1  # the presence marker of multi-message mechanisms (transforms.records.PRESENCE)
 #: Largest well-formed encoding (every message at its maximum size, plus the header fields).
 MAX_ENCODED_BYTES = MAX_MESSAGES * (MAX_SEALED_BYTES + 8) + 4 * MAX_ID_CHARS * 4 + 256
 _DEVICE_ID = re.compile(r"[0-9a-f]{32}")
@@ -121,8 +122,8 @@ def check_messages(messages: Any, min_count: int, max_count: int | None) -> tupl
     out = []
     for m in messages:
         channel, sealed = (m["channel"], m["sealed"]) if isinstance(m, dict) else (m.channel, m.sealed)
-        if not isinstance(channel, int) or not 0 <= channel <= MAX_CHANNEL:
-            raise WireFormatError("channel out of range [0, 2^31)")
+        if not isinstance(channel, int) or not MIN_CHANNEL <= channel <= MAX_CHANNEL:
+            raise WireFormatError("channel out of range [-1, 2^31)")
         if not isinstance(sealed, bytes) or not 1 <= len(sealed) <= MAX_SEALED_BYTES:
             raise WireFormatError(f"sealed message must be 1..{MAX_SEALED_BYTES} bytes")
         out.append(m if isinstance(m, SealedMessage) else SealedMessage(channel, sealed))
