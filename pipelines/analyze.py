@@ -42,9 +42,8 @@ from transforms.analyze_release import (
     AssembleReleaseFn,
     DecodeReleaseFn,
     OpenedRelease,
-    released_lookup,
+    prior_runs,
 )
-from transforms.ingress import PriorRuns
 from transforms.kafkaio import produce_records
 from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
 from transforms.sinks import WriteAvroFile
@@ -66,8 +65,7 @@ def _rows(opened: OpenedRelease, specs: dict) -> tuple[OpenedRelease, list[dict[
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
     config = run.config
     specs = list(config.specs)
-    prior = PriorRuns(processed_until=dict(run.state.processed_until),
-                      released=released_lookup(e for s in specs for e in ledger.entries(s.spec_id)))
+    prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
     keys = str(config.keys)
     decoded = (pipeline | "ReadShuffled" >> run.reader()
                | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,

@@ -35,8 +35,8 @@ from pipelines.job import (
     plan_run,
     run_pipeline,
 )
-from transforms.analyze_release import released_lookup
-from transforms.ingress import DEAD, TIMES, IngressFn, PriorRuns, TimePolicy
+from transforms.analyze_release import prior_runs
+from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
@@ -51,8 +51,7 @@ STAGE = "shuffle"
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
     config = run.config
     specs = list(config.specs)
-    prior = PriorRuns(processed_until=dict(run.state.processed_until),
-                      released=released_lookup(e for s in specs for e in ledger.entries(s.spec_id)))
+    prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
     clock = WindowClock(run.now_ms, config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000,
                         dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)

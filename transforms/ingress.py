@@ -64,6 +64,14 @@ class PriorRuns:
     processed_until: Mapping[str, int] = field(default_factory=dict)  # "topic/partition" -> end of last run
     released: Mapping[tuple[str, str | None, int], Mapping[str, int]] = field(default_factory=dict)
     # (spec_id, crowd_id, window_end_ms) -> "topic/partition" -> end offset of the read that sealed it
+    redo: frozenset[tuple[str, str | None, int]] = frozenset()
+    # windows sealed by a crashed attempt of *this* run (same run key): their records below the source ends
+    # are processed again, so the rerun reproduces, publishes and counts the release the crash interrupted
+
+    def replayed(self, key: tuple[str, str | None, int], pkey: str, offset: int) -> bool:
+        """Whether a record of window ``key`` at ``offset`` was already released (False: process it)."""
+        ends = self.released.get(key)
+        return ends is not None and not (key in self.redo and offset < ends.get(pkey, 0))
 
 
 @dataclass(frozen=True)
@@ -149,8 +157,9 @@ class IngressFn(beam.DoFn):
                     yield TaggedOutput(DEAD, record_dead_letter("ingress", problem, record))
                 continue
             assert item is not None
-            released = self._prior.released.get((item.spec_id, item.crowd_id, item.window_end_ms))
-            if released is not None:
+            window = (item.spec_id, item.crowd_id, item.window_end_ms)
+            if self._prior.replayed(window, pkey, record.offset):
+                released = self._prior.released[window]
                 if record.offset < released.get(pkey, 0) or seen_before:
                     self._reread.inc()  # part of that release, or already dead-lettered as late
                 else:
