@@ -113,6 +113,24 @@ def forged_release(spec: AnalysisSpec, messages: Iterable[SealedMessage], *, win
         key_id, signer)) for i, c in enumerate(chunks)]
 
 
+def avro_long(n: int) -> bytes:
+    """Avro's zig-zag varint of any integer (also outside int64, which no honest writer produces)."""
+    zz = n << 1 if n >= 0 else ((-n) << 1) - 1
+    out = bytearray()
+    while True:
+        byte, zz = zz & 0x7F, zz >> 7
+        out.append(byte | (0x80 if zz else 0))
+        if not zz:
+            return bytes(out)
+
+
+def with_long(data: bytes, sentinel: int, value: int) -> bytes:
+    """``data`` with the encoding of the long ``sentinel`` replaced by ``value``'s (handcrafting out-of-range)."""
+    old = avro_long(sentinel)
+    assert data.count(old) == 1
+    return data.replace(old, avro_long(value))
+
+
 def copy_topic(bootstrap: str, source: str, target: str) -> list[KafkaRecord]:
     """Re-produce every record of ``source`` (key and bytes) to ``target``; returns what was copied."""
     records = read_topic(bootstrap, source)

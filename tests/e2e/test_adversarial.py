@@ -32,6 +32,7 @@ from tests.e2e.adversary import (
     forged_set,
     histogram_spec,
     reasons,
+    with_long,
 )
 from transforms.kafkaio import ensure_topics, produce_records, read_topic
 from transforms.trust.keys import load_shuffler_signer
@@ -77,6 +78,14 @@ def attacked_stage(world, tmp_path_factory: pytest.TempPathFactory, tag: str) ->
     return attacked
 
 
+def overlong(value: bytes) -> bytes:
+    """The same message set (same fields, same valid signature) in different bytes."""
+    t = decode_message_set(value).event_time_ms
+    copy = with_long(value, t, t + 2**64)
+    assert copy != value and decode_message_set(copy) == decode_message_set(value)
+    return copy
+
+
 def assert_same_estimates(honest: Path, attacked: Path) -> None:
     """No forged record reached the analyzer: the same clients, the same estimates, item by item."""
     base, seen = estimates(honest), estimates(attacked)
@@ -111,8 +120,11 @@ def reports_attack(world, tmp_path_factory: pytest.TempPathFactory):
     produce_records(stage.bootstrap, topic, forged)
     produce_records(stage.bootstrap, topic, [(r.key, r.value) for r in honest])
     produce_records(stage.bootstrap, topic, [(r.key, r.value) for r in honest[-REPLAYS:]])  # before release
+    # Re-encodings: the same signed fields, other bytes (an overlong event-time varint the decoder wraps).
+    produce_records(stage.bootstrap, topic, [(r.key, overlong(r.value)) for r in honest[-2 * REPLAYS:-REPLAYS]])
     first = {"shuffle": shuffle.run(attacked.config("shuffle")), "analyze": analyze.run(attacked.config("analyze"))}
     produce_records(stage.bootstrap, topic, [(r.key, r.value) for r in honest[:REPLAYS]])  # after release
+    produce_records(stage.bootstrap, topic, [(r.key, overlong(r.value)) for r in honest[REPLAYS:2 * REPLAYS]])
     second = {"shuffle": shuffle.run(attacked.config("shuffle")), "analyze": analyze.run(attacked.config("analyze"))}
     return attacked, first, second, rarest
 
@@ -124,7 +136,7 @@ def test_sybils_are_unauthenticated_and_change_nothing(world, reports_attack) ->
     assert shuf.balanced and ana.balanced, (shuf.accounting, ana.accounting)
     why = reasons(dead_letters(attacked.base / "state" / "shuffle" / "dead_letters"))
     assert why["unauthenticated: unknown device (not enrolled)"] == SYBILS
-    assert shuf.count("sets_authenticated") == honest["shuffle"].count("sets_authenticated") + REPLAYS
+    assert shuf.count("sets_authenticated") == honest["shuffle"].count("sets_authenticated") + 2 * REPLAYS
     assert shuf.accounting["released"] == honest["shuffle"].accounting["released"]
     for name in ("batches_analyzed", "messages_analyzed"):
         assert ana.count(name) == honest["analyze"].count(name), name
@@ -151,12 +163,13 @@ def test_replays_are_duplicates_before_and_late_after_release(world, reports_att
     letters = dead_letters(attacked.base / "state" / "shuffle" / "dead_letters")
     why = reasons(letters)
     dupes = [r for r in why.elements() if r.startswith("duplicate: an identical copy")]
+    resent = [r for r in why.elements() if r.startswith("duplicate: the device already sent")]
     late = [r for r in why.elements() if r.startswith("late:")]
-    assert len(dupes) == REPLAYS and len(late) == REPLAYS
-    assert first["shuffle"].accounting["dead_lettered"] == SYBILS + VICTIMS + REPLAYS
+    assert len(dupes) == REPLAYS and len(resent) == REPLAYS and len(late) == 2 * REPLAYS
+    assert first["shuffle"].accounting["dead_lettered"] == SYBILS + VICTIMS + 2 * REPLAYS
     shuf, ana = second["shuffle"], second["analyze"]
     assert shuf.balanced and ana.balanced
-    assert shuf.accounting["dead_lettered"] == REPLAYS and shuf.accounting["released"] == 0
+    assert shuf.accounting["dead_lettered"] == 2 * REPLAYS and shuf.accounting["released"] == 0
     assert shuf.extra["releases"] == 0 and ana.count("batches_analyzed") == 0
     assert_same_estimates(stage.out, attacked.out)  # never a second client
 

@@ -32,6 +32,7 @@ from tests.e2e.adversary import (
     forged_set,
     histogram_spec,
     reasons,
+    with_long,
 )
 from transforms.kafkaio import ensure_topics, produce_records, read_topic
 from transforms.spec import load_spec
@@ -97,24 +98,6 @@ def test_crowd_threshold_cannot_be_bypassed_with_forged_reports(broker, tmp_path
     released = {k[1] for k in estimates(stage.out)}
     assert released == {"big"}  # no victim's crowd, no forged crowd
     assert {r["n_clients"] for r in estimates(stage.out).values()} <= set(range(10, big + 1))
-
-
-def avro_long(n: int) -> bytes:
-    """Avro's zig-zag varint of any integer (also outside int64, which no honest writer produces)."""
-    zz = n << 1 if n >= 0 else ((-n) << 1) - 1
-    out = bytearray()
-    while True:
-        byte, zz = zz & 0x7F, zz >> 7
-        out.append(byte | (0x80 if zz else 0))
-        if not zz:
-            return bytes(out)
-
-
-def with_long(data: bytes, sentinel: int, value: int) -> bytes:
-    """``data`` with the encoding of the long ``sentinel`` replaced by ``value``'s (handcrafting out-of-range)."""
-    old = avro_long(sentinel)
-    assert data.count(old) == 1
-    return data.replace(old, avro_long(value))
 
 
 def release_poison_fingerprint(spec, messages, key_id: str, signer) -> bytes:
@@ -219,6 +202,12 @@ def test_poison_pills_are_dead_lettered_and_the_valid_records_processed(broker, 
     assert shuf.balanced and ana.balanced, (shuf.accounting, ana.accounting)
     assert shuf.count("sets_authenticated") == VALID
     assert ana.count("batches_analyzed") == 1
+    # The analyst's directory after this bad input: no client or device id, none of the raw bytes.
+    fleet = SimulatedFleet.from_keys_dir(stage.keys)
+    needles = [b"valid-", b"poisoner", *(fleet.device_id(c).encode() for c in clients)]
+    needles += [v[:32] for v in raw_poison + set_poison if len(v) >= 32]
+    blob = b"".join(p.read_bytes() for p in stage.out.rglob("*") if p.is_file())
+    assert blob and not [n for n in needles if n in blob]
     rows = estimates(stage.out)
     assert len(rows) == spec.d and {r["n_clients"] for r in rows.values()} <= set(range(VALID - 100, VALID + 1))
 
