@@ -22,11 +22,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipelines.job import JobConfig
 from pipelines.population import avro_value
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
+from transforms.device.wire import window_end_ms
 from transforms.event_values import client_inputs, event_value
 from transforms.kafkaio import KafkaRecord, produce_records, read_topic
 from transforms.mechanisms.base import encode_messages
 from transforms.records import array_to_rows, client_messages, encode_payload, row_channel
-from transforms.seal import window_end_ms
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.estimates_store import read_estimates
 from transforms.trust.devices import device_id_of

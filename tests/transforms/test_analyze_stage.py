@@ -49,7 +49,7 @@ TRUE_COUNTS = np.array([6000, 4000, 3000, 2000, 2000, 1600, 1000, 400])  # sums 
 MECHANISMS = ["grr", "oue", "olh"]
 ESTIMATE_FIELDS = [f["name"] for f in load_schema("Estimate").parsed["fields"]]
 # Filled by the analyzer's driver once the release is sealed in its ledger (pipelines/analyze.py).
-DRIVER_FIELDS = {"release_id", "eps_central_cumulative", "windows_composed"}
+DRIVER_FIELDS = {"release_id", "eps_central_cumulative", "windows_composed", "delta_cumulative"}
 
 
 def make_spec(mechanism: str, name: str = "analyze_test") -> AnalysisSpec:
@@ -222,6 +222,7 @@ def sample_estimate_rows() -> list[dict[str, Any]]:
                     "eps_central": float(rng.uniform(0.01, 0.1)), "delta": 1e-6, "mechanism": mechanism,
                     "parameters": json.dumps({"d": 3, "epsilon": 1.0}),
                     "eps_central_cumulative": float(rng.uniform(0.1, 0.2)), "windows_composed": 2,
+                    "delta_cumulative": 3e-6,
                     "release_id": f"{start:032x}",
                 })
     return rows
