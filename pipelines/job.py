@@ -222,8 +222,16 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
     for pkey, event_ms in run_max_event_ms.items():
         max_event[pkey] = max(max_event.get(pkey, event_ms), event_ms)
         last_wall[pkey] = run.now_ms
+    clocks = {}
+    for r in run.plan:
+        pkey = f"{r.topic}/{r.partition}"
+        entries = [e for e in state.read_clock.get(pkey, []) if e[0] > resume[pkey]]  # still re-readable
+        if r.stop > max((e[0] for e in entries), default=0):
+            entries.append([r.stop, run.now_ms])
+        if entries:
+            clocks[pkey] = entries
     new = RunState(resume=resume, processed_until=processed, max_event_ms=max_event, last_data_wall_ms=last_wall,
-                   runs=state.runs + 1, updated_at_ms=int(time.time() * 1000))
+                   runs=state.runs + 1, updated_at_ms=int(time.time() * 1000), read_clock=clocks)
     crash_point(f"{run.stage}:before_state")
     new.save(run.config.state / "run_state.json")
     commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]

@@ -244,4 +244,7 @@ def prior_runs(state: Any, entries: Iterable[Any], run_key: str) -> PriorRuns:
     entries = list(entries)
     redo = frozenset((e.key.spec_id, e.key.crowd_id, e.key.window_end_ms) for e in entries
                      if e.run_key == run_key and e.sealed_at_ms >= state.updated_at_ms)
-    return PriorRuns(processed_until=dict(state.processed_until), released=released_lookup(entries), redo=redo)
+    clocks = {pkey: tuple((int(end), int(clock)) for end, clock in entries_)
+              for pkey, entries_ in getattr(state, "read_clock", {}).items()}
+    return PriorRuns(processed_until=dict(state.processed_until), released=released_lookup(entries), redo=redo,
+                     read_clock=clocks)

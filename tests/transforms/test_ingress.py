@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from tests.transforms.release_inputs import (
     NOW_MS,
+    TIMES_POLICY,
+    TOPIC,
     WIN_A,
     WINDOW_MS,
     Devices,
@@ -165,3 +167,16 @@ def test_mutations_of_a_signed_set_are_never_admitted_as_another_set(devices: De
 def test_ingress_of_an_empty_batch_emits_nothing(ingress: IngressFn) -> None:
     assert list(ingress.process([])) == []
 
+
+
+def test_a_held_set_is_judged_by_the_clock_of_its_first_read(devices: Devices) -> None:
+    """A set held in an open window is read again by later runs; it must not turn stale and vanish while it
+    waits (it would be counted as re-read and never dead-lettered). New records use the run's own clock."""
+    old_set = devices.message_set(SPEC, "c0", WIN_A + 5, [(1,)])
+    later = replace(TIMES_POLICY, now_ms=WIN_A + 40 * DAY_MS)  # 40 days on: WIN_A is past max_age (30 days)
+    prior = PriorRuns(processed_until={f"{TOPIC}/0": 10}, read_clock={f"{TOPIC}/0": ((10, NOW_MS),)})
+    fn = ingress_fn([SPEC], devices, prior, later)
+    held, tagged = split_outputs(fn.process([KafkaRecord(TOPIC, 0, 3, 0, None, old_set)]))
+    assert len(held) == 1 and not tagged.get(DEAD)
+    fresh, tagged = split_outputs(fn.process([KafkaRecord(TOPIC, 0, 12, 0, None, old_set)]))
+    assert not fresh and "stale" in tagged[DEAD][0]["reason"]

@@ -67,8 +67,9 @@ def dedupe(specs: list[AnalysisSpec], devices: Devices, records: Iterable[KafkaR
     return split_outputs(outputs)
 
 
-def kept_sets(main: list) -> list[tuple]:
-    return [s for _, (_, sets) in main for s in sets]
+def kept_units(main: list) -> list[tuple[int, tuple]]:
+    """What dedupe keeps: one unit per device, (its set count, the messages of its kept sets)."""
+    return [u for _, (_, units) in main for u in units]
 
 
 # --- one set per device and window, quotas, multi-message sets -----------------------------------------------
@@ -80,7 +81,8 @@ def test_a_quota_of_two_keeps_the_two_earliest_sets(devices: Devices) -> None:
     main, tagged = dedupe([spec], devices, [mid, late, early])
     (letter,) = tagged[DEAD]
     assert letter["offset"] == late.offset and "already sent 2 set(s)" in letter["reason"]
-    assert len(kept_sets(main)) == 2
+    (unit,) = kept_units(main)  # the threshold counts (and deletes) devices, not sets
+    assert unit[0] == 2 and len(unit[1]) == 2
 
 
 
@@ -93,7 +95,8 @@ def test_an_identical_copy_of_any_kept_set_is_a_duplicate_not_another_set(device
     main, tagged = dedupe([spec], devices, [first, second, replay])
     (letter,) = tagged[DEAD]
     assert letter["offset"] == replay.offset and "identical copy" in letter["reason"]
-    assert len(kept_sets(main)) == 2
+    (unit,) = kept_units(main)
+    assert unit[0] == 2
 
 def rappor_set(devices: Devices, client: str, channels: list[int]) -> KafkaRecord:
     return devices.record(devices.message_set(RAPPOR, client, WIN_A + 5, [(c,) for c in channels]))
@@ -111,8 +114,8 @@ def test_multi_message_sets_need_one_marker_and_respect_the_channel_quota(device
     main, tagged = dedupe([RAPPOR], devices, [good, bad])
     (letter,) = tagged[DEAD]
     assert letter["offset"] == bad.offset and reason in letter["reason"]
-    (kept,) = kept_sets(main)
-    assert [c for c, _ in kept] == [PRESENCE, 1, 2]
+    (kept,) = kept_units(main)
+    assert kept[0] == 1 and [c for c, _ in kept[1]] == [PRESENCE, 1, 2]
 
 
 # --- crowd threshold decisions ---------------------------------------------------------------------------------
@@ -155,8 +158,10 @@ def test_threshold_decisions_follow_algorithm_3_and_aborts_are_never_clamped() -
     assert outcomes["aborted"] >= 1 and outcomes["released"] >= 1
 
 def release(spec: AnalysisSpec, sets: list[tuple], decision: int) -> list:
+    """Release one device per set (each device's unit holds one set)."""
     crowd = (spec.spec_id, None, WIN_A + WINDOW_MS)
-    return list(ReleaseFn([spec], KEY).process(((crowd, 1), {"sets": [sets], "decision": [decision]})))
+    units = [(1, s) for s in sets]
+    return list(ReleaseFn([spec], KEY).process(((crowd, 1), {"sets": [units], "decision": [decision]})))
 
 
 def numbered_sets(n: int) -> list[tuple]:
