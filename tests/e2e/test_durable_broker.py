@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -94,11 +96,14 @@ def test_records_and_committed_offsets_survive_a_tansu_restart(tmp_path: Path, t
     assert not broker.running and not (tmp_path / "store" / "endpoint").exists()  # the store stopped too
 
 
-def test_everything_survives_a_full_stop_and_a_new_broker_on_the_same_dir(tmp_path: Path, topic_name: str) -> None:
+def test_everything_survives_kill_9_of_both_processes_and_a_new_broker(tmp_path: Path, topic_name: str) -> None:
     with LocalBroker(durable_dir=tmp_path) as broker:
         acked, positions = _fill(broker, topic_name)
-        broker.stop(grace_s=1.0)
-    with LocalBroker(durable_dir=tmp_path) as again:  # a new store process, a new tansu, a new port
+        assert broker.pid is not None and broker.store is not None and broker.store.pid is not None
+        os.kill(broker.store.pid, signal.SIGKILL)
+        os.kill(broker.pid, signal.SIGKILL)
+    # A new store process (the dead one's flock is gone, its endpoint file is stale), a new tansu, a new port.
+    with LocalBroker(durable_dir=tmp_path) as again:
         assert _log(again.bootstrap, topic_name) == acked
         assert _committed(again.bootstrap, topic_name) == positions
         _append_continues(again, topic_name, acked)
@@ -113,6 +118,8 @@ def test_a_second_broker_reuses_the_running_store_and_leaves_it_running(tmp_path
             assert _log(second.bootstrap, topic_name) == acked
         assert first.store is not None and first.store.running
         assert _log(first.bootstrap, topic_name) == acked
+    with LocalBroker(durable_dir=tmp_path) as after_a_clean_stop:
+        assert _log(after_a_clean_stop.bootstrap, topic_name) == acked
 
 
 def test_acknowledged_records_survive_kill_9_mid_produce(tmp_path: Path, topic_name: str) -> None:
@@ -178,3 +185,33 @@ def test_store_errors_are_clear(tmp_path: Path) -> None:
         LocalObjectStore(tmp_path / "file" / "store").start()
     with pytest.raises(ValueError, match="either durable_dir or storage"):
         LocalBroker(durable_dir=tmp_path, storage="memory://x/")
+
+
+def _esa_broker(durable: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "broker", "--durable", str(durable)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    bootstrap = proc.stdout.readline().strip()
+    assert bootstrap.startswith("127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else bootstrap
+    return proc, bootstrap
+
+
+def test_esa_broker_durable_keeps_records_across_two_runs(tmp_path: Path, topic_name: str) -> None:
+    procs = []
+    try:
+        proc, bootstrap = _esa_broker(tmp_path)
+        procs.append(proc)
+        ensure_topics(bootstrap, [topic_name], partitions=PARTITIONS)
+        acked = sorted(_produce(bootstrap, topic_name, range(200)))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+        proc, bootstrap = _esa_broker(tmp_path)
+        procs.append(proc)
+        assert _log(bootstrap, topic_name) == acked
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
