@@ -159,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _guard(self, fn: object) -> None:
         try:
             fn()  # type: ignore[operator]
-        except KeyError as exc:
+        except (KeyError, ValueError, ET.ParseError) as exc:  # bad key, range, number or XML
             self._error(HTTPStatus.BAD_REQUEST, "InvalidArgument", str(exc))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
