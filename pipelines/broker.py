@@ -10,7 +10,7 @@ Two storage modes:
 * memory (the default, `LocalBroker()`): fastest; a broker stop or crash loses every record, topic and
   committed offset.
 * durable (`LocalBroker(durable_dir=DIR)`, `esa broker --durable DIR`): tansu's S3 engine over
-  `pipelines.objectstore`, a file-backed S3 endpoint run as a second subprocess (the vendored tansu is built
+  `pipelines.s3server`, a file-backed S3 endpoint run as a second subprocess (the vendored tansu is built
   without its postgres and sqlite engines). Data lives in ``DIR/store/objects/tansu/clusters/tansu_cluster/``
   (topics, record batches, watermarks, consumer groups and their committed offsets, one file per object);
   ``DIR/tansu.log`` and ``DIR/store/store.log`` are the two logs. Every write is fsync'ed before tansu

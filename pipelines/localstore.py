@@ -1,4 +1,4 @@
-"""`LocalObjectStore`: runs `pipelines.objectstore` as a subprocess over a data directory, for tansu's S3 engine.
+"""`LocalObjectStore`: runs `pipelines.s3server` as a subprocess over a data directory, for tansu's S3 engine.
 
 Layout of `data_dir`: ``objects/<bucket>/...`` (the objects, see `pipelines.objectstore`), ``store.log``,
 ``endpoint`` (the URL of the server that holds ``.lock``). One server per directory: the server holds an
@@ -123,7 +123,7 @@ class LocalObjectStore:
         return self
 
     def _launch(self) -> None:
-        cmd = [sys.executable, "-m", "pipelines.objectstore", "--root", str(self.data_dir / "objects"),
+        cmd = [sys.executable, "-m", "pipelines.s3server", "--root", str(self.data_dir / "objects"),
                "--port", str(self._requested_port or 0), "--bucket", BUCKET, "--lock", str(self.data_dir / ".lock"),
                "--endpoint-file", str(self.data_dir / "endpoint")]
         if not self._fsync:

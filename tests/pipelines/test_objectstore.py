@@ -11,7 +11,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from pipelines.objectstore import _parse_range, make_server
+from pipelines.s3server import _parse_range, make_server
 
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
