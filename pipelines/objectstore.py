@@ -7,8 +7,9 @@ concurrent writers with conditional PUTs. This module gives those objects durabl
 local file system; `pipelines.s3server` speaks the S3 subset tansu uses on top of it.
 
 Layout: object ``<bucket>/<key>`` is the file ``<root>/<bucket>/<key>.obj`` (the suffix lets keys ``a`` and
-``a/b`` coexist); names starting with ``.`` are temporary files, never objects. An ETag is derived from
-inode, mtime and size, so every write (a new inode by rename) gets a new one.
+``a/b`` coexist): 32 hex digits of the content's MD5 and a newline, then the content. The MD5 is the ETag,
+as on S3 (so a compare-and-swap succeeds only against the same content, never against a recycled inode or
+a coarse timestamp). Names starting with ``.`` are temporary files, never objects.
 
 Durability: a PUT writes a temporary file, fsyncs it, renames it over the key's file and fsyncs the
 directory, all under the key's lock together with the precondition check (``If-None-Match: *``,
@@ -24,15 +25,24 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import os
 import secrets
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import IO, NamedTuple
 
 SUFFIX = ".obj"
+HEADER = 33  # hex MD5 + newline
 _STRIPES = 64
 _MAX_LISTINGS = 64
+
+
+class ObjectMeta(NamedTuple):
+    etag: str  # quoted, as in HTTP
+    size: int
+    mtime: float
 
 
 class _Listing:
@@ -71,8 +81,39 @@ class ObjectStore:
         (self.root / bucket).mkdir(parents=True, exist_ok=True)
 
     @staticmethod
-    def etag_of(st: os.stat_result) -> str:
-        return f'"{st.st_ino:x}{st.st_mtime_ns:x}{st.st_size:x}"'
+    def read_meta(fh: IO[bytes]) -> ObjectMeta:
+        """Metadata of an open object file, left positioned at the start of the content."""
+        st = os.fstat(fh.fileno())
+        fh.seek(0)
+        head = fh.read(HEADER)
+        if len(head) != HEADER or head[-1:] != b"\n":
+            raise ValueError(f"corrupt object file {getattr(fh, 'name', '?')}")
+        return ObjectMeta(f'"{head[:-1].decode()}"', st.st_size - HEADER, st.st_mtime)
+
+    def open(self, bucket: str, key: str) -> tuple[IO[bytes], ObjectMeta]:
+        """The object's file positioned at its content, and its metadata; FileNotFoundError if absent."""
+        try:
+            fh = self.path(bucket, key).open("rb")
+        except NotADirectoryError:
+            raise FileNotFoundError(key) from None
+        try:
+            return fh, self.read_meta(fh)
+        except BaseException:
+            fh.close()
+            raise
+
+    def meta(self, bucket: str, key: str) -> ObjectMeta | None:
+        try:
+            fh, meta = self.open(bucket, key)
+        except FileNotFoundError:
+            return None
+        fh.close()
+        return meta
+
+    def read(self, bucket: str, key: str) -> bytes:
+        fh, _meta = self.open(bucket, key)
+        with fh:
+            return fh.read()
 
     def _lock(self, bucket: str, key: str) -> threading.Lock:
         return self._locks[hash((bucket, key)) % _STRIPES]
@@ -85,18 +126,18 @@ class ObjectStore:
         if not self.has_bucket(bucket):
             raise FileNotFoundError(bucket)
         with self._lock(bucket, key):
-            try:
-                current: str | None = self.etag_of(path.stat())
-            except FileNotFoundError:
-                current = None
+            found = self.meta(bucket, key)
+            current = found.etag if found is not None else None
             if if_none_match is not None and current is not None and if_none_match in ("*", current):
                 raise FileExistsError(key)
             if if_match is not None and (current is None or if_match not in ("*", current)):
                 raise FileExistsError(key)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+            digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
             try:
                 with tmp.open("wb") as fh:
+                    fh.write(digest.encode() + b"\n")
                     fh.write(data)
                     if self.fsync:
                         fh.flush()
@@ -111,10 +152,9 @@ class ObjectStore:
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
-            etag = self.etag_of(path.stat())
             if current is None:
                 self._indexed(bucket, key, add=True)
-        return etag
+        return f'"{digest}"'
 
     def delete(self, bucket: str, key: str) -> None:
         path = self.path(bucket, key)

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from email.utils import formatdate
 from http import HTTPStatus
@@ -29,7 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
-from pipelines.objectstore import ObjectStore
+from pipelines.objectstore import HEADER, ObjectStore
 
 MAX_BODY = 256 * 1024 * 1024
 MAX_KEYS = 1000
@@ -108,41 +109,39 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._list(bucket, query)
             return
-        path = self.store.path(bucket, key)
         try:
-            with path.open("rb") as fh:
-                st = os.fstat(fh.fileno())
-                etag = ObjectStore.etag_of(st)
-                start, end = 0, st.st_size - 1
-                status = HTTPStatus.OK
-                headers = {"ETag": etag, "Last-Modified": formatdate(st.st_mtime, usegmt=True),
-                           "Accept-Ranges": "bytes"}
-                rng = self.headers.get("Range")
-                if rng and not head:
-                    parsed = _parse_range(rng, st.st_size)
-                    if parsed is None:
-                        headers["Content-Range"] = f"bytes */{st.st_size}"
-                        self._send(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, b"", headers)
-                        return
-                    start, end = parsed
-                    status = HTTPStatus.PARTIAL_CONTENT
-                    headers["Content-Range"] = f"bytes {start}-{end}/{st.st_size}"
-                if_none = self.headers.get("If-None-Match")
-                if_match = self.headers.get("If-Match")
-                if if_match is not None and if_match not in ("*", etag):
-                    self._error(HTTPStatus.PRECONDITION_FAILED, "PreconditionFailed", key, head=head)
-                    return
-                if if_none is not None and if_none in ("*", etag):
-                    self._send(HTTPStatus.NOT_MODIFIED, b"", {"ETag": etag}, head=True)
-                    return
-                if head:
-                    headers["Content-Length"] = str(st.st_size)
-                    self._send(status, b"", headers, "application/octet-stream", head=True)
-                    return
-                fh.seek(start)
-                self._send(status, fh.read(end - start + 1), headers, "application/octet-stream")
-        except (FileNotFoundError, NotADirectoryError):
+            fh, meta = self.store.open(bucket, key)
+        except FileNotFoundError:
             self._error(HTTPStatus.NOT_FOUND, "NoSuchKey", key, head=head)
+            return
+        with fh:
+            start, end = 0, meta.size - 1
+            status = HTTPStatus.OK
+            headers = {"ETag": meta.etag, "Last-Modified": formatdate(meta.mtime, usegmt=True),
+                       "Accept-Ranges": "bytes"}
+            if_match, if_none = self.headers.get("If-Match"), self.headers.get("If-None-Match")
+            if if_match is not None and if_match not in ("*", meta.etag):
+                self._error(HTTPStatus.PRECONDITION_FAILED, "PreconditionFailed", key, head=head)
+                return
+            if if_none is not None and if_none in ("*", meta.etag):
+                self._send(HTTPStatus.NOT_MODIFIED, b"", {"ETag": meta.etag}, head=True)
+                return
+            rng = self.headers.get("Range")
+            if rng and not head:
+                parsed = _parse_range(rng, meta.size)
+                if parsed is None:
+                    headers["Content-Range"] = f"bytes */{meta.size}"
+                    self._send(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, b"", headers)
+                    return
+                start, end = parsed
+                status = HTTPStatus.PARTIAL_CONTENT
+                headers["Content-Range"] = f"bytes {start}-{end}/{meta.size}"
+            if head:
+                headers["Content-Length"] = str(meta.size)
+                self._send(status, b"", headers, "application/octet-stream", head=True)
+                return
+            fh.seek(HEADER + start)
+            self._send(status, fh.read(end - start + 1), headers, "application/octet-stream")
 
     def _list(self, bucket: str, query: dict[str, list[str]]) -> None:
         prefix = query.get("prefix", [""])[0]
@@ -176,13 +175,12 @@ class _Handler(BaseHTTPRequestHandler):
             if is_common:
                 parts.append(f"<CommonPrefixes><Prefix>{escape(name)}</Prefix></CommonPrefixes>")
                 continue
-            try:
-                st = self.store.path(bucket, name).stat()
-            except FileNotFoundError:  # deleted while listing
+            meta = self.store.meta(bucket, name)
+            if meta is None:  # deleted while listing
                 continue
-            parts.append(f"<Contents><Key>{escape(name)}</Key><LastModified>{_iso(st.st_mtime)}</LastModified>"
-                         f"<ETag>{escape(ObjectStore.etag_of(st), _QUOT)}</ETag>"
-                         f"<Size>{st.st_size}</Size><StorageClass>STANDARD</StorageClass></Contents>")
+            parts.append(f"<Contents><Key>{escape(name)}</Key><LastModified>{_iso(meta.mtime)}</LastModified>"
+                         f"<ETag>{escape(meta.etag, _QUOT)}</ETag>"
+                         f"<Size>{meta.size}</Size><StorageClass>STANDARD</StorageClass></Contents>")
         parts.append("</ListBucketResult>")
         self._send(HTTPStatus.OK, "".join(parts).encode())
 
@@ -205,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
         if source is not None:
             src_bucket, _, src_key = unquote(source).lstrip("/").partition("/")
             try:
-                body = self.store.path(src_bucket, src_key).read_bytes()
+                body = self.store.read(src_bucket, src_key)
             except FileNotFoundError:
                 self._error(HTTPStatus.NOT_FOUND, "NoSuchKey", src_key)
                 return
@@ -219,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if source is not None:
             result = (f'<?xml version="1.0" encoding="UTF-8"?><CopyObjectResult><ETag>{escape(etag)}</ETag>'
-                      f"<LastModified>{_iso(self.store.path(bucket, key).stat().st_mtime)}</LastModified>"
+                      f"<LastModified>{_iso(time.time())}</LastModified>"
                       "</CopyObjectResult>").encode()
             self._send(HTTPStatus.OK, result, {"ETag": etag})
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import urllib.error
 import urllib.request
@@ -11,6 +12,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from pipelines.objectstore import ObjectStore
 from pipelines.s3server import _parse_range, make_server
 
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -42,6 +44,7 @@ def test_conditional_puts_serialise_writers(url: str) -> None:
     status, headers, _ = _call("PUT", f"{url}/b/dir/k.json", b"v1", If_None_Match="*")
     assert status == 200
     first = headers["ETag"]
+    assert first == f'"{hashlib.md5(b"v1").hexdigest()}"'  # content MD5, as on S3
     assert _call("PUT", f"{url}/b/dir/k.json", b"v2", If_None_Match="*")[0] == 412  # create only once
     assert _call("PUT", f"{url}/b/dir/k.json", b"v2", If_Match='"stale"')[0] == 412
     status, headers, _ = _call("PUT", f"{url}/b/dir/k.json", b"v2", If_Match=first)
@@ -119,3 +122,49 @@ def test_bulk_delete_and_copy(url: str) -> None:
 ])
 def test_parse_range(header: str, expected: tuple[int, int] | None) -> None:
     assert _parse_range(header, 10) == expected
+
+
+def test_cached_listings_follow_puts_and_deletes(tmp_path: Path) -> None:
+    store = ObjectStore(tmp_path, fsync=False)
+    store.create_bucket("b")
+    for key in ("p/1", "p/3", "q/1"):
+        store.put("b", key, b"x")
+    assert store.sorted_keys("b", "p/") == ["p/1", "p/3"]  # scanned and cached
+    store.put("b", "p/2", b"x")
+    store.put("b", "p/3", b"overwritten")  # not a new key: listed once
+    store.delete("b", "p/1")
+    store.put("b", "q/2", b"x")
+    assert store.sorted_keys("b", "p/") == ["p/2", "p/3"]
+    assert store.sorted_keys("b", "") == ["p/2", "p/3", "q/1", "q/2"]
+    assert ObjectStore(tmp_path).sorted_keys("b", "p/") == ["p/2", "p/3"]  # a fresh scan agrees
+
+
+def test_compare_and_swap_loses_no_update_under_contention(tmp_path: Path) -> None:
+    """What tansu does to its watermarks: read, then PUT If-Match; the store must never let two win."""
+    store = ObjectStore(tmp_path, fsync=False)
+    store.create_bucket("b")
+    store.put("b", "counter", b"0", if_none_match="*")
+    wins = [0] * 8
+
+    def increment(worker: int) -> None:
+        done = 0
+        while done < 25:
+            try:
+                fh, meta = store.open("b", "counter")
+            except FileNotFoundError:  # never: a rename replaces the file atomically
+                raise AssertionError("the counter vanished") from None
+            with fh:
+                value = int(fh.read())
+            try:
+                store.put("b", "counter", str(value + 1).encode(), if_match=meta.etag)
+            except FileExistsError:
+                continue
+            done += 1
+        wins[worker] = done
+
+    threads = [threading.Thread(target=increment, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert int(store.read("b", "counter")) == sum(wins) == 200
