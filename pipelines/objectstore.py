@@ -39,6 +39,10 @@ _STRIPES = 64
 _MAX_LISTINGS = 64
 
 
+class CorruptObjectError(RuntimeError):
+    """An object file without its header: written by something else, or a damaged disk."""
+
+
 class ObjectMeta(NamedTuple):
     etag: str  # quoted, as in HTTP
     size: int
@@ -87,7 +91,7 @@ class ObjectStore:
         fh.seek(0)
         head = fh.read(HEADER)
         if len(head) != HEADER or head[-1:] != b"\n":
-            raise ValueError(f"corrupt object file {getattr(fh, 'name', '?')}")
+            raise CorruptObjectError(f"corrupt object file {getattr(fh, 'name', '?')}")
         return ObjectMeta(f'"{head[:-1].decode()}"', st.st_size - HEADER, st.st_mtime)
 
     def open(self, bucket: str, key: str) -> tuple[IO[bytes], ObjectMeta]:

@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import formatdate
 from http import HTTPStatus
@@ -30,7 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
-from pipelines.objectstore import HEADER, ObjectStore
+from pipelines.objectstore import HEADER, CorruptObjectError, ObjectStore
 
 MAX_BODY = 256 * 1024 * 1024
 MAX_KEYS = 1000
@@ -84,9 +85,11 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length) if length else b""
 
-    def _guard(self, fn: object) -> None:
+    def _guard(self, fn: Callable[[], None]) -> None:
         try:
-            fn()  # type: ignore[operator]
+            fn()
+        except CorruptObjectError as exc:
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalError", str(exc))
         except (KeyError, ValueError, ET.ParseError) as exc:  # bad key, range, number or XML
             self._error(HTTPStatus.BAD_REQUEST, "InvalidArgument", str(exc))
         except (BrokenPipeError, ConnectionResetError):

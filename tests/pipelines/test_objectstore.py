@@ -71,6 +71,7 @@ def test_get_head_range_delete_and_errors(url: str) -> None:
     assert _call("PUT", f"{url}/nobucket/obj", b"x")[0] == 404
     assert _call("GET", f"{url}/b/a/../../etc/passwd")[0] == 400  # keys never leave the bucket directory
     assert _call("POST", f"{url}/b/obj?uploads", b"")[0] == 501
+    assert _call("PUT", f"{url}/b/obj", b"x", If_None_Match="*")[0] == 200
 
 
 def test_list_objects_v2_prefix_delimiter_and_pages(url: str) -> None:
@@ -168,3 +169,9 @@ def test_compare_and_swap_loses_no_update_under_contention(tmp_path: Path) -> No
     for thread in threads:
         thread.join(60)
     assert int(store.read("b", "counter")) == sum(wins) == 200
+
+
+def test_a_file_without_the_header_is_a_server_error_not_data(url: str, tmp_path: Path) -> None:
+    (tmp_path / "b" / "stray.obj").write_bytes(b"written by hand")
+    status, _, body = _call("GET", f"{url}/b/stray")
+    assert status == 500 and b"corrupt object file" in body
