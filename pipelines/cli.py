@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 
     broker = sub.add_parser("broker", help="run a local Kafka-compatible broker (tansu) on loopback")
     broker.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    broker.add_argument("--durable", type=Path, default=None, metavar="DIR",
+                        help="keep topics, records and committed offsets in DIR across restarts (default: memory)")
 
     sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
     sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
@@ -394,7 +396,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "broker":
         from pipelines.broker import run_broker_forever
 
-        return run_broker_forever(args.port)
+        return run_broker_forever(args.port, args.durable)
     if args.command == "simulate":
         _announce_seed(args.seed, "simulate")
         return _simulate(args)
