@@ -29,6 +29,7 @@ from pipelines.job import (
     config_from_options,
     crash_point,
     finish_run,
+    keep_dead_letters,
     locked,
     plan_run,
     run_pipeline,
@@ -41,9 +42,8 @@ from transforms.analyze_release import (
     AssembleReleaseFn,
     DecodeReleaseFn,
     OpenedRelease,
-    released_lookup,
+    prior_runs,
 )
-from transforms.ingress import PriorRuns
 from transforms.kafkaio import produce_records
 from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
 from transforms.sinks import WriteAvroFile
@@ -65,8 +65,7 @@ def _rows(opened: OpenedRelease, specs: dict) -> tuple[OpenedRelease, list[dict[
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
     config = run.config
     specs = list(config.specs)
-    prior = PriorRuns(processed_until=dict(run.state.processed_until),
-                      released=released_lookup(e for s in specs for e in ledger.entries(s.spec_id)))
+    prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
     keys = str(config.keys)
     decoded = (pipeline | "ReadShuffled" >> run.reader()
                | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
@@ -126,7 +125,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         written = 0
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
             written += write_release(config, ledger, opened, rows, bounded.key)
-        keep_dead_letter_counts(bounded, config)
+        keep_dead_letters(bounded, config.out_dir / "dead_letters")
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
@@ -134,13 +133,6 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "analyzed": counters.get("batches_analyzed", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases_written": written, "run_key": bounded.key})
-
-
-def keep_dead_letter_counts(run: BoundedRun, config: JobConfig) -> None:
-    """Analyst-side dead letters: no bytes, reasons without identifiers; kept per run under OUTPUT_DIR."""
-    from pipelines.shuffle import keep_dead_letters
-
-    keep_dead_letters(run, config.out_dir / "dead_letters")
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

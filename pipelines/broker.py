@@ -4,6 +4,22 @@ Why a subprocess wrapper: tests, demos and `esa broker` need a real Kafka protoc
 or a JVM. tansu with in-memory storage starts in milliseconds; this module adds what a test harness needs
 around it: a free port, a log file for post-mortems, a readiness check that speaks the Kafka protocol
 (an open TCP port is not enough) and a shutdown that cannot hang.
+
+Two storage modes:
+
+* memory (the default, `LocalBroker()`): fastest; a broker stop or crash loses every record, topic and
+  committed offset.
+* durable (`LocalBroker(durable_dir=DIR)`, `esa broker --durable DIR`): tansu's S3 engine over
+  `pipelines.s3server`, a file-backed S3 endpoint run as a second subprocess (the vendored tansu is built
+  without its postgres and sqlite engines). Data lives in ``DIR/store/objects/tansu/clusters/tansu_cluster/``
+  (topics, record batches, watermarks, consumer groups and their committed offsets, one file per object);
+  ``DIR/tansu.log`` and ``DIR/store/store.log`` are the two logs. Every write is fsync'ed before tansu
+  acknowledges it, so topics, acknowledged records (acks=all, flushed), their offsets and committed group
+  offsets survive a tansu stop, restart or kill -9, a restart of the store, and a machine crash. Not kept:
+  in-flight unacknowledged sends, group membership (consumers rejoin) and the port unless `port` is given.
+  Stop with Ctrl-C / SIGTERM (or `stop()`); start again with the same DIR to carry on. Delete DIR (while
+  nothing runs) to start empty. One store serves a DIR at a time (a flock); a second broker on the same DIR
+  reuses it.
 """
 
 from __future__ import annotations
@@ -22,7 +38,10 @@ import time
 from collections import deque
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, TYPE_CHECKING, Self
+
+if TYPE_CHECKING:
+    from pipelines.localstore import LocalObjectStore
 
 _log = logging.getLogger(__name__)
 
@@ -101,7 +120,9 @@ class LocalBroker:
 
     `port=None` picks a free port (retrying if it is stolen before tansu binds it). The log lives in a
     temporary directory (`log_path`), is quoted in start-up errors and kept when start-up fails; a clean
-    `stop()` removes it unless `keep_log` is set.
+    `stop()` removes it unless `keep_log` is set. With `durable_dir` the broker keeps its data there (see
+    the module docstring) and logs to ``durable_dir/tansu.log``, which is never removed; `fsync=False`
+    trades crash-of-the-machine durability for speed (process kills are still survived).
     """
 
     def __init__(
@@ -111,12 +132,20 @@ class LocalBroker:
         startup_timeout_s: float = 20.0,
         storage: str = DEFAULT_STORAGE,
         keep_log: bool = False,
+        durable_dir: Path | None = None,
+        fsync: bool = True,
     ) -> None:
+        if durable_dir is not None and storage != DEFAULT_STORAGE:
+            raise ValueError("give either durable_dir or storage, not both")
         self._requested_port = port
+        self._durable_dir = Path(durable_dir).resolve() if durable_dir is not None else None
+        self._fsync = fsync
+        self.store: LocalObjectStore | None = None
         self._startup_timeout_s = startup_timeout_s
         self._storage = storage
         self._keep_log = keep_log
         self._proc: subprocess.Popen[bytes] | None = None
+        self._binary: str | None = None
         self._logfile: IO[bytes] | None = None
         self._tmpdir: Path | None = None
         self.port: int | None = None
@@ -146,11 +175,13 @@ class LocalBroker:
     def start(self) -> Self:
         if self._proc is not None:
             return self
-        binary = find_broker_binary()
+        binary = self._binary = find_broker_binary()
         if self._requested_port is not None and not _port_free(self._requested_port):
             raise BrokerError(f"port {self._requested_port} on 127.0.0.1 is already in use")
+        if self._durable_dir is not None:
+            self._start_store()
         self._tmpdir = Path(tempfile.mkdtemp(prefix="esa-tansu-"))
-        self.log_path = self._tmpdir / "tansu.log"
+        self.log_path = self._tmpdir / "tansu.log" if self._durable_dir is None else self._durable_dir / "tansu.log"
         attempts = 1 if self._requested_port is not None else 3
         for attempt in range(1, attempts + 1):
             self.port = self._requested_port or _free_loopback_port()
@@ -164,23 +195,56 @@ class LocalBroker:
                     _log.warning("tansu exited during start-up on port %s; retrying", self.port)
                     continue
                 tail = self.log_tail()
+                self._stop_store()
                 raise BrokerError(f"{exc}\n--- last lines of {self.log_path} ---\n{tail}") from None
             break
         atexit.register(self.stop)
         _log.info("tansu broker ready on %s (log %s)", self.bootstrap, self.log_path)
         return self
 
+    def _start_store(self) -> None:
+        from pipelines.localstore import LocalObjectStore
+
+        assert self._durable_dir is not None
+        self.store = LocalObjectStore(self._durable_dir / "store", fsync=self._fsync).start()
+
+    def _stop_store(self) -> None:
+        if self.store is not None:
+            self.store.stop()
+            self.store = None
+
+    def restart(self, grace_s: float = 5.0) -> Self:
+        """Stop tansu (SIGTERM, or reap it if it was killed) and start it again on the same port; the store
+        keeps running. For durability tests and for recovering from a crashed broker."""
+        if self._binary is None or self.port is None:
+            raise BrokerError("restart() before start()")
+        self._kill(grace_s)
+        if not _port_free(self.port):
+            deadline = time.monotonic() + 5.0
+            while not _port_free(self.port) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        try:
+            self._launch(self._binary)
+            self._wait_ready()
+        except BrokerError as exc:
+            self._kill()
+            raise BrokerError(f"{exc}\n--- last lines of {self.log_path} ---\n{self.log_tail()}") from None
+        _log.info("tansu broker restarted on %s", self.bootstrap)
+        return self
+
     def _launch(self, binary: str) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
+        storage = self.store.storage_url if self.store is not None else self._storage
+        env = self.store.client_env() if self.store is not None else dict(os.environ)
         cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", self._storage]
+               "--storage-engine", storage]
         assert self.log_path is not None and self._tmpdir is not None
         logfile = self.log_path.open("ab")
         self._logfile = logfile
         _log.info("starting %s", " ".join(cmd))
         # Own session: a Ctrl-C in the terminal reaches us, and we stop the broker in order.
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT,
-                                      cwd=self._tmpdir, env={**os.environ, "NO_COLOR": "1"},
+                                      cwd=self._tmpdir, env={**env, "NO_COLOR": "1"},
                                       start_new_session=True)
 
     def _wait_ready(self) -> None:
@@ -215,6 +279,7 @@ class LocalBroker:
         if self._proc is None and self._tmpdir is None:
             return
         self._kill(grace_s)
+        self._stop_store()
         atexit.unregister(self.stop)
         if self._tmpdir is not None and not self._keep_log:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
@@ -228,7 +293,7 @@ class LocalBroker:
         self.stop()
 
 
-def run_broker_forever(port: int | None = None) -> int:
+def run_broker_forever(port: int | None = None, durable_dir: Path | None = None) -> int:
     """`esa broker`: start a broker, print its address, serve until SIGINT/SIGTERM; returns the exit code.
 
     The bootstrap address is the only line on stdout so scripts can capture it; everything else goes
@@ -241,9 +306,10 @@ def run_broker_forever(port: int | None = None) -> int:
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with LocalBroker(port) as broker:
+        with LocalBroker(port, durable_dir=durable_dir) as broker:
             print(broker.bootstrap, flush=True)
-            print(f"tansu broker on {broker.bootstrap} (pid {broker.pid}, log {broker.log_path}); "
+            where = f"durable in {durable_dir}" if durable_dir is not None else "in memory: lost on stop"
+            print(f"tansu broker on {broker.bootstrap} (pid {broker.pid}, log {broker.log_path}, data {where}); "
                   "Ctrl-C to stop", file=sys.stderr, flush=True)
             while not stop_requested.wait(0.5):
                 if not broker.running:

@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 
     broker = sub.add_parser("broker", help="run a local Kafka-compatible broker (tansu) on loopback")
     broker.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    broker.add_argument("--durable", type=Path, default=None, metavar="DIR",
+                        help="keep topics, records and committed offsets in DIR across restarts (default: memory)")
 
     sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
     sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
@@ -83,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--reports_topic", default="reports")
     sim.add_argument("--bad_per_kind", type=int, default=0, help="also produce N bad records of each kind")
     sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
+    sim.add_argument("--devices", type=Path, default=None,
+                     help="simulate devices that encode themselves with the device client library, one state "
+                          "directory each under this directory; their signed message sets go straight to the "
+                          "reports topic (default: raw events, which `esa encode` encodes at the edge)")
+    sim.add_argument("--device_budget", type=_positive_float, default=None,
+                     help="with --devices: each device's privacy budget per day, across all specs")
     sim.add_argument("--keys_dir", type=Path, default=Path("out/keys"),
                      help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
                           "out/keys, which is what `esa run --output_dir out` uses)")
@@ -132,6 +140,11 @@ def _parser() -> argparse.ArgumentParser:
     priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
     priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
                       help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
+    priv.add_argument("--windows", type=_positive_int, default=None,
+                      help="compose W windows of the same population (delta is then the total delta)")
+    priv.add_argument("--crowd-epsilon", type=_positive_float, default=None,
+                      help="with --windows: the [crowd] epsilon of the noisy count published every window")
+    priv.add_argument("--crowd-delta", type=_positive_float, default=None, help="with --windows: [crowd] delta")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plan_parser(sub)
     for subparser in sub.choices.values():
@@ -192,9 +205,20 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.enrolment import enrol_simulated
 
     enrol_simulated(args.keys_dir, population.client_ids.tolist())
-    produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
-                                  reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
-                                  seed=args.seed, progress=progress_printer("produced"))
+    if args.devices is not None:
+        from pipelines.device_fleet import FleetOutcome, device_messages
+        from transforms.kafkaio import ensure_topics, produce_records
+
+        outcome, show = FleetOutcome(), progress_printer("devices reported")
+        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3)
+        produce_records(args.bootstrap, args.reports_topic, device_messages(
+            spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
+            outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000)
+        produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
+    else:
+        produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
+                                      reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
+                                      seed=args.seed, progress=progress_printer("produced"))
     if args.truth:
         pq.write_table(truth_table(spec, population), args.truth)
     window_ms = population.window_ms
@@ -247,10 +271,8 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
     """Print one run's JSON line; the exit code says whether it balanced and stayed under the dead-letter bar."""
     from pipelines.job_cli import dead_letter_verdict
 
-    read = summary.count("kafka_records_read") if summary.stage != "end_to_end" else \
-        summary.stages["encode"].count("kafka_records_read")
-    fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": summary.count("dead_lettered")},
-                                            max_dead_fraction)
+    read, dead = summary.records_read_and_dead()
+    fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": dead}, max_dead_fraction)
     paths = {"estimates": summary.estimates_path, "dead_letters": summary.dead_letters_path}
     outputs = {name: str(paths[name]) for name in STAGE_OUTPUTS.get(summary.stage, ("dead_letters",))}
     _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
@@ -269,7 +291,15 @@ def _privacy(args: argparse.Namespace) -> int:
 
     report = build_privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta,
                                   fragments=args.fragments, epsilon_fragment=args.epsilon_fragment)
-    _print(json.dumps(report, indent=2) if args.json else format_privacy_report(report))
+    text = format_privacy_report(report)
+    if args.windows is not None:
+        from transforms.privacy.windows_report import format_windows_report, windows_report
+
+        report["windows"] = windows_report(report, args.windows, args.crowd_epsilon, args.crowd_delta)
+        text += "\n" + format_windows_report(report["windows"])
+    elif args.crowd_epsilon is not None or args.crowd_delta is not None:
+        raise ValueError("--crowd-epsilon / --crowd-delta apply with --windows only")
+    _print(json.dumps(report, indent=2) if args.json else text)
     return 0
 
 
@@ -280,33 +310,53 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--d", type=_positive_int, required=True, help="keys (kv_mean) or coordinates (vector_mean)")
     plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
     plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
-    plan.add_argument("--epsilon-central", type=_positive_float, required=True)
+    plan.add_argument("--epsilon-central", type=_positive_float, default=None, help="per-window target")
     plan.add_argument("--delta", type=_positive_float, required=True)
     plan.add_argument("--t", type=_positive_int, default=None,
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
     plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
     plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
     plan.add_argument("--accountant", default=None, help="vector_mean: 002 (the paper's rules, default) or tight")
+    plan.add_argument("--windows", type=_positive_int, default=None,
+                      help="plan for W windows of the same population (with --epsilon-central-total)")
+    plan.add_argument("--epsilon-central-total", type=_positive_float, default=None,
+                      help="with --windows: budget for all W windows together (PLD composition)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _plan(args: argparse.Namespace) -> int:
     from transforms.privacy.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
 
+    if (args.windows is None) != (args.epsilon_central_total is None):
+        raise ValueError("--windows and --epsilon-central-total go together")
+    if (args.windows is None) == (args.epsilon_central is None):
+        raise ValueError("give --epsilon-central (one window) or --windows with --epsilon-central-total")
     if args.kind == "kv_mean":
         if args.mechanism is None or args.s is None:
             raise ValueError("--kind kv_mean needs --mechanism and --s")
         if args.k_round is not None or args.accountant is not None:
             raise ValueError("--k-round and --accountant apply to --kind vector_mean only")
-        plan = plan_kv_mean(args.mechanism, args.d, args.s, args.n, args.epsilon_central, args.delta, t=args.t,
-                            t_rule=args.t_rule or "joint")
-        text = format_kv_plan(plan)
+
+        def make(eps_c: float, delta: float) -> object:
+            return plan_kv_mean(args.mechanism, args.d, args.s, args.n, eps_c, delta, t=args.t,
+                                t_rule=args.t_rule or "joint")
+        formatter = format_kv_plan
     else:
         if args.mechanism is not None or args.s is not None or args.t_rule is not None:
             raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans 002's mechanism)")
-        plan = plan_vector_mean(args.d, args.n, args.epsilon_central, args.delta, k_round=args.k_round,
-                                t=1 if args.t is None else args.t, accountant=args.accountant or "002")
-        text = format_vector_plan(plan)
+
+        def make(eps_c: float, delta: float) -> object:
+            return plan_vector_mean(args.d, args.n, eps_c, delta, k_round=args.k_round,
+                                    t=1 if args.t is None else args.t, accountant=args.accountant or "002")
+        formatter = format_vector_plan
+    if args.windows is None:
+        plan = make(args.epsilon_central, args.delta)
+        text = formatter(plan)
+    else:
+        from transforms.privacy.plan_windows import format_windows_plan, plan_for_windows
+
+        plan = plan_for_windows(make, args.n, args.windows, args.epsilon_central_total, args.delta)
+        text = format_windows_plan(plan, formatter(plan.plan))
     _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
     return 0
 
@@ -324,9 +374,13 @@ class _QuietFilter(logging.Filter):
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
-    if not verbose:
-        for handler in logging.getLogger().handlers:
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        quiet = [f for f in handler.filters if isinstance(f, _QuietFilter)]
+        if verbose:
+            for f in quiet:
+                handler.removeFilter(f)
+        elif not quiet:
             handler.addFilter(_QuietFilter())
     for noisy in ("apache_beam", "kafka", "root"):
         logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
@@ -342,7 +396,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "broker":
         from pipelines.broker import run_broker_forever
 
-        return run_broker_forever(args.port)
+        return run_broker_forever(args.port, args.durable)
     if args.command == "simulate":
         _announce_seed(args.seed, "simulate")
         return _simulate(args)
@@ -368,7 +422,7 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if isinstance(err, EsaError):
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(err.exit_code)
-    if type(err).__name__ == "StateLocked":
+    if any(c.__name__ == "StateLocked" for c in type(err).__mro__):
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.STATE_LOCKED)
     if type(err).__name__ == "SpecError":

@@ -28,7 +28,7 @@ from pipelines.demo_checks import kind_checks
 from pipelines.demo_plots import plot, plot_file_name
 from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
-from pipelines.examples import example_path
+from pipelines.examples import EXAMPLES_DIR
 from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig
 from pipelines.paths import OutputLocation, output_location
@@ -41,10 +41,10 @@ from transforms.state.estimates_store import read_estimates
 
 LOG = logging.getLogger(__name__)
 # The example spec each ``esa demo --kind`` runs by default (``--spec`` runs any other); shipped in the wheel.
-DEMO_SPECS: dict[str, str] = {"histogram": "app_language.toml", "grid": "grid.toml",
-                              "kv_mean": "feature_usage.toml", "vector_mean": "sensor_vector.toml",
-                              "range": "latency_range.toml", "quantile": "latency_quantiles.toml",
-                              "heavy_hitters": "url_heavy_hitters.toml"}
+DEMO_SPECS: dict[str, Path] = {kind: EXAMPLES_DIR / name for kind, name in {
+    "histogram": "app_language.toml", "grid": "grid.toml", "kv_mean": "feature_usage.toml",
+    "vector_mean": "sensor_vector.toml", "range": "latency_range.toml", "quantile": "latency_quantiles.toml",
+    "heavy_hitters": "url_heavy_hitters.toml"}.items()}
 NO_LOCAL_GUARANTEE = "no local guarantee: multi-message protocol, central only"
 # Heavy hitters are reported by rank: their estimates meet the truth by item name (the hash), not by index.
 # Range trees by node name ("level/index"): a structure may store only some nodes (004's left children).
@@ -198,7 +198,7 @@ def ledger_lines(facts: dict[str, Any]) -> list[tuple[str, str]]:
     eps_local = float(facts["eps_local"])
     if facts.get("epsilon_role") != "central target":
         return [("eps_local", f"{eps_local:g} ({per_client})")]
-    lines = [("target eps_central ([mechanism] epsilon)", f"{facts['epsilon_spec']:g}")]
+    lines = [("target eps_central (spec epsilon)", f"{facts['epsilon_spec']:g}")]
     if math.isfinite(eps_local):
         lines.append(("eps_local (implied by the target)", f"{eps_local:.4g} ({per_client})"))
     else:
@@ -248,7 +248,7 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     """Run the whole demo of one kind (``DEMO_SPECS``); uses an embedded broker unless ``bootstrap`` names one."""
     if kind not in DEMO_SPECS:
         raise ValueError(f"demo kind must be one of {', '.join(DEMO_SPECS)} (got {kind!r})")
-    spec = load_spec(spec_path or example_path(DEMO_SPECS[kind]))
+    spec = load_spec(spec_path or DEMO_SPECS[kind])
     try:
         spec = spec.with_mechanism(mechanism, epsilon)
     except SpecError as err:  # a bad --mechanism/--epsilon flag, not a bad file

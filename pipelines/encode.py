@@ -22,6 +22,7 @@ from pipelines.job import (
     RunSummary,
     config_from_options,
     finish_run,
+    keep_dead_letters,
     locked,
     plan_run,
     run_pipeline,
@@ -57,8 +58,6 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
-    from pipelines.shuffle import keep_dead_letters
-
     if not config.reports_topic:
         raise ValueError("the encode job needs --reports_topic")
     started = time.perf_counter()

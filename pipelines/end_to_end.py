@@ -40,11 +40,11 @@ class ChainSummary:
     def balanced(self) -> bool:
         return all(s.balanced for s in self.stages.values())
 
-    @property
-    def dead_fraction(self) -> float:
-        first = next(iter(self.stages.values()), None)
-        read = first.count("kafka_records_read") if first else 0
-        return self.count("dead_lettered") / read if read else 0.0
+    def records_read_and_dead(self) -> tuple[int, int]:
+        """(records that entered the chain, all dead letters): raw events read by the encoder, or sets
+        written by devices and read by the shuffler, whichever is more."""
+        read = max(s.count("kafka_records_read") for s in self.stages.values()) if self.stages else 0
+        return read, self.count("dead_lettered")
 
     @property
     def out_dir(self) -> Path:
@@ -66,7 +66,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> ChainSumma
         from dataclasses import replace
 
         config = replace(config, reports_topic=f"{config.raw_topic}-reports")
-    ensure_topics(config.bootstrap, [config.reports_topic, config.shuffled_topic], partitions=3)
+    ensure_topics(config.bootstrap, [config.reports_topic, config.shuffled_topic], partitions=3,
+                  client_config=config.kafka_config)
     summary = ChainSummary()
     summary.stages["encode"] = encode.run(config.for_stage("encode"), options)
     summary.stages["shuffle"] = shuffle.run(config.for_stage("shuffle"), options)

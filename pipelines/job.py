@@ -33,9 +33,9 @@ from pipelines.options import (
     kafka_client_config,
     local_runner_requested,
 )
-from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, plan_bounded_read
+from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
 from transforms.spec import AnalysisSpec, load_spec
-from transforms.state.files import StateLock
+from transforms.state.files import StateLock, StateLocked
 from transforms.state.run_state import RunState, run_key
 
 LOG = logging.getLogger(__name__)
@@ -47,6 +47,10 @@ def crash_point(name: str) -> None:
     if os.environ.get(CRASH_ENV) == name:
         LOG.warning("fault injection: SIGKILL at %s", name)
         os.kill(os.getpid(), 9)
+
+
+class GroupInUse(StateLocked):
+    """A fresh state directory pointed at a consumer group another job has already committed for."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class JobConfig:
     max_age_seconds: int = 30 * 86400
     max_skew_seconds: int = 3600
     now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
+    adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
 
     @property
     def state(self) -> Path:
@@ -110,10 +115,9 @@ class RunSummary:
         """Every consumed record is used (or held for its window), deliberately deleted, or dead-lettered, once."""
         return self.count("kafka_records_read") == sum(self.parts.values())
 
-    @property
-    def dead_fraction(self) -> float:
-        read = self.count("kafka_records_read")
-        return self.count("dead_lettered") / read if read else 0.0
+    def records_read_and_dead(self) -> tuple[int, int]:
+        """(records read, records dead-lettered): what the dead-letter bar of the CLI is measured on."""
+        return self.count("kafka_records_read"), self.count("dead_lettered")
 
     @property
     def estimates_path(self) -> Path:
@@ -150,6 +154,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         idle_timeout_seconds=service.idle_timeout_seconds,
         max_age_seconds=service.max_age_seconds,
         max_skew_seconds=service.max_skew_seconds,
+        adopt_group=service.adopt_consumer_group,
     )
 
 
@@ -181,6 +186,14 @@ def plan_run(config: JobConfig, stage: str, topic: str) -> BoundedRun:
     state_path = config.state / "run_state.json"
     state = RunState.load(state_path)
     resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
+    if not resume and not config.adopt_group:
+        owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config)
+        if owned:
+            raise GroupInUse(
+                f"consumer group {config.group_id!r} has committed offsets on {topic!r} ({owned}) but the state "
+                f"directory {config.state} has never run {stage}: another esa job may own this group. Use that "
+                "job's --state_dir, another --consumer_group, or --adopt_consumer_group to start from the "
+                "group's offsets")
     plan = plan_bounded_read(config.bootstrap, topic, config.group_id, consumer_config=config.kafka_config,
                              start_offsets=resume or None)
     starts = {f"{r.topic}/{r.partition}": r.start for r in plan}
@@ -209,8 +222,16 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
     for pkey, event_ms in run_max_event_ms.items():
         max_event[pkey] = max(max_event.get(pkey, event_ms), event_ms)
         last_wall[pkey] = run.now_ms
+    clocks = {}
+    for r in run.plan:
+        pkey = f"{r.topic}/{r.partition}"
+        entries = [e for e in state.read_clock.get(pkey, []) if e[0] > resume[pkey]]  # still re-readable
+        if r.stop > max((e[0] for e in entries), default=0):
+            entries.append([r.stop, run.now_ms])
+        if entries:
+            clocks[pkey] = entries
     new = RunState(resume=resume, processed_until=processed, max_event_ms=max_event, last_data_wall_ms=last_wall,
-                   runs=state.runs + 1, updated_at_ms=int(time.time() * 1000))
+                   runs=state.runs + 1, updated_at_ms=int(time.time() * 1000), read_clock=clocks)
     crash_point(f"{run.stage}:before_state")
     new.save(run.config.state / "run_state.json")
     commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]
@@ -247,3 +268,33 @@ def esa_counters(result: Any) -> dict[str, int]:
         value = counter.committed if counter.committed is not None else counter.attempted
         totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + int(value)
     return totals
+
+
+def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
+    """Move the run's staged dead letters to their per-run file in the stage's own domain, count them by
+    stage and reason class (``dead_letter_counts/``: what may be shown outside the domain), and publish them
+    to ``--dead_letter_topic`` if one is configured. Named by the run key, so a rerun replaces a crashed
+    attempt's file and a later run adds a new one."""
+    import fastavro
+
+    from schemas import encode_record
+    from transforms.kafkaio import produce_records
+    from transforms.state.dead_letters import ReasonCounts, write_counts
+
+    staged = run.staging / "dead_letters.avro"
+    if not staged.exists():
+        return None
+    with staged.open("rb") as f:
+        letters = list(fastavro.reader(f))
+    if not letters:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"dead-letters-{run.key}.avro"
+    staged.replace(target)
+    write_counts(directory / "counts", run.key, ReasonCounts().add_letters(letters))
+    config = run.config
+    if config.dead_letter_topic:
+        produce_records(config.bootstrap, config.dead_letter_topic,
+                        (encode_record("DeadLetter", letter, check=False) for letter in letters),
+                        producer_config=config.kafka_config)
+    return target

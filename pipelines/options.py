@@ -13,8 +13,9 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--kafka_bootstrap", default="127.0.0.1:9092",
                             help="Kafka bootstrap servers (host:port[,host:port])")
         parser.add_argument("--raw_topic", default="telemetry", help="topic of TelemetryEvent records")
-        parser.add_argument("--reports_topic", default="",
-                            help="topic of device-encoded Report records (default: none)")
+        parser.add_argument("--reports_topic", default="reports",
+                            help="topic of signed message sets: written by devices (or `esa encode`), read by "
+                                 "`esa shuffle`")
         parser.add_argument("--shuffled_topic", default="shuffled",
                             help="topic of ShuffledReport records between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",
@@ -55,6 +56,9 @@ class EsaServiceOptions(PipelineOptions):
         parser.add_argument("--follow", action="store_true",
                             help="keep running: one bounded run after another until SIGINT/SIGTERM")
         parser.add_argument("--poll_seconds", type=float, default=5.0, help="--follow: pause between runs")
+        parser.add_argument("--adopt_consumer_group", action="store_true",
+                            help="let a new state dir start from the consumer group's committed offsets (refused "
+                                 "by default: the group may belong to another job)")
         parser.add_argument("--drain", action="store_true",
                             help="release every open window at the end of this run (later reports are late)")
         parser.add_argument("--out_of_orderness_seconds", type=int, default=600,

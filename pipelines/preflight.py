@@ -30,7 +30,7 @@ def existing_topics(bootstrap: str, timeout_s: float = 15.0) -> set[str]:
     timeout_ms = int(timeout_s * 1000)
     try:
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID, request_timeout_ms=timeout_ms,
-                                 api_version_auto_timeout_ms=timeout_ms)
+                                 bootstrap_timeout_ms=timeout_ms)
     except (KafkaError, OSError, ValueError) as err:
         raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {err}") from None
     try:

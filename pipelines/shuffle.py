@@ -30,12 +30,13 @@ from pipelines.job import (
     config_from_options,
     crash_point,
     finish_run,
+    keep_dead_letters,
     locked,
     plan_run,
     run_pipeline,
 )
-from transforms.analyze_release import released_lookup
-from transforms.ingress import DEAD, TIMES, IngressFn, PriorRuns, TimePolicy
+from transforms.analyze_release import prior_runs
+from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
@@ -50,8 +51,7 @@ STAGE = "shuffle"
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
     config = run.config
     specs = list(config.specs)
-    prior = PriorRuns(processed_until=dict(run.state.processed_until),
-                      released=released_lookup(e for s in specs for e in ledger.entries(s.spec_id)))
+    prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
     clock = WindowClock(run.now_ms, config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000,
                         dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
@@ -201,22 +201,6 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "run_key": bounded.key})
-
-
-def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
-    """Move the run's staged dead letters (raw bytes: shuffler domain only) to their per-run file."""
-    import fastavro
-
-    staged = run.staging / "dead_letters.avro"
-    if not staged.exists():
-        return None
-    with staged.open("rb") as f:
-        if next(iter(fastavro.reader(f)), None) is None:
-            return None
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"dead-letters-{run.key}.avro"
-    staged.replace(target)
-    return target
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

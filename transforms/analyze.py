@@ -148,6 +148,9 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
         out["epsilon_exposed"] = {str(t): float(exposed(t)) for t in range(1, mechanism.fragments + 1)}
     if hasattr(mechanism, "expected_messages"):
         out["expected_messages_per_client"] = float(mechanism.expected_messages)
+    removal = getattr(mechanism, "epsilon_central_removal", None)  # privacy ledger (h-privacy): eps_central is
+    if callable(removal) and int(result.n) >= 2:                     # replacement DP; 001's removal value here
+        out["eps_central_removal"] = float(removal(int(result.n), spec.delta))
     ledger = getattr(mechanism, "ledger", None)
     if callable(ledger):
         out["ledger"] = ledger(int(result.n))

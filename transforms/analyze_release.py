@@ -84,8 +84,9 @@ class DecodeReleaseFn(beam.DoFn):
                 batch, problem = None, f"internal error on this record ({type(err).__name__})"
                 LOG.exception("release decoding failed at %s offset %d", pkey, record.offset)
             if problem is None:
-                released = self._prior.released.get((batch.spec_id, batch.crowd_id, batch.window_end_ms))
-                if released is not None:
+                window = (batch.spec_id, batch.crowd_id, batch.window_end_ms)
+                if self._prior.replayed(window, pkey, record.offset):
+                    released = self._prior.released[window]
                     if record.offset < released.get(pkey, 0) or seen_before:
                         self._reread.inc()
                         continue
@@ -180,7 +181,7 @@ class AssembleReleaseFn(beam.DoFn):
             return
         accumulator = self._open(spec, first, whole)
         ends: dict[str, int] = {}
-        for item in whole:
+        for item in items:  # duplicate copies too: they were read (and counted) by the run that sealed it
             pkey = partition_key(item.source.topic, item.source.partition)
             ends[pkey] = max(ends.get(pkey, 0), item.source.offset + 1)
         self._analyzed.inc(len(whole))
@@ -231,3 +232,19 @@ def _header(batch: Any) -> tuple:
 def released_lookup(entries: Iterable[Any]) -> Mapping[tuple[str, str | None, int], Mapping[str, int]]:
     """Ledger entries -> the (spec, crowd, window) -> source ends map the ingress steps consult."""
     return {(e.key.spec_id, e.key.crowd_id, e.key.window_end_ms): dict(e.source_ends) for e in entries}
+
+
+def prior_runs(state: Any, entries: Iterable[Any], run_key: str) -> PriorRuns:
+    """What the ingress steps must know of earlier runs (``state``: the job's saved RunState).
+
+    An entry sealed under this ``run_key`` *after* the state was last saved is a crashed attempt of this
+    very run (same input range, state never saved): its window is redone rather than skipped as re-read,
+    so the rerun reproduces the identical release, publishes it if need be and counts its records once.
+    """
+    entries = list(entries)
+    redo = frozenset((e.key.spec_id, e.key.crowd_id, e.key.window_end_ms) for e in entries
+                     if e.run_key == run_key and e.sealed_at_ms >= state.updated_at_ms)
+    clocks = {pkey: tuple((int(end), int(clock)) for end, clock in entries_)
+              for pkey, entries_ in getattr(state, "read_clock", {}).items()}
+    return PriorRuns(processed_until=dict(state.processed_until), released=released_lookup(entries), redo=redo,
+                     read_clock=clocks)

@@ -37,6 +37,9 @@ from transforms.state.dead_letters import bounded_letter
 LOG = logging.getLogger(__name__)
 DEAD = "dead_letters"
 NAMESPACE = "esa"
+#: Event times a message set can carry (``transforms.trust.message_set``): an event outside them is
+#: dead-lettered here, where it is read, instead of failing the job when its set is signed.
+MAX_EVENT_TIME_MS = 2**53
 
 
 class EventElement(NamedTuple):
@@ -99,6 +102,8 @@ class DecodeEventsFn(beam.DoFn):
                     raise ValueError(f"no analysis spec consumes metric {event['metric']!r}")
                 if not event["client_id"]:
                     raise ValueError("event without client_id: the shuffler cannot authenticate it")
+                if not 0 <= event["event_time"] < MAX_EVENT_TIME_MS:
+                    raise ValueError("event_time out of range [0, 2^53) ms")
                 value = event_value(spec, event["value"])
                 crowd = crowd_of(spec, event.get("crowd_id"))
             except (WireFormatError, ValueError) as err:

@@ -64,6 +64,23 @@ class PriorRuns:
     processed_until: Mapping[str, int] = field(default_factory=dict)  # "topic/partition" -> end of last run
     released: Mapping[tuple[str, str | None, int], Mapping[str, int]] = field(default_factory=dict)
     # (spec_id, crowd_id, window_end_ms) -> "topic/partition" -> end offset of the read that sealed it
+    redo: frozenset[tuple[str, str | None, int]] = frozenset()
+    read_clock: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # "topic/partition" -> ((end offset, run clock), ...): the clock a re-read record was first judged by, so
+    # a set held in an open window cannot turn stale (and vanish) while it waits
+    # windows sealed by a crashed attempt of *this* run (same run key): their records below the source ends
+    # are processed again, so the rerun reproduces, publishes and counts the release the crash interrupted
+
+    def first_clock(self, pkey: str, offset: int) -> int | None:
+        for end, clock in self.read_clock.get(pkey, ()):
+            if offset < end:
+                return clock
+        return None
+
+    def replayed(self, key: tuple[str, str | None, int], pkey: str, offset: int) -> bool:
+        """Whether a record of window ``key`` at ``offset`` was already released (False: process it)."""
+        ends = self.released.get(key)
+        return ends is not None and not (key in self.redo and offset < ends.get(pkey, 0))
 
 
 @dataclass(frozen=True)
@@ -74,10 +91,11 @@ class TimePolicy:
     max_age_ms: int
     max_skew_ms: int
 
-    def problem(self, event_time_ms: int) -> str | None:
-        if event_time_ms < self.now_ms - self.max_age_ms:
+    def problem(self, event_time_ms: int, now_ms: int | None = None) -> str | None:
+        now = self.now_ms if now_ms is None else now_ms
+        if event_time_ms < now - self.max_age_ms:
             return f"stale: event time more than {self.max_age_ms // 1000} s before the run started"
-        if event_time_ms > self.now_ms + self.max_skew_ms:
+        if event_time_ms > now + self.max_skew_ms:
             return f"from the future: event time more than {self.max_skew_ms // 1000} s after the run started"
         return None
 
@@ -149,8 +167,9 @@ class IngressFn(beam.DoFn):
                     yield TaggedOutput(DEAD, record_dead_letter("ingress", problem, record))
                 continue
             assert item is not None
-            released = self._prior.released.get((item.spec_id, item.crowd_id, item.window_end_ms))
-            if released is not None:
+            window = (item.spec_id, item.crowd_id, item.window_end_ms)
+            if self._prior.replayed(window, pkey, record.offset):
+                released = self._prior.released[window]
                 if record.offset < released.get(pkey, 0) or seen_before:
                     self._reread.inc()  # part of that release, or already dead-lettered as late
                 else:
@@ -188,7 +207,8 @@ class IngressFn(beam.DoFn):
             return None, str(err)
         if crowd != message_set.crowd_id:
             return None, f"crowd_id given but {spec.name} has no crowd partition"
-        problem = self._times.problem(message_set.event_time_ms)
+        pkey = partition_key(record.topic, record.partition)
+        problem = self._times.problem(message_set.event_time_ms, self._prior.first_clock(pkey, record.offset))
         messages = tuple((m.channel, m.sealed) for m in message_set.messages)
         problem = problem or channel_problem(spec, messages)
         if problem:

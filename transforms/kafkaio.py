@@ -80,8 +80,13 @@ def _producer(bootstrap: str, **config: Any) -> KafkaProducer:
     return KafkaProducer(bootstrap_servers=bootstrap, **settings)
 
 
-def _admin(bootstrap: str) -> KafkaAdminClient:
-    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID)
+_ADMIN_KEYS = ("security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version")
+
+
+def _admin(bootstrap: str, **config: Any) -> KafkaAdminClient:
+    """An admin client with the security settings of ``config`` (consumer-only settings are dropped)."""
+    settings = {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID, **settings)
 
 
 def _split(element: Element) -> tuple[bytes | None, bytes]:
@@ -93,9 +98,10 @@ def _split(element: Element) -> tuple[bytes | None, bytes]:
     raise TypeError(f"Kafka elements must be bytes or (key, value) tuples, got {type(element).__name__}")
 
 
-def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1) -> None:
+def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
+                  client_config: Mapping[str, Any] | None = None) -> None:
     """Create `topics` with `partitions` partitions; existing topics are left as they are."""
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, **dict(client_config or {}))
     try:
         spec = {t: {"num_partitions": partitions, "replication_factor": 1} for t in topics}
         response = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
@@ -156,6 +162,18 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_
     _log.info("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
               group_id, [(r.partition, r.start, r.stop) for r in plan])
     return plan
+
+
+def committed_offsets(bootstrap: str, group_id: str, topic: str,
+                      consumer_config: Mapping[str, Any] | None = None) -> dict[int, int]:
+    """Partition -> offset committed by ``group_id`` on ``topic`` (partitions without a commit are left out)."""
+    consumer = _consumer(bootstrap, group_id, **dict(consumer_config or {}))
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        found = {p: consumer.committed(TopicPartition(topic, p)) for p in sorted(partitions)}
+    finally:
+        consumer.close(autocommit=False)
+    return {p: int(o) for p, o in found.items() if o is not None}
 
 
 def commit_plan(bootstrap: str, group_id: str, plan: Iterable[PartitionRange],

@@ -36,8 +36,22 @@ def with_cumulative_epsilon(spec: AnalysisSpec, rows: list[dict[str, Any]], popu
     releases = sorted((e for e in population if e.key.window_end_ms <= upto_window_end_ms),
                       key=lambda e: e.key.window_end_ms)
     accounts = [e.extra["accounting"] for e in releases if "accounting" in e.extra]
-    total = cumulative_for_spec(spec, accounts)
-    return [{**row, "eps_central_cumulative": total, "windows_composed": len(accounts)} for row in rows]
+    delta = cumulative_delta(spec, accounts)
+    total = cumulative_for_spec(spec, accounts, delta)
+    return [{**row, "eps_central_cumulative": total, "windows_composed": len(accounts), "delta_cumulative": delta}
+            for row in rows]
+
+
+def cumulative_delta(spec: AnalysisSpec, accounts: list[dict[str, Any]]) -> float:
+    """The delta the cumulative epsilon is read at: the spec's delta plus every window's own delta terms.
+
+    Each window's crowd count fails its pure guarantee with probability up to its crowd delta (001
+    Algorithm 3), and a window known only by (eps, delta) brings its delta: W such terms cannot fit in a
+    fixed total, so the total grows with them and is published beside the epsilon.
+    """
+    extra = sum(float(a.get("crowd_delta") or 0.0) + (float(a["delta"]) if a.get("own_accountant") else 0.0)
+                for a in accounts)
+    return float(spec.delta) + extra
 
 
 def window_release(account: dict[str, Any]) -> Any:
@@ -51,8 +65,8 @@ def window_release(account: dict[str, Any]) -> Any:
     return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd)
 
 
-def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]]) -> float | None:
-    """The population's cumulative epsilon at the spec's delta; None before any release."""
+def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]], delta: float) -> float | None:
+    """The population's cumulative epsilon at ``delta``; None before any release."""
     from transforms.privacy.odometer import cumulative_epsilon
 
     if not accounts:
@@ -61,7 +75,7 @@ def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]]) -> f
         # A window without a finite guarantee (e.g. a multi-message crowd far below its calibrated size)
         # leaves the composition unbounded too; the odometer says so instead of failing the release.
         return math.inf
-    return float(cumulative_epsilon([window_release(a) for a in accounts], spec.delta))
+    return float(cumulative_epsilon([window_release(a) for a in accounts], delta))
 
 
 def _finite(value: Any) -> bool:

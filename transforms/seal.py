@@ -18,15 +18,11 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from transforms.records import ReportElement, encode_payload
+from transforms.device.wire import signed_message_set
+from transforms.records import ReportElement
 from transforms.spec import AnalysisSpec
 
 NAMESPACE = "esa"
-
-
-def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:
-    window = spec.window_seconds * 1000
-    return (event_time_ms // window + 1) * window
 
 
 def _prf(key: bytes, *parts: bytes) -> bytes:
@@ -70,25 +66,13 @@ class SealSetsFn(beam.DoFn):
             yield out
 
     def _seal(self, reports: list[ReportElement]) -> tuple[bytes, bytes]:
-        from transforms.records import row_channel
-        from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
-        from transforms.trust.sealing import associated_data, seal
-
         first = reports[0]
-        spec = self._specs[first.spec_id]
-        mechanism = spec.randomizer
-        end = window_end_ms(spec, first.event_time_ms)
         source = first.source
         position = f"{source.topic}/{source.partition}/{source.offset}".encode() if source else b"?"
-        messages = []
-        for i, report in enumerate(reports):
-            channel = row_channel(mechanism, report.payload)
-            ephemeral = _prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big"))
-            sealed = seal(self._analyzer, self._key_id, encode_payload(mechanism, report.payload),
-                          associated_data(spec.spec_id, first.crowd_id, end, channel), ephemeral)
-            messages.append(SealedMessage(channel, sealed))
         device_id = self._fleet.device_id(first.client_id)
-        unsigned = MessageSet(spec.spec_id, first.crowd_id, device_id, first.event_time_ms,
-                              _prf(self._prf_key, b"nonce", position)[:16], self._key_id, tuple(messages))
-        signed = sign_message_set(unsigned, self._fleet.signing_key(first.client_id))
-        return device_id.encode(), encode_message_set(signed)
+        data = signed_message_set(
+            self._specs[first.spec_id], [r.payload for r in reports], event_time_ms=first.event_time_ms,
+            crowd_id=first.crowd_id, device_id=device_id, signer=self._fleet.signing_key(first.client_id),
+            analyzer=self._analyzer, key_id=self._key_id, nonce=_prf(self._prf_key, b"nonce", position)[:16],
+            ephemerals=[_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))])
+        return device_id.encode(), data

@@ -53,6 +53,7 @@ HELD = "held"
 WITHHELD = -1  # decision for a crowd that releases nothing
 CrowdKey = tuple[str, str | None, int]  # (spec_id, crowd_id, window_end_ms)
 Message = tuple[int, bytes]  # (channel, sealed payload)
+Unit = tuple[int, tuple[Message, ...]]  # one device's kept sets in a window: (set count, their messages)
 
 
 def discrete_laplace(rng: np.random.Generator, epsilon: float) -> int:
@@ -79,7 +80,7 @@ class ReleasePart(NamedTuple):
     subkey: int
     messages: tuple[Message, ...]
     n_sets: int
-    deleted: int | None  # sets the threshold deleted from this sub-crowd, if the spec publishes it
+    deleted: int | None  # devices the threshold deleted from this sub-crowd, if the spec publishes it
 
 
 @dataclass(frozen=True)
@@ -159,12 +160,13 @@ class DedupeAndStripFn(beam.DoFn):
             by_device.setdefault(item.device_id, []).append(item)
         single = is_single_message(spec.randomizer)
         per_channel = messages_per_channel(spec.randomizer)
-        kept: dict[int, list[tuple[Message, ...]]] = {}
+        kept: dict[int, list[Unit]] = {}
         for device, sets in by_device.items():
             sets.sort(key=_position)
-            first_digest, n_kept = sets[0].digest, 0
+            kept_digests: set[bytes] = set()
+            n_kept, messages = 0, ()
             for item in sets:
-                if n_kept and item.digest == first_digest:
+                if item.digest in kept_digests:  # a copy of *any* kept set, not only the first
                     yield self._reject(item, "duplicate: an identical copy of a set already kept (replay or resend)")
                     continue
                 if n_kept >= spec.max_reports_per_client:
@@ -176,10 +178,15 @@ class DedupeAndStripFn(beam.DoFn):
                     yield self._reject(item, problem)
                     continue
                 n_kept += 1
+                kept_digests.add(item.digest)
+                messages += item.messages
+            if n_kept:
+                # One unit per device: the threshold counts, and deletes, devices (its noise is calibrated to
+                # one device changing the count by one), whatever its quota of sets per window.
                 subkey = keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", spec.crowd.subkeys)
-                kept.setdefault(subkey, []).append(item.messages)
+                kept.setdefault(subkey, []).append((n_kept, messages))
         self._devices.inc(len(by_device))
-        self._valid.inc(sum(len(sets) for sets in kept.values()))
+        self._valid.inc(sum(n for units in kept.values() for n, _ in units))
         for subkey, sets in kept.items():
             yield (spec_id, crowd, window_end), (subkey, sets)
 
@@ -247,23 +254,25 @@ class ReleaseFn(beam.DoFn):
     def process(self, keyed: tuple[tuple[CrowdKey, int], dict[str, list]]) -> Iterator[ReleasePart]:
         (crowd_key, subkey), joined = keyed
         spec_id, crowd, window_end = crowd_key
-        sets = sorted(s for part in joined["sets"] for s in part)  # canonical order: GroupByKey's is not
+        units = sorted(u for part in joined["sets"] for u in part)  # canonical order: GroupByKey's is not
         decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
         decision = decisions[0]
+        total_sets = sum(n for n, _ in units)
         if decision == WITHHELD:
-            self._deleted.inc(len(sets))
+            self._deleted.inc(total_sets)
             return
         rng = keyed_generator(self._key, "release", spec_id, str(crowd), subkey, window_end)
-        survivors = rng.permutation(len(sets))[decision:]  # one draw: which sets survive
-        rows = [row for i in survivors for row in sets[i]]
+        survivors = rng.permutation(len(units))[decision:]  # one draw: which devices survive
+        rows = [row for i in survivors for row in units[i][1]]
+        released_sets = sum(units[i][0] for i in survivors)
         order = rng.permutation(len(rows))
-        self._deleted.inc(len(sets) - len(survivors))
-        self._released.inc(len(survivors))
+        self._deleted.inc(total_sets - released_sets)
+        self._released.inc(released_sets)
         self._messages.inc(len(rows))
         published = self._specs[spec_id].crowd.publish_deletions
-        yield ReleasePart(spec_id, crowd, window_end, subkey, tuple(rows[i] for i in order), len(survivors),
+        yield ReleasePart(spec_id, crowd, window_end, subkey, tuple(rows[i] for i in order), released_sets,
                           decision if published else None)
 
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
-from pipelines.end_to_end import run
-from pipelines.job import JobConfig, RunSummary
+from pipelines.end_to_end import ChainSummary, run
+from pipelines.enrolment import enrol_simulated
+from pipelines.job import JobConfig
 from pipelines.population import synthesize
 from pipelines.simulate import produce_population
 from tests.deploy.portable import local_job_service, portable_options, worker_pool
 from transforms.spec import spec_from_dict
+from transforms.state.estimates_store import read_estimates
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +48,8 @@ def _spec() -> object:
     }, source="test_portable_runner")
 
 
-def _rows(summary: RunSummary) -> list[tuple]:
-    table = pq.read_table(summary.estimates_path).to_pydict()
+def _rows(summary: ChainSummary) -> list[tuple]:
+    table = read_estimates(summary.out_dir).to_pydict()
     return sorted(zip(*(table[c] for c in COLUMNS), strict=True), key=lambda r: (r[1], r[5]))
 
 
@@ -57,15 +58,20 @@ def produced(broker, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One population on two fresh topics, and the in-process reference run over them."""
     spec = _spec()
     stem = f"portable-{int(time.time() * 1000)}"
-    topics = {"raw_topic": f"{stem}-raw", "reports_topic": f"{stem}-rep"}
-    population = synthesize(spec, N_CLIENTS, windows=2, seed=SEED)
-    produce_population(broker.bootstrap, spec, population, bad_per_kind=1, seed=SEED, **topics)
+    window_ms = spec.window_seconds * 1000
+    start_ms = (int(time.time() * 1000) // window_ms - 4) * window_ms  # recent, closed windows
+    population = synthesize(spec, N_CLIENTS, windows=2, start_ms=start_ms, seed=SEED)
     base = tmp_path_factory.mktemp("portable")
+    enrol_simulated(base / "keys", population.client_ids.tolist())
+    produce_population(broker.bootstrap, spec, population, bad_per_kind=1, seed=SEED, raw_topic=f"{stem}-raw",
+                       reports_topic=f"{stem}-bad")
 
     def config(name: str) -> JobConfig:
-        # Each runner reads the same records through its own consumer group.
-        return JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=base / name,
-                         group_id=f"{stem}-{name}", seed=SEED, **topics)
+        # Each runner reads the same raw records through its own consumer group, and keeps its own
+        # intermediate topics and state; all share the keys (the same enrolled devices).
+        return JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=base / name, keys_dir=base / "keys",
+                         raw_topic=f"{stem}-raw", reports_topic=f"{stem}-{name}-rep",
+                         shuffled_topic=f"{stem}-{name}-shuf", group_id=f"{stem}-{name}", seed=SEED, drain=True)
 
     started = time.perf_counter()
     reference = run(config("fnapi"))
@@ -74,7 +80,7 @@ def produced(broker, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"config": config, "reference": reference, "base": base}
 
 
-def _check_same_as_reference(produced: dict, summary: RunSummary) -> None:
+def _check_same_as_reference(produced: dict, summary: ChainSummary) -> None:
     reference = produced["reference"]
     assert summary.balanced, summary.accounting
     assert summary.accounting == reference.accounting

@@ -16,7 +16,7 @@ from pipelines.enrolment import enrol_simulated
 from pipelines.population import Population
 from pipelines.simulate import bad_records
 from schemas import encode_record  # noqa: F401  (schemas must import before the trust encoders)
-from transforms.seal import window_end_ms
+from transforms.device.wire import window_end_ms
 from transforms.spec import AnalysisSpec
 from transforms.trust.devices import SimulatedFleet
 from transforms.trust.keys import load_analyzer_public

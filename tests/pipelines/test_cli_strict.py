@@ -131,17 +131,19 @@ def test_help_epilog_documents_every_exit_code(capsys) -> None:
         assert f"{member.value}  {member.name}" in out and f"{member.value}  {member.name}" in epilog()
 
 
-def test_reports_topic_defaults_to_none() -> None:
+def test_topics_default_to_what_simulate_writes() -> None:
+    """`esa simulate` then `esa run` with no topic flags must meet on the same topics."""
     kafka = PipelineOptions([]).view_as(esa_options.EsaKafkaOptions)
-    assert kafka.reports_topic == ""
+    simulate = cli._parse_native(["simulate", "--bootstrap", "h:1"])
+    assert (kafka.raw_topic, kafka.reports_topic) == (simulate.raw_topic, simulate.reports_topic)
 
 
 def _fake_job(monkeypatch, module: str, stage: str, accounting: dict[str, int], tmp_path: Path) -> None:
     import importlib
 
     summary = SimpleNamespace(stage=stage, accounting=accounting, balanced=True,
-                              estimates_path=tmp_path / "estimates.parquet",
-                              dead_letters_path=tmp_path / "dead_letters.avro")
+                              estimates_path=tmp_path / "estimates", dead_letters_path=tmp_path / "dead_letters",
+                              records_read_and_dead=lambda: (accounting["read"], accounting["dead_lettered"]))
     monkeypatch.setattr(importlib.import_module(module), "run_from_argv", lambda argv: summary)
 
 
@@ -153,7 +155,7 @@ def test_jobs_print_only_what_they_write(command, module, stage, writes_estimate
     _fake_job(monkeypatch, module, stage, {"read": 100, "dead_lettered": 2}, tmp_path)
     code, out, _ = run_main([command, "--spec", "x.toml"], capsys)
     result = json.loads(out)
-    assert code == 0 and result["dead_letters"].endswith("dead_letters.avro")
+    assert code == 0 and result["dead_letters"].endswith("dead_letters")
     assert ("estimates" in result) is writes_estimates
 
 
@@ -178,3 +180,12 @@ def test_json_piped_to_a_closed_reader_exits_quietly() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_beam_command_is_quiet_in_a_fresh_process() -> None:
+    """Importing Beam logs an 'apitools not found' warning on every command; the user sees only the error."""
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "encode", "--kafka_bootsrap", "h:1"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == ExitCode.USAGE
+    assert done.stderr.strip().splitlines() == [
+        "esa encode: error: unknown flag --kafka_bootsrap (did you mean --kafka_bootstrap?); see esa encode --help"]

@@ -25,6 +25,7 @@ from transforms.privacy.fragments import (
     fragments_tight,
     rappor_tight,
     replacement_central,
+    replacement_tight,
     theorem_iv2,
 )
 from transforms.privacy.report import build_privacy_report, format_privacy_report, privacy_report
@@ -51,7 +52,7 @@ def test_table_11_1(name: str, n: int, delta: float, eps: float, table: float, l
     assert theorem_iii1(n, eps, delta).epsilon == pytest.approx(thm, abs=PRINTED)
     if n < 10**8:  # the report also runs the tight bound, which takes seconds at n ~ 2e8 and low eps
         report = fragmented_privacy_report("rappor", 87_680, eps, n, delta)
-        assert report["eps_central"] == value and report["eps_central_rule"].startswith("lemma_ii6")
+        assert report["eps_central_removal"] == value and report["eps_central_removal_rule"].startswith("lemma_ii6")
         assert report["closed_forms"]["theorem_iii1"]["epsilon"] == pytest.approx(thm, abs=PRINTED)
 
 
@@ -176,9 +177,12 @@ def test_replacement_and_fallback() -> None:
     assert replacement_central(0.3, 1e-6) == (0.6, 2e-6)
     report = fragmented_privacy_report("rappor", 100, 5.0, 1000, 1e-6)  # lambda = 13.4 < 14 ln(4/delta)
     assert report["closed_forms"]["lemma_ii6"]["epsilon"] is None
-    assert report["eps_central"] == report["eps_central_tight"] == rappor_tight(1000, 5.0, 1e-6)
-    assert report["eps_central_rule"].startswith("tight")
-    assert report["eps_central_replacement"] == {"epsilon": 2 * report["eps_central"], "delta": 2e-6}
+    assert report["eps_central_removal"] == report["eps_central_removal_tight"] == rappor_tight(1000, 5.0, 1e-6)
+    assert report["eps_central_removal_rule"].startswith("tight")
+    assert report["eps_central_replacement_basic"] == {"epsilon": 2 * report["eps_central_removal"], "delta": 2e-6}
+    # the ledger value: replacement DP, tighter than the basic (2 eps, 2 delta) and above one removal
+    assert report["eps_central_removal"] < report["eps_central"] < 2 * report["eps_central_removal"]
+    assert report["eps_central"] == pytest.approx(replacement_tight(1000, 1 / (math.exp(5.0) + 1), 5.0, 1e-6), rel=1e-6)
 
 
 def test_dispatch_and_errors() -> None:
@@ -199,7 +203,8 @@ def test_dispatch_and_errors() -> None:
 
 RAPPOR_KEYS = {
     "mechanism", "domain", "neighbouring", "epsilon_local", "epsilon_local_replacement", "n", "delta", "alpha",
-    "alpha_rule", "eps_central", "eps_central_rule", "eps_central_tight", "eps_central_replacement",
+    "alpha_rule", "eps_central", "eps_central_rule", "eps_central_replacement_basic", "eps_central_removal",
+    "eps_central_removal_rule", "eps_central_removal_tight",
     "expected_messages", "closed_forms",
 }
 FRAGMENT_KEYS = RAPPOR_KEYS | {
@@ -220,12 +225,13 @@ def test_cli_rappor_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     report = json.loads(out)
     assert set(report) == RAPPOR_KEYS
-    assert report["mechanism"] == "rappor" and report["neighbouring"] == "removal"
-    assert report["eps_central"] == pytest.approx(1.00177, rel=0.01)
-    assert report["closed_forms"]["lemma_ii6"]["epsilon"] == report["eps_central"]
+    assert report["mechanism"] == "rappor" and report["neighbouring"] == "replacement"
+    assert report["eps_central_removal"] == pytest.approx(1.00177, rel=0.01)
+    assert report["closed_forms"]["lemma_ii6"]["epsilon"] == report["eps_central_removal"]
     assert report["closed_forms"]["theorem_iii1"]["epsilon"] == pytest.approx(1.77283, abs=PRINTED)
-    assert 0 < report["eps_central_tight"] < report["eps_central"]
-    assert report["eps_central_tight"] == rappor_tight(1_914_589, 8.55, 5e-8)
+    assert 0 < report["eps_central_removal_tight"] < report["eps_central_removal"]
+    assert report["eps_central_removal_tight"] == rappor_tight(1_914_589, 8.55, 5e-8)
+    assert report["eps_central_removal_tight"] < report["eps_central"] < 2 * report["eps_central_removal_tight"]
     assert report["alpha"] == pytest.approx(1 / (math.exp(8.55) + 1), rel=1e-12)
     assert report["epsilon_local_replacement"] == 17.1
     assert report["expected_messages"] == pytest.approx(17.97, abs=0.005)
@@ -242,8 +248,10 @@ def test_cli_rappor_fragments_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["epsilon_one_fragment"] == pytest.approx(1.369979, abs=1e-4)
     assert report["epsilon_local"] == pytest.approx(2.907865, abs=1e-4)
     assert len(report["epsilon_exposed"]) == 4
-    assert report["eps_central"] == pytest.approx(0.04992, abs=PRINTED)  # Lemma II.6 on the backstop
-    assert report["eps_central_tight"] == fragments_tight(1_914_589, 2.94, 1.5897, 4, 5e-8)
+    assert report["eps_central_removal"] == pytest.approx(0.04992, abs=PRINTED)  # Lemma II.6 on the backstop
+    assert report["eps_central_removal_tight"] == fragments_tight(1_914_589, 2.94, 1.5897, 4, 5e-8)
+    # too large for an exact PLD: basic composition of the two bits at delta/2
+    assert report["eps_central"] == 2 * fragments_tight(1_914_589, 2.94, 1.5897, 4, 2.5e-8)
     forms = report["closed_forms"]
     assert set(forms) == {"lemma_ii6", "theorem_iii1", "theorem_iv2", "fragment_rows"}
     assert forms["theorem_iv2"]["epsilon"] == theorem_iv2(1_914_589, 2.94, 1.5897, 4, 5e-8).epsilon

@@ -66,7 +66,8 @@ def estimate(n_deleted: int | None) -> dict[str, Any]:
             "item_index": 0, "estimate": 0.25, "stderr": 0.0125, "raw_estimate": 0.26, "n_reports": 20_000,
             "n_clients": 20_000, "n_deleted": n_deleted,
             "eps_local": 2.0, "eps_central": 0.12, "delta": 1e-6, "mechanism": "olh",
-            "parameters": json.dumps({"d": 64, "epsilon": 2.0})}
+            "parameters": json.dumps({"d": 64, "epsilon": 2.0}), "eps_central_cumulative": 1.1,
+            "windows_composed": 3, "delta_cumulative": 4e-6, "release_id": "0123456789abcdef0123456789abcdef"}
 
 
 def dead_letter(full: bool) -> dict[str, Any]:

@@ -1,54 +1,62 @@
-"""Several messages per client through the real Beam stages: attribute fragments, presence markers, crowd ids.
+"""Several messages per client through the real stages: attribute fragments, presence markers, crowd ids.
 
-Events are real TelemetryEvent bytes; Encode -> Shuffle -> Analyze runs on the FnApiRunner. Checks:
+Events are real TelemetryEvent bytes of enrolled simulated devices. Encode + SealSetsFn run on the
+FnApiRunner and give signed MessageSets; IngressFn + Shuffle run on them (drain); the released parts are
+numbered and signed like the driver does, then DecodeReleaseFn + AssembleReleaseFn open them and
+``estimate_rows`` estimates. Checks:
 
-* each crowd (public partition) is thresholded and estimated on its own and its id is published;
+* each crowd (public partition) is thresholded, released and estimated on its own and its id is published;
 * the analyzer counts released clients by their presence markers (a k-RAPPOR client may send no set bit);
-* every message is accounted for (valid = deleted + released; released = analyzed) and whole message sets
-  are deleted (deleted markers = deleted clients);
-* the shuffled output of fragments carries no client id and no shared key: every field other than the
-  channel (which *is* the message) is constant over a crowd, and the release order does not keep a
-  client's messages together.
+* every set and message is accounted for (valid = deleted + released; released messages = analyzed
+  messages) and whole message sets are deleted (markers = released sets);
+* a release part carries nothing that links its messages: routing fields are constant over a crowd and the
+  messages are distinct sealed blobs.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 import pytest
 
-from schemas import SCHEMA_VERSION, decode_record, encode_record
+from pipelines.enrolment import enrol_simulated
+from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import PipelineRun, run_pipeline
-from transforms.analyze import Analyze
+from tests.transforms.release_inputs import NOW_MS, Devices, shuffle_run, sign_release
+from transforms.analyze import estimate_rows
+from transforms.analyze_release import AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
 from transforms.encode import EncodeEvents
+from transforms.ingress import PriorRuns
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.records import PRESENCE, ShuffledBatch, shuffled_records
-from transforms.shuffle import ReleaseFn, Shuffle
+from transforms.records import PRESENCE
+from transforms.seal import SealSetsFn
 from transforms.spec import AnalysisSpec, spec_from_dict
+from transforms.trust.message_set import decode_message_set
+from transforms.trust.release import release_id_of
 
 WINDOW_S = 3600
-T0 = 500_000 * WINDOW_S * 1000
+T0 = NOW_MS - 5 * WINDOW_S * 1000  # a recent window: ingress refuses event times older than max_age
 D = 12
-CROWDS = {"v1": 2500, "v2": 1500}
+CROWDS = {"v1": 400, "v2": 250}
 
 
-def fragment_spec(**mechanism: object) -> AnalysisSpec:
+def fragment_spec() -> AnalysisSpec:
     return spec_from_dict({
         "analysis": {"name": "frag", "metric": "frag"},
         "domain": {"size": D},
-        "mechanism": {"name": "rappor", "epsilon": 3.0, **mechanism},
-        "window": {"size_seconds": WINDOW_S},
+        "mechanism": {"name": "rappor", "epsilon": 3.0},
+        "window": {"size_seconds": WINDOW_S, "allowed_lateness_seconds": 0},
         "crowd": {"epsilon": 1.0, "delta": 1e-6, "subkeys": 4, "partition": "app_version"},
     })
 
 
-def population(seed: int) -> tuple[list[KafkaRecord], dict[str, np.ndarray]]:
+def population(seed: int) -> tuple[list[KafkaRecord], dict[str, np.ndarray], list[str]]:
     rng = np.random.default_rng(seed)
-    records, truth, offset = [], {}, 0
+    records, truth, clients = [], {}, []
     law = np.arange(D, 0, -1, dtype=float) / np.arange(D, 0, -1).sum()
     for crowd, n in CROWDS.items():
         values = rng.choice(D, size=n, p=law)
@@ -57,93 +65,108 @@ def population(seed: int) -> tuple[list[KafkaRecord], dict[str, np.ndarray]]:
             event = {"schema_version": SCHEMA_VERSION, "client_id": f"{crowd}-client-{i}",
                      "event_time": T0 + int(rng.integers(WINDOW_S * 1000)), "metric": "frag", "value": int(v),
                      "crowd_id": crowd}
-            records.append(KafkaRecord("telemetry", 0, offset, event["event_time"], None,
+            clients.append(event["client_id"])
+            records.append(KafkaRecord("telemetry", 0, len(records), event["event_time"], None,
                                        encode_record("TelemetryEvent", event)))
-            offset += 1
-    return records, truth
+    return records, truth, clients
+
+
+class FragmentRun(NamedTuple):
+    spec: AnalysisSpec
+    sets: list[bytes]
+    keys: list[bytes]
+    shuffled: PipelineRun
+    opened: dict[str, OpenedRelease]
+    rows: list[dict[str, Any]]
+    truth: dict[str, np.ndarray]
 
 
 @pytest.fixture(scope="module")
-def fragment_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[AnalysisSpec, PipelineRun, dict]:
+def fragment_run(tmp_path_factory: pytest.TempPathFactory) -> FragmentRun:
+    tmp = tmp_path_factory.mktemp("frag")
     spec = fragment_spec()
-    records, truth = population(3)
+    events, truth, clients = population(3)
+    enrol_simulated(tmp / "keys", clients)
+    devices = Devices(tmp / "keys", clients)
 
-    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
-        reports, dead_enc = p | beam.Create(records) | EncodeEvents([spec], job_key_from_seed(5))
-        released, dead_shuf = reports | Shuffle(spec, seed=9)
-        estimates = released | Analyze(spec)
-        return {"released": released, "estimates": estimates, "dead": (dead_enc, dead_shuf) | beam.Flatten()}
+    def encode(p: beam.Pipeline) -> dict[str, beam.PCollection]:
+        reports, dead = p | beam.Create(events) | EncodeEvents([spec], job_key_from_seed(5))
+        sealed = reports | beam.ParDo(SealSetsFn([spec], str(devices.keys_dir)))
+        return {"sets": sealed, "dead": dead}
 
-    return spec, run_pipeline(tmp_path_factory.mktemp("frag"), build), truth
+    encoded = run_pipeline(tmp, encode)
+    assert encoded.values("dead") == []
+    keys = [key for key, _ in encoded.values("sets")]
+    sets = [value for _, value in encoded.values("sets")]
+    shuffled = shuffle_run(tmp, [spec], devices, [devices.record(v) for v in sets])
+    decode = DecodeReleaseFn([spec], str(devices.keys_dir), PriorRuns())
+    assemble = AssembleReleaseFn([spec], str(devices.keys_dir))
+    decode.setup()
+    assemble.setup()
+    opened, rows = {}, []
+    for rid, batches in sign_release(devices.keys_dir, shuffled.values("released"), per_batch=200).items():
+        elements = [e for i, b in enumerate(batches)
+                    for _, e in decode.process(KafkaRecord("shuffled", 0, i, 0, None, b))]
+        (opened[rid],) = assemble.process((rid, elements))
+        end = opened[rid].window_end_ms
+        rows += estimate_rows(spec, opened[rid].crowd_id, opened[rid].accumulator, end - WINDOW_S * 1000, end)
+    return FragmentRun(spec, sets, keys, shuffled, opened, rows, truth)
 
 
-def test_each_crowd_is_estimated_separately_and_named(fragment_run: tuple) -> None:
-    spec, run, truth = fragment_run
-    rows = run.values("estimates")
+def test_each_crowd_is_released_and_estimated_on_its_own(fragment_run: FragmentRun) -> None:
+    spec, rows = fragment_run.spec, fragment_run.rows
+    end = (T0 // (WINDOW_S * 1000) + 1) * WINDOW_S * 1000
+    assert set(fragment_run.opened) == {release_id_of(spec.spec_id, c, end) for c in CROWDS}
+    assert {p.crowd_id for p in fragment_run.shuffled.values("released")} == set(CROWDS)
     assert {r["crowd_id"] for r in rows} == set(CROWDS)
     worst = 0.0
     for crowd, n in CROWDS.items():
         mine = sorted((r for r in rows if r["crowd_id"] == crowd), key=lambda r: r["item_index"])
         assert len(mine) == D
         n_clients = mine[0]["n_clients"]
-        assert n - 80 < n_clients < n  # the threshold deletes about T = 29 clients
+        assert n - 60 < n_clients < n  # the threshold deletes about T = 29 clients (30 +- 25, see shuffle tests)
         assert mine[0]["n_reports"] > n_clients  # markers + set bits
         est = np.array([r["estimate"] for r in mine])
         se = np.array([r["stderr"] for r in mine])
         e = math.exp(spec.epsilon)
         np.testing.assert_allclose(se, math.sqrt(e / (n_clients * (e - 1) ** 2)), rtol=1e-9)
-        worst = max(worst, float(np.max(np.abs(est - truth[crowd]) / se)))
-    # Bonferroni over 24 items at 4.5 sd; the deleted clients shift truth by < 80/1500 of a frequency
-    # at most, i.e. by well under one stderr here.
+        worst = max(worst, float(np.max(np.abs(est - fragment_run.truth[crowd]) / se)))
+    # Bonferroni over 24 items at 4.5 sd (1.6e-4 family-wise). The ~30 deleted clients are a uniform sample
+    # of the crowd, so removing them moves the true frequencies by far less than one stderr.
     assert worst < 4.5
 
 
-def test_every_message_is_accounted_for(fragment_run: tuple) -> None:
-    _, run, _ = fragment_run
-    assert run.count("events_encoded") == sum(CROWDS.values())
-    assert run.count("reports_valid") == run.count("reports_encoded")
-    assert run.count("reports_valid") == run.count("reports_deleted") + run.count("reports_released")
-    assert run.count("reports_released") == run.count("reports_analyzed")
-    released = run.values("released")
-    markers = sum(int((b.reports["channel"] == PRESENCE).sum()) for b in released)
-    clients = sum(r["n_clients"] for r in run.values("estimates") if r["item_index"] == 0)
-    assert markers == clients
+def test_every_set_and_message_is_accounted_for(fragment_run: FragmentRun) -> None:
+    run = fragment_run.shuffled
+    assert len(fragment_run.sets) == sum(CROWDS.values())
+    assert run.count("sets_authenticated") == run.count("sets_valid") == len(fragment_run.sets)
+    assert run.count("sets_valid") == run.count("sets_deleted") + run.count("sets_released")
+    opened = fragment_run.opened.values()
+    assert run.count("messages_released") == sum(o.accumulator.messages for o in opened)
+    markers = sum(c == PRESENCE for p in run.values("released") for c, _ in p.messages)
+    assert markers == run.count("sets_released") == sum(o.n_sets for o in opened)
+    clients = sum(r["n_clients"] for r in fragment_run.rows if r["item_index"] == 0)
+    assert clients == markers
+    # Each encoded set holds exactly one marker and its set bits on channels 0..D-1.
+    for value in fragment_run.sets[:50]:
+        channels = [m.channel for m in decode_message_set(value).messages]
+        assert channels.count(PRESENCE) == 1 and all(-1 <= c < D for c in channels)
 
 
-def test_shuffled_fragments_carry_nothing_that_links_them(fragment_run: tuple) -> None:
-    spec, run, _ = fragment_run
-    records = [r for b in run.values("released") for r in shuffled_records(spec.randomizer, b)]
-    assert records
+def test_release_parts_carry_nothing_that_links_messages(fragment_run: FragmentRun) -> None:
+    parts = fragment_run.shuffled.values("released")
     for crowd in CROWDS:
-        mine = [r for r in records if r["crowd_id"] == crowd]
-        for field in ("schema_version", "spec_id", "crowd_id", "window_end", "payload"):
-            assert len({repr(r[field]) for r in mine}) == 1, field  # constant: cannot tell two messages apart
-        assert all(r["payload"] == ("esa.telemetry.MarkPayload", {}) for r in mine)
-    blob = b"".join(encode_record("ShuffledReport", r) for r in records)
-    assert b"client" not in blob
-    assert set(decode_record("ShuffledReport", encode_record("ShuffledReport", records[0]))) == {
-        "schema_version", "spec_id", "crowd_id", "channel", "window_end", "payload"}
+        mine = [p for p in parts if p.crowd_id == crowd]
+        assert len({(p.spec_id, p.crowd_id, p.window_end_ms) for p in mine}) == 1
+        blobs = [s for p in mine for _, s in p.messages]
+        assert len(set(blobs)) == len(blobs)  # every message sealed on its own: no shared ciphertext
+    sets = [decode_message_set(v) for v in fragment_run.sets]
+    data = b"".join(s for p in parts for _, s in p.messages)
+    for ms in sets[:100]:
+        assert ms.nonce not in data and ms.signature not in data and bytes.fromhex(ms.device_id) not in data
 
 
-def test_release_order_does_not_keep_a_clients_messages_together(tmp_path: Path) -> None:
-    # Distinct rows per message so we can see where each client's messages end up after ReleaseFn.
-    spec = fragment_spec()
-    # Message sets of wire rows (channel,): a presence marker, then channels j and j+1.
-    sets = [tuple((c,) for c in (PRESENCE, j, (j + 1) % D)) for j in range(D)] * 40
-
-    def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
-        joined = p | beam.Create([((None, 0), {"reports": [sets], "decision": [0]})])
-        return {"out": joined | beam.ParDo(ReleaseFn(spec, 10_000, job_key_from_seed(1)))}
-
-    run = run_pipeline(tmp_path, build)
-    (batch,) = run.values("out")
-    assert isinstance(batch, ShuffledBatch)
-    channels = batch.reports["channel"]
-    assert len(channels) == 3 * len(sets)
-    # In the input each set is (marker, j, j+1): a marker is followed by its own set's channel j every time.
-    # After the release permutation, a marker is followed by a given channel only by chance (~1/D).
-    after_marker = channels[1:][channels[:-1] == PRESENCE]
-    share = np.mean(np.isin(after_marker, np.arange(D)))  # anything but another marker
-    assert 0.5 < share < 0.8  # 2/3 of messages are fragments; the input order would give exactly 1.0
-    markers_in_a_row = np.mean(channels[1:][channels[:-1] == PRESENCE] == PRESENCE)
-    assert 0.2 < markers_in_a_row < 0.5  # ~1/3 by chance; the input order would give 0
+def test_encoder_output_is_keyed_by_the_signing_device(fragment_run: FragmentRun) -> None:
+    # SealSetsFn's Kafka key is the id of the device whose key signed the set: one device, one partition.
+    ids = [decode_message_set(v).device_id.encode() for v in fragment_run.sets]
+    assert fragment_run.keys == ids and len(set(ids)) == len(ids)

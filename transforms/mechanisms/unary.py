@@ -45,8 +45,9 @@ from transforms.mechanisms.unary_sampling import (
 )
 from transforms.privacy.binomial import binom_sf
 from transforms.privacy.composition import fragment_epsilon
-from transforms.privacy.fragments import default_fragment_epsilon
+from transforms.privacy.fragments import default_fragment_epsilon, replacement_tight
 from transforms.privacy.mixture import alpha_binary_rr
+from transforms.privacy.shuffle_bound import epsilon_central as tight_removal
 
 __all__ = [
     "MAX_UNARY_EPSILON",
@@ -137,6 +138,15 @@ class AttributeFragmentedRappor(ChannelMessages):
         ``epsilon_local`` it gives the tight removal central bound of the whole report (a removal changes one
         channel); replacement changes two channels: compose (2 eps_c, 2 delta)."""
         return alpha_binary_rr(self.epsilon)
+
+    def epsilon_central(self, n: int, delta: float) -> float:
+        """Replacement central epsilon of n shuffled clients (the ledger column: replacement DP like every other
+        mechanism): two channels change, composed tightly (``fragments.replacement_tight``)."""
+        return replacement_tight(n, self.mixture_alpha, self.epsilon_local, delta)
+
+    def epsilon_central_removal(self, n: int, delta: float) -> float:
+        """001's removal central epsilon (one channel changes), tight §1.6 bound: for ``parameters`` only."""
+        return tight_removal(n, self.mixture_alpha, self.epsilon_local, delta)
 
     @property
     def message_bits(self) -> int:
@@ -290,6 +300,14 @@ class ReportFragmentedRappor(ChannelMessages):
         shuffled rows are a post-processing of jointly shuffled tuples, so with ``epsilon_local`` it gives a
         valid removal central bound (``transforms.privacy.fragments.fragments_tight``)."""
         return alpha_binary_rr(self.epsilon_local)
+
+    def epsilon_central(self, n: int, delta: float) -> float:
+        """Replacement central epsilon (ledger column): the two changed bits' tuples, composed tightly."""
+        return replacement_tight(n, self.mixture_alpha, self.epsilon_local, delta)
+
+    def epsilon_central_removal(self, n: int, delta: float) -> float:
+        """Removal central epsilon (001's model, tight §1.6 bound of the tuple): for ``parameters`` only."""
+        return tight_removal(n, self.mixture_alpha, self.epsilon_local, delta)
 
     @property
     def message_bits(self) -> int:

@@ -1,13 +1,14 @@
 """``esa privacy`` reports of the fragmented unary encodings of 001: attribute-fragmented k-RAPPOR (``rappor``)
 and report fragmenting with a privacy backstop (``rappor_fragments``).
 
-Both are multi-message mechanisms accounted in 001's **removal** model (local and central): the report states
-``"neighbouring": "removal"`` and gives the replacement equivalents beside. ``eps_central`` is the ledger value:
-001 Lemma II.6 (Cheu et al.) on the bit channel that protects the user's value -- the attribute channel for
-``rappor``, the backstop channel for ``rappor_fragments`` (the fragments are a post-processing of it). It is
-the published accountant and reproduces 001's tables (MECHANISMS.md §11.1). ``eps_central_tight`` is the tight
-§1.6 bound, also a valid removal bound and usually ~3x smaller; the ledger keeps Lemma II.6 and falls back to
-the tight bound only where Lemma II.6's validity window (lambda >= 14 ln(4/delta)) excludes the parameters.
+``eps_central`` is the ledger value and is **replacement** DP, like every other mechanism's and exactly what
+the analyzer writes into estimates (the mechanism's ``epsilon_central``): the two channels a replacement
+changes, composed tightly (``fragments.replacement_tight``). 001 accounts in the **removal** model; its values
+are beside, labelled: ``eps_central_removal`` is 001 Lemma II.6 (Cheu et al.) on the bit channel that
+protects the user's value (attribute channel for ``rappor``, backstop for ``rappor_fragments``), which
+reproduces 001's tables (MECHANISMS.md §11.1), falling back to the tight bound where Lemma II.6's validity
+window (lambda >= 14 ln(4/delta)) excludes the parameters; ``eps_central_removal_tight`` is the tight §1.6
+removal bound (what ``epsilon_central_removal`` puts in the estimates' ``parameters``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .fragments import (
     fragments_tight,
     rappor_tight,
     replacement_central,
+    replacement_tight,
     theorem_iv2,
 )
 from .mixture import alpha_binary_rr
@@ -38,12 +40,27 @@ def _forms(*forms: ClosedForm) -> dict[str, dict[str, Any]]:
 
 
 def _ledger(lemma: ClosedForm, tight: float, channel: str) -> tuple[float, str]:
+    """001's removal value: Lemma II.6 where it applies, else the tight removal bound."""
     if lemma.epsilon is not None:
         return lemma.epsilon, (
             f"lemma_ii6: 001 Lemma II.6 on the {channel} channel, lambda = 2n/(1 + e^eps); removal central DP of "
             "the whole report (a removal changes one channel); the published accountant of 001's tables"
         )
     return tight, f"tight: Lemma II.6 does not apply ({lemma.reason}); tight §1.6 bound of the {channel} channel"
+
+
+_REPLACEMENT_RULE = ("replacement DP (the estimates' eps_central): the two changed {what} composed tightly by "
+                     "privacy loss distributions, alpha {alpha:.6g}")
+
+
+def _central(n: int, alpha: float, eps: float, delta: float, removal: float, what: str) -> dict[str, Any]:
+    eps_rep, delta_rep = replacement_central(removal, delta)
+    return {
+        "neighbouring": "replacement",
+        "eps_central": replacement_tight(n, alpha, eps, delta),
+        "eps_central_rule": _REPLACEMENT_RULE.format(what=what, alpha=alpha),
+        "eps_central_replacement_basic": {"epsilon": eps_rep, "delta": delta_rep},
+    }
 
 
 def _unary_messages(d: int, eps: float) -> float:
@@ -56,21 +73,19 @@ def _rappor_report(domain: int, eps: float, n: int, delta: float) -> dict[str, A
     lemma = lemma_ii6_rappor(n, eps, delta)
     tight = rappor_tight(n, eps, delta)
     eps_c, rule = _ledger(lemma, tight, "attribute")
-    eps_rep, delta_rep = replacement_central(eps_c, delta)
     return {
         "mechanism": "rappor",
         "domain": domain,
-        "neighbouring": "removal",
         "epsilon_local": eps,
         "epsilon_local_replacement": 2.0 * eps,
         "n": n,
         "delta": delta,
         "alpha": alpha_binary_rr(eps),
         "alpha_rule": "per attribute channel (binary RR): 1/(e^eps + 1)",
-        "eps_central": eps_c,
-        "eps_central_rule": rule,
-        "eps_central_tight": tight,
-        "eps_central_replacement": {"epsilon": eps_rep, "delta": delta_rep},
+        **_central(n, alpha_binary_rr(eps), eps, delta, eps_c, "attribute channels"),
+        "eps_central_removal": eps_c,
+        "eps_central_removal_rule": rule,
+        "eps_central_removal_tight": tight,
         "expected_messages": _unary_messages(domain, eps),
         "closed_forms": _forms(lemma, theorem_iii1(n, eps, delta)),
     }
@@ -87,12 +102,11 @@ def _fragments_report(
     lemma = lemma_ii6_rappor(n, eps_b, delta)
     tight = fragments_tight(n, eps_b, eps_f, tau, delta)
     eps_c, rule = _ledger(lemma, tight, "backstop")
-    eps_rep, delta_rep = replacement_central(eps_c, delta)
+    alpha = fragment_alpha(eps_b, eps_f, tau)
     backstop = theorem_iii1(n, eps_b, delta)
     return {
         "mechanism": "rappor_fragments",
         "domain": domain,
-        "neighbouring": "removal",
         "fragments": tau,
         "epsilon_backstop": eps_b,
         "epsilon_fragment": eps_f,
@@ -103,12 +117,12 @@ def _fragments_report(
         "epsilon_local_replacement": 2.0 * exposed[-1],
         "n": n,
         "delta": delta,
-        "alpha": fragment_alpha(eps_b, eps_f, tau),
+        "alpha": alpha,
         "alpha_rule": "per bit, all tau fragments together (LDP eps(tau)): 1/(e^eps(tau) + 1)",
-        "eps_central": eps_c,
-        "eps_central_rule": rule,
-        "eps_central_tight": tight,
-        "eps_central_replacement": {"epsilon": eps_rep, "delta": delta_rep},
+        **_central(n, alpha, exposed[-1], delta, eps_c, "bits' fragment tuples"),
+        "eps_central_removal": eps_c,
+        "eps_central_removal_rule": rule,
+        "eps_central_removal_tight": tight,
         # each fragment bit is binary RR of the true bit at the composite budget eps(1) (symmetric flips)
         "expected_messages": tau * _unary_messages(domain, exposed[0]),
         "closed_forms": _forms(lemma, backstop, theorem_iv2(n, eps_b, eps_f, tau, delta),
@@ -126,7 +140,8 @@ def fragmented_privacy_report(
     fragments: int | None = None,
     epsilon_fragment: float | None = None,
 ) -> dict[str, Any]:
-    """Removal (eps_c, delta) of n users of ``rappor`` (epsilon = attribute budget) or ``rappor_fragments``
+    """Replacement (eps_c, delta) of n users (removal values beside) of ``rappor`` (epsilon = attribute
+    budget) or ``rappor_fragments``
     (epsilon = backstop budget, ``fragments`` = tau, ``epsilon_fragment`` = eps_f or None for the §7.1 default).
 
     A JSON-serialisable dict; see the module docstring for which number is ``eps_central`` and why.
@@ -152,7 +167,7 @@ def _value(form: dict[str, Any]) -> str:
 
 def format_fragmented_report(report: dict[str, Any]) -> str:
     """Human-readable rendering of ``fragmented_privacy_report``'s dict."""
-    lines = [f"mechanism        {report['mechanism']} (domain {report['domain']}, removal DP)"]
+    lines = [f"mechanism        {report['mechanism']} (domain {report['domain']}; 001 budgets are removal DP)"]
     if report["mechanism"] == "rappor_fragments":
         exposed = report["epsilon_exposed"]
         lines += [
@@ -171,9 +186,11 @@ def format_fragmented_report(report: dict[str, Any]) -> str:
         f"delta            {report['delta']:g}",
         f"messages/user    {report['expected_messages']:.6g} (expected)",
         f"central epsilon  {report['eps_central']:.6g}  [{report['eps_central_rule']}]",
-        f"  replacement    {report['eps_central_replacement']['epsilon']:.6g} at delta "
-        f"{report['eps_central_replacement']['delta']:g} (two channels change)",
-        f"  tight §1.6     {report['eps_central_tight']:.6g}  (alpha {report['alpha']:.6g}: {report['alpha_rule']})",
+        f"  basic (2 x removal) {report['eps_central_replacement_basic']['epsilon']:.6g} at delta "
+        f"{report['eps_central_replacement_basic']['delta']:g}",
+        f"removal epsilon  {report['eps_central_removal']:.6g}  [{report['eps_central_removal_rule']}]",
+        f"  tight §1.6     {report['eps_central_removal_tight']:.6g}  (alpha {report['alpha']:.6g}: "
+        f"{report['alpha_rule']})",
         "closed forms (comparison only):",
     ]
     width = max(len(name) for name in report["closed_forms"])

@@ -1,6 +1,8 @@
 """Central accounting of 001's fragmented unary encodings (MECHANISMS.md §1.4-§1.6, §1.9, §3.2, §7.1).
 
-All bounds here are **removal** central DP of the whole report, the neighbouring relation 001 uses: a user's
+The ledger's ``eps_central`` is **replacement** DP, as for every other mechanism: ``replacement_tight``
+composes the two changed channels by privacy loss distributions. The other bounds here are **removal**
+central DP of the whole report, the neighbouring relation 001 uses: a user's
 one-hot vector is replaced by the all-zero reference, which changes the randomized bits of exactly one
 attribute channel (bit v). Replacement central DP changes two channels, hence basic composition
 ``(2 eps_c, 2 delta)`` (``replacement_central``).
@@ -34,6 +36,7 @@ __all__ = [
     "fragments_tight",
     "rappor_tight",
     "replacement_central",
+    "replacement_tight",
     "theorem_iv2",
 ]
 
@@ -127,3 +130,27 @@ def replacement_central(eps_central: float, delta: float) -> tuple[float, float]
     """Replacement central DP from a removal bound: replacing x by x' changes two channels (bits x and x'),
     each change a removal-style change of one channel, composed basically: ``(2 eps_c, 2 delta)``."""
     return 2.0 * eps_central, 2.0 * delta
+
+
+def replacement_tight(n: int, alpha: float, eps: float, delta: float) -> float:
+    """Tight replacement central epsilon of a fragmented unary encoding (the ledger's ``eps_central``).
+
+    Replacing value v by v' changes two channels: bit v goes 1 -> 0 and bit v' goes 0 -> 1. Channels are
+    independent populations of binary-input randomizers (the per-channel pair of ``rappor_tight`` /
+    ``fragments_tight``), so the two changes are a product of two copies of the symmetric §1.6 pair and the
+    exact replacement curve is its two-fold composition, computed by PLDs (``odometer``). It is smaller
+    than ``replacement_central``'s (2 eps_c, 2 delta) at the same delta. (The message cap's overflow, below
+    2^-64 per client, is not included, as in the removal bounds.)
+
+    Where the exact PLD is too large to build (``shuffle_pld.MAX_POINTS``) it returns basic composition of
+    the two channels' tight bounds, 2 eps_c(delta/2), also valid.
+    """
+    from .odometer import WindowRelease, cumulative_epsilon  # dp_accounting: imported only when accounting
+    from .shuffle_pld import PLDTooLargeError, shuffle_pld
+
+    n, delta = check_int("n", n, 2), check_delta("delta", delta)
+    try:
+        shuffle_pld(n, alpha, eps)  # cached: cumulative_epsilon reuses it
+    except PLDTooLargeError:
+        return 2.0 * epsilon_central(n, alpha, eps, delta / 2.0)
+    return cumulative_epsilon([WindowRelease(alpha, eps, n)] * 2, delta)

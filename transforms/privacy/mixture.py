@@ -2,9 +2,12 @@
 
 A randomizer has mixture parameters (eps, alpha) when any two of its output distributions share the
 decomposition of §1.6. For every eps-LDP randomizer ``alpha = max TV(R(x), R(x')) / (e^eps - 1)`` is valid
-(MECHANISMS_NOTES.md A.1, A.11b), so each function below is that ratio for one randomizer. The smaller alpha,
-the fewer users can "hide" the target user and the *less* amplification is certified, so none of these
-may be replaced by a smaller guess. All satisfy ``(1 + e^eps) * alpha <= 1``.
+(MECHANISMS_NOTES.md A.1, A.11b), so each function below is that ratio for one randomizer. A smaller alpha
+means the two output distributions differ on less mass (a smaller total variation for the same eps), so it
+certifies *more* amplification: the shuffle bound's central epsilon grows with alpha. Hence each alpha here
+must be the true worst-case ratio or an *upper* bound on it; none may be replaced by a smaller guess, and the
+generic 1/(e^eps + 1) (the largest alpha any eps-LDP randomizer can have) is always safe. All satisfy
+``(1 + e^eps) * alpha <= 1``.
 
 Every ``1/(e^eps + c)`` is evaluated as ``e^-eps / (1 + c e^-eps)``: identical for moderate eps, finite for
 eps up to the MAX_EPSILON guard instead of overflowing.

@@ -13,6 +13,10 @@ canonical (eps, delta) pair, which dominates *every* (eps, delta)-DP mechanism, 
 optimal composition of their (eps, delta) ledgers (Kairouz, Oh and Viswanath 2015), valid but looser than a
 mechanism-specific PLD. ``PrivacyOdometer.method`` says which was used.
 
+A window whose exact PLD is too large to build (``shuffle_pld.MAX_POINTS``: very large crowds at small
+eps_local) enters as the canonical pair of its tight single-window bound at delta_w = ``FALLBACK_DELTA_SHARE``
+x delta_total (labelled in ``method``): valid, since the tight bound certifies (eps_c(delta_w), delta_w).
+
 Windows are grouped: ``n_clients`` is rounded *down* to three significant digits before the PLD is built.
 That is conservative because the shuffle bound's pair for n + 1 users is the pair for n users plus one more
 independent blanket report, a post-processing, so fewer users never certify more privacy; it costs at most
@@ -30,11 +34,14 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.common import DifferentialPrivacyParameters
 
 from ._checks import check_delta, check_epsilon, check_int
-from .shuffle_bound import check_mixture_alpha
-from .shuffle_pld import DEFAULT_INTERVAL, crowd_count_pld, shuffle_pld
+from .shuffle_bound import check_mixture_alpha, epsilon_central
+from .shuffle_pld import DEFAULT_INTERVAL, PLDTooLargeError, crowd_count_pld, shuffle_pld
 
 __all__ = ["PrivacyOdometer", "WindowRelease", "compose_releases", "cumulative_epsilon", "quantize_clients"]
 
+FALLBACK_DELTA_SHARE = 1e-4  # per too-large window: 5,000 such windows use half of delta_total
+METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound at "
+                   f"delta_w = {FALLBACK_DELTA_SHARE:g} delta_total")
 METHOD_PLD = "pld: tight shuffle bound per window, composed by privacy loss distributions"
 METHOD_MIXED = ("pld: tight shuffle bound per window where available; (eps, delta) windows as the canonical "
                 "(eps, delta) pair (optimal composition of their ledgers)")
@@ -112,22 +119,31 @@ def _local_pld(alpha: float, eps_local: float, interval: float) -> pld_lib.Priva
     return pld_lib.from_two_probability_mass_functions(lower, upper, value_discretization_interval=interval)
 
 
-def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL) -> pld_lib.PrivacyLossDistribution | None:
-    """The PLD of one window (reports and crowd count composed); None if the window released nothing."""
+def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, delta_total: float = 1e-6
+               ) -> tuple[pld_lib.PrivacyLossDistribution | None, bool]:
+    """(PLD of one window, reports and crowd count composed, or None if it released nothing; whether the
+    too-large fallback was used)."""
     _, _, n, crowd_eps, crowd_delta, approx_eps, approx_delta = release.group_key()
-    out = None
+    out, fallback = None, False
     if approx_eps is not None:
         if n > 0:
             out = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(approx_eps, approx_delta),
                                                   value_discretization_interval=interval)
     elif n >= 2:
-        out = shuffle_pld(n, release.mechanism_alpha, release.eps_local, interval)
+        try:
+            out = shuffle_pld(n, release.mechanism_alpha, release.eps_local, interval)
+        except PLDTooLargeError:
+            delta_w = FALLBACK_DELTA_SHARE * delta_total
+            eps_w = epsilon_central(n, release.mechanism_alpha, release.eps_local, delta_w)
+            out = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(eps_w, delta_w),
+                                                  value_discretization_interval=interval)
+            fallback = True
     elif n == 1:
         out = _local_pld(release.mechanism_alpha, release.eps_local, interval)
     if crowd_eps is not None:
         count = crowd_count_pld(crowd_eps, crowd_delta, interval)
         out = count if out is None else out.compose(count)
-    return out
+    return out, fallback
 
 
 class PrivacyOdometer:
@@ -141,12 +157,18 @@ class PrivacyOdometer:
         if not 0.0 < self.interval <= 0.01:
             raise ValueError(f"interval must be in (0, 0.01], got {interval!r}")
         self.releases: list[WindowRelease] = []
-        self._groups: dict[tuple, list] = {}  # key -> [count, composed PLD or None]
+        self._groups: dict[tuple, list] = {}  # key -> [count, composed PLD or None, one member]
+        self._fallback = False
 
     @property
     def method(self) -> str:
         approx = any(r.approx_epsilon is not None for r in self.releases)
-        return METHOD_MIXED if approx else METHOD_PLD
+        return (METHOD_MIXED if approx else METHOD_PLD) + (METHOD_FALLBACK if self._fallback else "")
+
+    def _window(self, release: WindowRelease) -> pld_lib.PrivacyLossDistribution | None:
+        pld, fallback = window_pld(release, self.interval, self.delta_total)
+        self._fallback |= fallback
+        return pld
 
     def add(self, release: WindowRelease) -> float:
         """Record one more window and return the cumulative epsilon of everything released so far."""
@@ -159,7 +181,7 @@ class PrivacyOdometer:
             self._add(release, recompute=True)
         for group in self._groups.values():
             if group[1] is None and group[0] > 0:
-                base = window_pld(group[2], self.interval)
+                base = self._window(group[2])
                 group[1] = None if base is None else (base if group[0] == 1 else base.self_compose(group[0]))
         return self.epsilon
 
@@ -173,7 +195,7 @@ class PrivacyOdometer:
         if recompute:
             group[1] = None
             return
-        base = window_pld(release, self.interval)
+        base = self._window(release)
         if base is not None:
             group[1] = base if group[1] is None else group[1].compose(base)
 

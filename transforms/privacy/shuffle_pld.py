@@ -45,8 +45,8 @@ from .binomial import binom_cdf, binom_pmf, binom_sf
 from .crowd import crowd_threshold
 from .shuffle_bound import check_mixture_alpha
 
-__all__ = ["DEFAULT_INTERVAL", "PLD_WINDOW_SDS", "crowd_count_pld", "crowd_count_pmfs", "shuffle_loss_pmf",
-           "shuffle_pld"]
+__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "crowd_count_pld",
+           "crowd_count_pmfs", "shuffle_loss_pmf", "shuffle_pld"]
 
 # Loss grid of the PLDs. Pessimistic rounding moves each window's loss up by less than one step, so W
 # composed windows overstate eps by at most W * interval (about half that on average): 1e-5 keeps the
@@ -54,6 +54,14 @@ __all__ = ["DEFAULT_INTERVAL", "PLD_WINDOW_SDS", "crowd_count_pld", "crowd_count
 DEFAULT_INTERVAL = 1e-5
 # Half-width (standard deviations) of the (m, x) window summed exactly; the rest goes to +infinity.
 PLD_WINDOW_SDS = 12.0
+# Most (m, x) points one PLD may use (~1.5 s per 5e6). The count grows like n alpha (x grouping helps only
+# where the loss is flat in x), so very large crowds at small eps_local exceed it; callers then fall back to
+# a documented (eps, delta) pair (``odometer``) instead of running for minutes.
+MAX_POINTS = 12_000_000
+
+
+class PLDTooLargeError(ValueError):
+    """The exact PLD would need more than ``MAX_POINTS`` points."""
 
 
 def _log_binom_half(k: np.ndarray, trials: np.ndarray) -> np.ndarray:
@@ -64,11 +72,12 @@ def _log_binom_half(k: np.ndarray, trials: np.ndarray) -> np.ndarray:
     return np.where(inside, out, -np.inf)
 
 
-def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float = PLD_WINDOW_SDS
-                     ) -> tuple[np.ndarray, np.ndarray, float]:
+def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float = PLD_WINDOW_SDS,
+                     group_interval: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """The privacy loss of (P_alpha, Q_alpha) under P as (loss values, P-probabilities, mass on +infinity).
 
-    Exact on the (m, x) window; the P-mass outside it is returned separately (an upper bound on it, from
+    Exact on the (m, x) window (with ``group_interval``: losses rounded up by less than it, far fewer points
+    at large n alpha); the P-mass outside the window is returned separately (an upper bound on it, from
     binomial tails) so the caller can count it as infinite loss.
     """
     n = check_int("n", n, 2)
@@ -93,11 +102,28 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
     tail1 = binom_cdf(x_lo - 2, mt, 0.5) + binom_sf(x_hi - 1, mt, 0.5)
     tail2 = binom_cdf(x_lo - 1, mt, 0.5) + binom_sf(x_hi, mt, 0.5)
     outside += float(np.sum(np.where(m > 0, a1 * tail1 + a2 * tail2, 0.0)))
-    counts = x_hi - x_lo + 1
+    # Consecutive x may share one point (a "group") whose loss is the group's largest: the loss is
+    # non-decreasing in x (A1 >= A2), so this only rounds losses up. The width keeps the rounding below
+    # ``group_interval`` via the slope bound d loss/dx <= 2 (A1 - A2)/(m A2); None keeps every x.
+    width = np.ones(m.shape, dtype=np.int64)
+    if group_interval is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.floor(group_interval * m * a2 / (2.0 * (a1 - a2)))
+        width = np.where(np.isfinite(w) & (w > 1), np.minimum(w, 2**40), 1).astype(np.int64)
+    counts = (x_hi - x_lo) // width + 1
+    if int(counts.sum()) > MAX_POINTS:
+        raise PLDTooLargeError(f"the PLD of n={n}, alpha={alpha:g} needs {int(counts.sum()):,} points "
+                          f"(> {MAX_POINTS:,})")
     rows = np.repeat(np.arange(m.size), counts)
-    x = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + x_lo[rows]
+    start = x_lo[rows] + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)) * width[rows]
+    x = np.minimum(start + width[rows] - 1, x_hi[rows])  # the group's last x carries its (largest) loss
     mm, A1, A2 = m[rows], a1[rows], a2[rows]
+    single = width[rows] == 1
     prob = A1 * np.exp(_log_binom_half(x - 1, mm - 1)) + A2 * np.exp(_log_binom_half(x, mm - 1))
+    if not single.all():
+        g, xs, xe, mg = ~single, start[~single], x[~single], np.maximum(mm[~single] - 1, 0)
+        prob[g] = (A1[g] * (binom_cdf(xe - 1, mg, 0.5) - binom_cdf(xs - 2, mg, 0.5))
+                   + A2[g] * (binom_cdf(xe, mg, 0.5) - binom_cdf(xs - 1, mg, 0.5)))
     with np.errstate(divide="ignore", invalid="ignore"):  # A1 = A2 = 0 (underflow) only where prob = 0
         loss = np.log(A1 * x + A2 * (mm - x)) - np.log(A2 * x + A1 * (mm - x))
     zero = mm == 0  # the single outcome (0, 0): same probability under P and Q
@@ -111,8 +137,9 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
 def shuffle_pld(n: int, alpha: float, eps_local: float, interval: float = DEFAULT_INTERVAL
                 ) -> pld_lib.PrivacyLossDistribution:
     """PLD of one window of n shuffled reports of an (eps_local, alpha)-mixture randomizer, rounded up to
-    multiples of ``interval`` (pessimistic), out-of-window mass at +infinity. Cached: windows repeat."""
-    loss, prob, outside = shuffle_loss_pmf(n, alpha, eps_local)
+    multiples of ``interval`` (pessimistic; x grouped within one more ``interval``, so one window's loss is
+    overstated by less than 2 interval), out-of-window mass at +infinity. Cached: windows repeat."""
+    loss, prob, outside = shuffle_loss_pmf(n, alpha, eps_local, group_interval=interval)
     index = np.ceil(loss / interval - 1e-9).astype(np.int64)  # the 1e-9 only absorbs float noise on exact
     lo = int(index.min())                                     # multiples; log-ratios are never that close
     mass = np.bincount(index - lo, weights=prob)

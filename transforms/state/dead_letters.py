@@ -29,6 +29,9 @@ from schemas import avro_file_schema
 from transforms.state.files import StateError, atomic_write_bytes, atomic_write_json, read_json
 
 MAX_ORIGINAL_BYTES = 64 * 1024
+#: Reasons may quote a field of the record ("no spec consumes metric '...'"): capped so that a huge field
+#: cannot make a huge letter (or carry the record's content past the original's cap).
+MAX_REASON_CHARS = 1024
 _RUN_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _LETTERS_PREFIX, _COUNTS_PREFIX = "dead-letters-", "dead-letter-counts-"
 
@@ -54,6 +57,9 @@ def bounded_letter(record: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(record) - set(letter)
     if unknown:
         raise ValueError(f"dead letter has fields the DeadLetter schema lacks: {sorted(unknown)}")
+    reason = letter["reason"]
+    if isinstance(reason, str) and len(reason) > MAX_REASON_CHARS:
+        letter["reason"] = f"{reason[:MAX_REASON_CHARS - 48]}... (reason of {len(reason)} characters cut)"
     original = letter["original"]
     if original is not None:
         if letter["original_length"] is None:

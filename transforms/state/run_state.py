@@ -38,6 +38,9 @@ class RunState:
     last_data_wall_ms: dict[str, int] = field(default_factory=dict)
     runs: int = 0
     updated_at_ms: int = 0
+    # "topic/partition" -> [[end offset, clock of the run that first read up to it], ...], for offsets a later
+    # run may read again (at or above ``resume``): a re-read record is judged by the clock of its first read
+    read_clock: dict[str, list[list[int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in _MAPS:

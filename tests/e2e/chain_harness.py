@@ -1,0 +1,226 @@
+"""Helpers of the exactly-once tests: one population on a real broker, the three jobs as real processes.
+
+A job runs in a subprocess (``python tests/e2e/chain_harness.py STAGE CONFIG_JSON``) so that a fault
+injected with ``ESA_CRASH_AT`` or an external ``kill -9`` kills a real process, as it would in production;
+the child prints its RunSummary as one JSON line. Everything a check needs afterwards is read from the
+places a user would look: the ledgers, the estimates store, the run state and the topics' offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC_PATH = REPO / "examples" / "app_language.toml"
+STAGES = ("encode", "shuffle", "analyze")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The topics and directories of one chain of jobs (one trust domain per stage, keys shared)."""
+
+    bootstrap: str
+    raw: str
+    reports: str
+    shuffled: str
+    out: Path
+    keys: Path
+    group: str
+    seed: int = 7
+    drain: bool = True
+    now_ms: int | None = None
+
+    def state(self, stage: str) -> Path:
+        return self.out / "state" / stage
+
+    def config(self, stage: str) -> Any:
+        from pipelines.job import JobConfig
+        from transforms.spec import load_spec
+
+        return JobConfig(bootstrap=self.bootstrap, specs=(load_spec(SPEC_PATH),), out_dir=self.out,
+                         state_dir=self.state(stage), keys_dir=self.keys, raw_topic=self.raw,
+                         reports_topic=self.reports, shuffled_topic=self.shuffled, group_id=f"{self.group}-{stage}",
+                         seed=self.seed, drain=self.drain, now_ms=self.now_ms)
+
+    def as_json(self) -> str:
+        fields = {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+        return json.dumps(fields)
+
+    def at(self, now_ms: int | None = None, drain: bool | None = None) -> Chain:
+        return replace(self, now_ms=now_ms if now_ms is not None else self.now_ms,
+                       drain=self.drain if drain is None else drain)
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    summary: dict[str, Any] | None
+    stderr: str
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+
+def _env(crash_at: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ESA_CRASH_AT"}
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
+    if crash_at:
+        env["ESA_CRASH_AT"] = crash_at
+    return env
+
+
+def start_job(chain: Chain, stage: str, crash_at: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, stage, chain.as_json()], env=_env(crash_at), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_job(proc: subprocess.Popen, timeout: float = 180) -> JobResult:
+    out, err = proc.communicate(timeout=timeout)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    return JobResult(proc.returncode, json.loads(lines[-1]) if lines else None, err)
+
+
+def run_job(chain: Chain, stage: str, crash_at: str | None = None) -> JobResult:
+    """Run one bounded job in a subprocess; with ``crash_at`` it must die by SIGKILL at that point."""
+    result = wait_job(start_job(chain, stage, crash_at))
+    if crash_at:
+        assert result.killed, (crash_at, result.returncode, result.stderr[-2000:])
+    else:
+        assert result.returncode == 0 and result.summary, result.stderr[-3000:]
+    return result
+
+
+def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def topic_records(bootstrap: str, topic: str) -> int:
+    """Records on a topic (end offsets minus beginnings, summed over partitions)."""
+    from transforms.kafkaio import plan_bounded_read
+
+    return sum(r.stop - r.start for r in plan_bounded_read(bootstrap, topic, "count-nobody-commits",
+                                                           start_offsets={p: 0 for p in range(64)}))
+
+
+def ledger_entries(chain: Chain, stage: str) -> list[Any]:
+    from transforms.state.ledger import ReleaseLedger
+
+    return sorted(ReleaseLedger(chain.state(stage) / "ledger").entries(), key=lambda e: e.key.window_end_ms)
+
+
+def estimate_parts(chain: Chain) -> dict[int, list[Path]]:
+    """window_end_ms -> the Parquet parts written for it."""
+    parts: dict[int, list[Path]] = {}
+    for path in sorted((chain.out / "estimates").rglob("part-*.parquet")):
+        window = int(path.parent.name.split("=", 1)[1])
+        parts.setdefault(window, []).append(path)
+    return parts
+
+
+def estimate_rows(chain: Chain) -> list[tuple]:
+    """(window_end, item, estimate, stderr, n_clients, eps_central) per estimate row, sorted."""
+    from transforms.state.estimates_store import read_estimates
+
+    table = read_estimates(chain.out).to_pydict()
+    return sorted(zip(table["window_end"], table["item"], table["estimate"], table["stderr"], table["n_clients"],
+                      table["eps_central"], strict=True))
+
+
+def _child(stage: str, payload: str) -> None:
+    import logging
+
+    from pipelines import analyze, encode, shuffle
+
+    logging.basicConfig(level=logging.WARNING)
+    fields = json.loads(payload)
+    for name in ("out", "keys"):
+        fields[name] = Path(fields[name])
+    chain = Chain(**fields)
+    module = {"encode": encode, "shuffle": shuffle, "analyze": analyze}[stage]
+    summary = module.run(chain.config(stage))
+    print(json.dumps({"counters": summary.counters, "parts": summary.parts, "balanced": summary.balanced,
+                      "extra": {k: v for k, v in summary.extra.items() if isinstance(v, (int, str))}}), flush=True)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])
+
+
+def new_chain(bootstrap: str, base: Path, name: str, *, raw: str | None = None, keys: Path | None = None,
+              **kw: Any) -> Chain:
+    """A chain with its own topics (3 partitions each) and directories under ``base/name``."""
+    from transforms.kafkaio import ensure_topics
+
+    tag = f"{name}-{base.name}"
+    chain = Chain(bootstrap=bootstrap, raw=raw or f"raw-{tag}", reports=f"rep-{tag}", shuffled=f"shuf-{tag}",
+                  out=base / name, keys=keys or base / "keys", group=f"g-{tag}", **kw)
+    ensure_topics(bootstrap, [chain.raw, chain.reports, chain.shuffled], partitions=3)
+    return chain
+
+
+def produce(chain: Chain, population: Any, bad_per_kind: int = 0) -> None:
+    """Enrol the population's devices (keys of ``chain.keys``) and produce its events to the raw topic."""
+    from pipelines.enrolment import enrol_simulated
+    from pipelines.simulate import produce_population
+    from transforms.spec import load_spec
+
+    enrol_simulated(chain.keys, population.client_ids.tolist())
+    produce_population(chain.bootstrap, load_spec(SPEC_PATH), population, raw_topic=chain.raw,
+                       reports_topic=chain.reports, bad_per_kind=bad_per_kind, seed=1)
+
+
+def run_inline(chain: Chain, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
+    """The stages in this process (faster than a subprocess; for runs that are not being killed)."""
+    from pipelines import analyze, encode, shuffle
+
+    modules = {"encode": encode, "shuffle": shuffle, "analyze": analyze}
+    return {stage: modules[stage].run(chain.config(stage)) for stage in stages}
+
+
+def recent_start(window_ms: int, back: int = 3) -> int:
+    return (int(time.time() * 1000) // window_ms - back) * window_ms
+
+
+def cli_argv(chain: Chain, command: str, *extra: str) -> list[str]:
+    """``python -m pipelines.cli COMMAND`` on this chain (``run``: STATE is the parent of the stages' dirs)."""
+    state = chain.out / "state" if command == "run" else chain.state(command)
+    argv = [sys.executable, "-m", "pipelines.cli", command, "--spec", str(SPEC_PATH),
+            "--kafka_bootstrap", chain.bootstrap, "--output_dir", str(chain.out), "--state_dir", str(state),
+            "--keys_dir", str(chain.keys), "--raw_topic", chain.raw, "--reports_topic", chain.reports,
+            "--shuffled_topic", chain.shuffled, "--consumer_group", f"{chain.group}-{command}",
+            "--seed", str(chain.seed)]
+    return argv + (["--drain"] if chain.drain else []) + list(extra)
+
+
+def start_cli(chain: Chain, command: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(cli_argv(chain, command, *extra), env=_env(None), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def subset(population: Any, index: Any) -> Any:
+    """The clients ``index`` of a population (same values and event times)."""
+    from pipelines.population import Population
+
+    crowds = population.crowd_ids[index] if population.crowd_ids is not None else None
+    return Population(population.client_ids[index], population.values[index], population.event_times_ms[index],
+                      population.window_ms, crowds)
+
+
+def files_under(directory: Path) -> dict[str, bytes]:
+    """Relative path -> bytes of every file under ``directory`` (empty if it does not exist)."""
+    if not directory.is_dir():
+        return {}
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}

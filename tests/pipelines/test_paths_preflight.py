@@ -1,0 +1,91 @@
+"""Output locations keep URLs intact and explain unusable local directories; the example specs are found
+through the package; input topics must exist (broker test)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines import cli
+from pipelines.examples import example_names, example_path
+from pipelines.exit_codes import ExitCode, KafkaUnavailableError
+from pipelines.paths import OutputLocationError, is_url, output_location
+from pipelines.preflight import MissingTopicsError, existing_topics, require_topics
+from transforms.kafkaio import ensure_topics
+
+REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/esa", "gs://bucket/esa/", "s3://b/x", "hdfs://nn:8020/out"])
+def test_urls_stay_urls(url: str) -> None:
+    location = output_location(url)
+    assert location.is_url and is_url(url)
+    assert location.join("estimates.parquet") == url.rstrip("/") + "/estimates.parquet"
+    assert location.join("a", "/b") == url.rstrip("/") + "/a/b"
+    assert location.prepare() is location  # nothing to create on an object store
+
+
+def test_local_locations_are_paths(tmp_path: Path) -> None:
+    for text in (str(tmp_path / "out"), f"file://{tmp_path}/out"):
+        location = output_location(text)
+        assert not location.is_url and location.join("x.parquet") == tmp_path / "out" / "x.parquet"
+    location = output_location(tmp_path / "a" / "b").prepare()
+    assert (tmp_path / "a" / "b").is_dir() and str(location) == str(tmp_path / "a" / "b")
+
+
+def test_a_file_in_the_way_is_one_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OutputLocationError, match="a file is in the way"):
+        output_location(blocker).prepare()
+    with pytest.raises(OutputLocationError, match=r"is a file, not a directory"):
+        output_location(blocker / "sub" / "dir").prepare()
+    assert OutputLocationError("x").exit_code == ExitCode.CONFIG
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_permission_denied_is_one_clear_error(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(OutputLocationError, match="permission denied"):
+            output_location(locked / "out").prepare()
+    finally:
+        locked.chmod(0o700)
+
+
+def test_demo_refuses_an_unusable_out_before_any_work(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli.main(["demo", "--clients", "100", "--out", str(blocker / "out")]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not a directory" in err
+
+
+def test_examples_are_found_through_the_package() -> None:
+    names = example_names()
+    assert "app_language.toml" in names and sorted(p.name for p in REPO_EXAMPLES.glob("*.toml")) == names
+    assert example_path("grid").read_bytes() == (REPO_EXAMPLES / "grid.toml").read_bytes()
+    assert cli.DEFAULT_SPEC.resolve() == example_path().resolve()
+    with pytest.raises(ValueError, match=r"the examples are: .*app_language\.toml"):
+        example_path("no_such_example")
+
+
+@pytest.mark.slow
+def test_require_topics(broker, topic_name: str) -> None:
+    ensure_topics(broker.bootstrap, [topic_name])
+    require_topics(broker.bootstrap, [topic_name, ""])  # '' = an optional topic left off
+    typo = topic_name[:-1] + "X"
+    with pytest.raises(MissingTopicsError) as info:
+        require_topics(broker.bootstrap, [topic_name, typo])
+    message = str(info.value)
+    assert repr(typo) in message and f"did you mean {topic_name!r}" in message and "existing topics:" in message
+    assert info.value.exit_code == ExitCode.KAFKA_UNREACHABLE
+    assert typo not in existing_topics(broker.bootstrap)  # the check created nothing
+
+
+def test_require_topics_on_an_unreachable_broker() -> None:
+    with pytest.raises(KafkaUnavailableError, match=r"127\.0\.0\.1:1"):
+        require_topics("127.0.0.1:1", ["t"], timeout_s=2)

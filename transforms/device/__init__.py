@@ -1,0 +1,44 @@
+"""The device-side client: what a phone or a laptop runs to report one telemetry value privately.
+
+``Client(spec, state_dir, ...)`` randomizes a value with the spec's local randomizer, charges the device's
+privacy budget, seals every message to the analyzer and signs the message set with the device's key; the
+bytes it returns are what the shuffler's ingestion accepts. Nothing here imports Beam or Kafka.
+
+Usage (the key id and public key come from the analyzer's ``keys/public/`` directory)::
+
+    from transforms.device import Budget, BudgetExceeded, Client
+    from transforms.spec import load_spec
+    from transforms.trust import load_analyzer_public
+
+    key_id, analyzer_key = load_analyzer_public("keys")
+    client = Client(load_spec("examples/app_language.toml"), "device-state", analyzer_public_key=analyzer_key,
+                    analyzer_key_id=key_id, budget=Budget(epsilon_per_epoch=8.0, epoch_seconds=86400))
+    print("enrol:", client.device_id, client.public_key.hex())  # once, into the shuffler's device registry
+    try:
+        message_set = client.encode("fr")  # signed MessageSet bytes: produce them to the shuffler's topic
+    except BudgetExceeded as refused:
+        print(refused)                     # what it would cost, spent / limit, when the budget renews
+    print(client.status())
+
+What persists in ``state_dir`` (``state.py``): the device key, the budget of the current epoch across every
+spec the device reports on (``budget.py``, cost rules in ``accounting.py``), and permanent randomization
+such as 001's backstop, drawn once per (spec, value) and reused by every later report (``memo.py``).
+"""
+
+from transforms.device.accounting import ReportCost, report_cost
+from transforms.device.budget import Budget, BudgetExceeded, BudgetStatus
+from transforms.device.client import Client
+from transforms.device.memo import MemoStore, is_memoizing
+from transforms.device.state import StateError
+
+__all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "BudgetStatus",
+    "Client",
+    "MemoStore",
+    "ReportCost",
+    "StateError",
+    "is_memoizing",
+    "report_cost",
+]

@@ -1,0 +1,205 @@
+"""``Client``: one device's reporting on one spec -- randomize, charge the budget, seal, sign.
+
+``encode`` runs in two phases. Under the state directory's lock it checks the budget, draws the report's
+randomness (and, the first time a value is seen, its permanent backstop, stored durably), and writes the
+new spend to ``budget.json``. Only then, outside the lock, does it seal every message to the analyzer and
+sign the message set. A crash after the spend is written loses that budget but can never exceed it; a
+crash before it leaves no report behind. Sealing and signing need no lock, so concurrent clients overlap
+on the expensive part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+from transforms.device.accounting import ReportCost, report_cost
+from transforms.device.budget import BUDGET_FILE, Budget, BudgetExceeded, BudgetStatus, Ledger
+from transforms.device.memo import MemoStore, is_memoizing
+from transforms.device.state import load_device_key, locked, state_directory
+from transforms.device.wire import signed_message_set
+from transforms.event_values import client_inputs, event_value
+from transforms.mechanisms.base import encode_messages, is_single_message
+from transforms.mechanisms.randomness import os_entropy_rng
+from transforms.records import (
+    CHANNEL,
+    PRESENCE,
+    PayloadRow,
+    array_to_rows,
+    wire_dtype,
+)
+from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
+from transforms.trust.devices import device_id_of
+
+__all__ = ["Client"]
+
+NONCE_BYTES = 16
+EPHEMERAL_BYTES = 32
+MAX_TIME_MS = 2**53
+
+
+class Client:
+    """A device reporting values of one spec; several clients (one per spec) may share a ``state_dir``, and
+    then share its device key, its budget and its lock.
+
+    ``rng``: a numpy Generator for tests and simulations only -- it then also draws the nonce and the
+    sealing keys, so the output bytes are reproducible. The default draws everything from OS entropy.
+    ``clock``: seconds since the Unix epoch (default ``time.time``); it decides the budget's epoch and the
+    default event time. A Client is not thread-safe (its Generator is not): use one per thread; clients in
+    several threads or processes may share one ``state_dir``.
+    """
+
+    def __init__(self, spec: AnalysisSpec, state_dir: Path | str, *, analyzer_public_key: X25519PublicKey,
+                 analyzer_key_id: str, budget: Budget | None = None, signing_key: Ed25519PrivateKey | None = None,
+                 rng: np.random.Generator | None = None, clock: Callable[[], float] | None = None):
+        if not isinstance(analyzer_public_key, X25519PublicKey):
+            raise TypeError(f"analyzer_public_key must be an X25519PublicKey, got {type(analyzer_public_key).__name__}")
+        key_id_ok = isinstance(analyzer_key_id, str) and analyzer_key_id.isascii() and 1 <= len(analyzer_key_id) <= 200
+        if not key_id_ok:
+            raise ValueError(f"analyzer_key_id must be 1..200 ascii characters, got {analyzer_key_id!r}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
+        self.spec = spec
+        self.state_dir = state_directory(Path(state_dir))
+        self.budget = budget
+        self._mechanism = spec.randomizer
+        self._signer = signing_key if signing_key is not None else load_device_key(self.state_dir)
+        self.public_key: bytes = self._signer.public_key().public_bytes_raw()
+        self.device_id: str = device_id_of(self.public_key)
+        self._analyzer, self._key_id = analyzer_public_key, analyzer_key_id
+        self._seeded = rng is not None
+        self._rng = rng if rng is not None else os_entropy_rng()
+        self._clock = clock if clock is not None else time.time
+        self._memo = MemoStore(self.state_dir, spec.spec_id, self._mechanism) if is_memoizing(self._mechanism) else None
+        self._window_ms = spec.window_seconds * 1000
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    def encode(self, value: Any, *, event_time_ms: int | None = None, crowd_id: str | None = None) -> bytes:
+        """The signed ``MessageSet`` bytes of one event, ready to send to the shuffler.
+
+        Raises ``ValueError`` for a value outside the spec's domain (or a bad crowd id / event time) and
+        ``BudgetExceeded`` when the report would exceed the epoch's budget; in both cases nothing is spent.
+        """
+        checked = self._check_value(value)
+        crowd = self._crowd(crowd_id)
+        now = float(self._clock())
+        event_time_ms = self._event_time(event_time_ms, now)
+        value_key = json.dumps(int(checked)) if self._memo is not None else None
+        if self._memo is None and self.budget is None:
+            rows = self._randomize(checked, None)  # nothing persistent to read or write: no lock needed
+        else:
+            with locked(self.state_dir):
+                ledger = Ledger.load(self._budget_path, self.budget, now) if self.budget is not None else None
+                cost = self._cost(ledger, value_key)
+                if ledger is not None and not ledger.fits(cost.epsilon, self.budget.epsilon_per_epoch):
+                    raise BudgetExceeded(cost.epsilon, cost.rule, ledger.status(self.budget.epsilon_per_epoch), now)
+                rows = self._randomize(checked, value_key)
+                if ledger is not None:
+                    ledger.charge(cost.epsilon, cost.count_key)
+                    ledger.save(self._budget_path)  # durable before the report exists outside this call
+        return self._seal_and_sign(rows, event_time_ms, crowd)
+
+    def cost(self, value: Any) -> ReportCost:
+        """What reporting ``value`` now would cost (and why), without reporting it."""
+        checked = self._check_value(value)
+        value_key = json.dumps(int(checked)) if self._memo is not None else None
+        ledger = self._ledger_now() if self.budget is not None else None
+        return self._cost(ledger, value_key)
+
+    def status(self) -> BudgetStatus:
+        """Spent and remaining budget of the current epoch (limit inf and nothing recorded without a budget)."""
+        if self.budget is None:
+            now = float(self._clock())
+            return BudgetStatus(limit=math.inf, spent=0.0, remaining=math.inf, reports=0, epoch_start=int(now),
+                                renews_at=int(now))
+        return self._ledger_now().status(self.budget.epsilon_per_epoch)
+
+    @property
+    def memoized_values(self) -> int:
+        """How many values of this spec have a stored permanent randomization on this device."""
+        if self._memo is None:
+            return 0
+        with locked(self.state_dir):
+            return len(self._memo)
+
+    # -- internals ----------------------------------------------------------------------------------------
+
+    @property
+    def _budget_path(self) -> Path:
+        return self.state_dir / BUDGET_FILE
+
+    def _ledger_now(self) -> Ledger:
+        assert self.budget is not None
+        with locked(self.state_dir):
+            return Ledger.load(self._budget_path, self.budget, float(self._clock()))
+
+    def _cost(self, ledger: Ledger | None, value_key: str | None) -> ReportCost:
+        key = f"{self.spec.spec_id}|{value_key}"
+        earlier = ledger.counts.get(key, 0) if ledger is not None else 0
+        return report_cost(self._mechanism, self.spec.spec_id, value_key, earlier)
+
+    def _check_value(self, value: Any) -> Any:
+        """The spec's own domain check (``event_values``); vectors may be given as plain sequences."""
+        if self.spec.kind == "vector_mean" and isinstance(value, np.ndarray | Sequence) and not isinstance(
+                value, str | tuple):
+            value = ("esa.telemetry.DenseVector", {"values": [float(x) for x in np.ravel(value)]})
+        return event_value(self.spec, value)
+
+    def _crowd(self, crowd_id: str | None) -> str | None:
+        """The crowd id the spec asks for (``transforms.encode.crowd_of``'s rule), else None."""
+        partition = self.spec.crowd.partition
+        if partition is None:
+            if crowd_id is not None:
+                raise ValueError(f"{self.spec.name} has no crowd partition: pass crowd_id=None")
+            return None
+        if not isinstance(crowd_id, str) or not crowd_id:
+            raise ValueError(f"{self.spec.name} splits crowds by {partition}: pass its value as crowd_id")
+        if len(crowd_id) > MAX_CROWD_ID_LENGTH:
+            raise ValueError(f"crowd_id of {len(crowd_id)} characters (at most {MAX_CROWD_ID_LENGTH})")
+        return crowd_id
+
+    @staticmethod
+    def _event_time(event_time_ms: int | None, now: float) -> int:
+        if event_time_ms is None:
+            return int(now * 1000)
+        if isinstance(event_time_ms, bool) or not isinstance(event_time_ms, int | np.integer):
+            raise ValueError(f"event_time_ms must be an int (milliseconds since the Unix epoch), got {event_time_ms!r}")
+        if not 0 <= int(event_time_ms) < MAX_TIME_MS:
+            raise ValueError(f"event_time_ms {event_time_ms} outside [0, 2^53)")
+        return int(event_time_ms)
+
+    def _randomize(self, checked: Any, value_key: str | None) -> list[PayloadRow]:
+        """Wire rows of one report: the presence marker first for multi-message mechanisms."""
+        mech, rng = self._mechanism, self._rng
+        if self._memo is not None:
+            assert value_key is not None
+            backstop = self._memo.backstop(value_key, int(checked), rng)
+            reports, _ = mech.fragments_from_backstop(backstop, rng)
+        else:
+            reports, _ = encode_messages(mech, client_inputs(self.spec, [checked], rng), rng)
+        if is_single_message(mech):
+            return array_to_rows(reports)
+        wire = np.zeros(len(reports) + 1, dtype=wire_dtype(mech))
+        wire[CHANNEL][0] = PRESENCE
+        for name in reports.dtype.names:
+            wire[name][1:] = reports[name]
+        return array_to_rows(wire)
+
+    def _random_bytes(self, size: int) -> bytes:
+        return self._rng.bytes(size) if self._seeded else os.urandom(size)
+
+    def _seal_and_sign(self, rows: list[PayloadRow], event_time_ms: int, crowd: str | None) -> bytes:
+        ephemerals = [self._random_bytes(EPHEMERAL_BYTES) for _ in rows] if self._seeded else None
+        return signed_message_set(self.spec, rows, event_time_ms=event_time_ms, crowd_id=crowd,
+                                  device_id=self.device_id, signer=self._signer, analyzer=self._analyzer,
+                                  key_id=self._key_id, nonce=self._random_bytes(NONCE_BYTES), ephemerals=ephemerals)
