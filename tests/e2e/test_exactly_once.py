@@ -37,7 +37,7 @@ from transforms.spec import load_spec
 N = 1200
 WINDOWS = 2
 SHUFFLE_FAULTS = ("before_pipeline", "after_pipeline", "after_seal", "after_publish", "before_state")
-ANALYZE_FAULTS = ("after_seal", "after_publish", "before_state")
+ANALYZE_FAULTS = ("after_pipeline", "after_seal", "after_publish", "before_state")
 
 pytestmark = pytest.mark.slow
 
