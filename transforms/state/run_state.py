@@ -99,8 +99,8 @@ def watermark_ms(max_event_ms: Mapping[str, int], last_data_wall_ms: Mapping[str
     delivers after it wakes up may be late. If every partition is idle, time has still moved on for all of
     them: the watermark is the maximum partition watermark, or (now - idle timeout - out-of-orderness) if
     that is later, so the last window of a stream that goes quiet still closes. A partition without
-    ``last_data_wall_ms`` counts as active; partitions that never had data (absent from ``max_event_ms``) hold nothing back. None when no
-    partition has had data.
+    ``last_data_wall_ms`` counts as active; partitions that never had data (absent from ``max_event_ms``)
+    hold nothing back. None when no partition has had data.
 
     The result can move backwards (a partition waking up); callers keep ``max(previous, new)``.
     """
