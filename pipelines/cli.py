@@ -91,9 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                           "reports topic (default: raw events, which `esa encode` encodes at the edge)")
     sim.add_argument("--device_budget", type=_positive_float, default=None,
                      help="with --devices: each device's privacy budget per day, across all specs")
-    sim.add_argument("--keys_dir", type=Path, default=Path("out/keys"),
+    sim.add_argument("--keys_dir", type=Path, default=Path("out.keys"),
                      help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
-                          "out/keys, which is what `esa run --output_dir out` uses)")
+                          "out.keys, which is what `esa run --output_dir out` uses)")
     sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
     for name, what in BEAM_JOBS.items():

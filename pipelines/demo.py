@@ -30,7 +30,7 @@ from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import EXAMPLES_DIR
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig
+from pipelines.job import JobConfig, default_keys_dir
 from pipelines.paths import OutputLocation, output_location
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
@@ -236,7 +236,7 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
         ("accounting", balance),
         ("pipeline time", f"{facts['pipeline_seconds']} s"),
         ("outputs", f"{out}/estimates/ (Parquet dataset), truth.parquet, {plot_file}; raw dead letters stay in "
-                    f"{out}/state/encode and {out}/state/shuffle"),
+                    f"{out}.state/encode and {out}.state/shuffle (keys in {out}.keys)"),
     ]
     print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<40}{x[1]}" for x in lines) + "\n")
 
@@ -270,7 +270,7 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     with LocalBroker() if bootstrap is None else _External(bootstrap) as broker:
         print(f"broker on {broker.bootstrap}; producing {clients:,} clients of {spec.spec_id}", file=sys.stderr)
         t0 = time.perf_counter()
-        enrol_simulated(out / "keys", population.client_ids.tolist())
+        enrol_simulated(default_keys_dir(out), population.client_ids.tolist())
         produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic, reports_topic=reports_topic,
                            bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"))
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",

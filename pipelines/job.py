@@ -49,6 +49,17 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), 9)
 
 
+def default_state_dir(out_dir: Path) -> Path:
+    """``OUT.state`` beside the output directory, never inside it: the analyst's outputs must not hold the
+    other domains' state (raw dead letters, the device registry)."""
+    return Path(out_dir).with_name(Path(out_dir).name + ".state")
+
+
+def default_keys_dir(out_dir: Path) -> Path:
+    """``OUT.keys`` beside the output directory (private keys never sit among the analyst's outputs)."""
+    return Path(out_dir).with_name(Path(out_dir).name + ".keys")
+
+
 class GroupInUse(StateLocked):
     """A fresh state directory pointed at a consumer group another job has already committed for."""
 
@@ -81,11 +92,11 @@ class JobConfig:
 
     @property
     def state(self) -> Path:
-        return self.state_dir if self.state_dir is not None else self.out_dir / "state"
+        return self.state_dir if self.state_dir is not None else default_state_dir(self.out_dir)
 
     @property
     def keys(self) -> Path:
-        return self.keys_dir if self.keys_dir is not None else self.out_dir / "keys"
+        return self.keys_dir if self.keys_dir is not None else default_keys_dir(self.out_dir)
 
     def for_stage(self, stage: str) -> JobConfig:
         """Each stage keeps its state apart (its own trust domain): state_dir/<stage>."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipelines.enrolment import enrol_simulated
+from pipelines.job import default_keys_dir
 from pipelines.population import Population
 from pipelines.simulate import bad_records
 from schemas import encode_record  # noqa: F401  (schemas must import before the trust encoders)
@@ -39,7 +40,7 @@ UNUSABLE_REASON = "unusable message"
 
 def enrol(out_dir: Path, population: Population, extra: tuple[str, ...] = ()) -> Path:
     """Create the run's keys and enrol the population's devices (plus ``extra`` client ids)."""
-    keys = Path(out_dir) / "keys"
+    keys = default_keys_dir(Path(out_dir))
     enrol_simulated(keys, [*population.client_ids.tolist(), *extra])
     return keys
 

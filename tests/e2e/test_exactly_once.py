@@ -33,11 +33,12 @@ from tests.e2e.chain_harness import (
 )
 from transforms.kafkaio import read_topic
 from transforms.spec import load_spec
+from transforms.state.estimates_store import read_estimates
 
 N = 1200
 WINDOWS = 2
 SHUFFLE_FAULTS = ("before_pipeline", "after_pipeline", "after_seal", "after_publish", "before_state")
-ANALYZE_FAULTS = ("after_seal", "after_publish", "before_state")
+ANALYZE_FAULTS = ("after_pipeline", "after_seal", "after_publish", "before_state")
 
 pytestmark = pytest.mark.slow
 
@@ -69,12 +70,13 @@ def crashed(broker, tmp_path_factory: pytest.TempPathFactory):
         runs["analyze"].append(run_job(flt, "analyze", f"analyze:{point}"))
     runs["analyze"].append(run_job(flt, "analyze"))
     snapshot = {
-        "rows": estimate_rows(flt), "parts": estimate_parts(flt),
+        "rows": estimate_rows(flt), "parts": estimate_parts(flt), "table": read_estimates(flt.out).to_pylist(),
         "shuffle_ledger": ledger_entries(flt, "shuffle"), "analyze_ledger": ledger_entries(flt, "analyze"),
         "reports": topic_records(broker.bootstrap, flt.reports),
         "shuffled_keys": [r.key for r in read_topic(broker.bootstrap, flt.shuffled)],
     }
-    ref_snapshot = {"rows": estimate_rows(ref), "shuffle_ledger": ledger_entries(ref, "shuffle"),
+    ref_snapshot = {"rows": estimate_rows(ref), "table": read_estimates(ref.out).to_pylist(),
+                    "shuffle_ledger": ledger_entries(ref, "shuffle"),
                     "shuffled_keys": [r.key for r in read_topic(broker.bootstrap, ref.shuffled)]}
     return {"spec": spec, "population": population, "ref": ref, "flt": flt, "reference": reference,
             "runs": runs, "external": external, "snapshot": snapshot, "ref_snapshot": ref_snapshot}
@@ -85,6 +87,8 @@ def test_faulted_chain_gives_the_uninterrupted_estimates(crashed) -> None:
     rows, ref_rows = crashed["snapshot"]["rows"], crashed["ref_snapshot"]["rows"]
     assert len(ref_rows) == WINDOWS * crashed["spec"].d
     assert rows == ref_rows  # estimate, stderr, n_clients, eps_central of every item of every window
+    # every other column too: release ids, the odometer's cumulative epsilon, windows composed
+    assert crashed["snapshot"]["table"] == crashed["ref_snapshot"]["table"]
 
 
 def test_each_window_released_once(crashed) -> None:

@@ -155,3 +155,17 @@ def test_approximate_windows_and_validation() -> None:
         WindowRelease(ALPHA, 4.0, 100, crowd_epsilon=1.0)
     with pytest.raises(ValueError):
         PrivacyOdometer(0.0)
+
+
+def test_too_large_windows_fall_back_validly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tiny point cap every window falls back to its tight bound's (eps, delta) pair: labelled, above
+    the exact PLD value, and near basic composition (never far above it)."""
+    from transforms.privacy import shuffle_pld as module
+
+    exact = cumulative_epsilon([_krr(20_000)] * 10, DELTA)
+    module.shuffle_pld.cache_clear()
+    monkeypatch.setattr(module, "MAX_POINTS", 10)
+    eps, method = compose_releases([_krr(20_000)] * 10, DELTA)
+    module.shuffle_pld.cache_clear()
+    assert "too large" in method
+    assert exact < eps <= 1.01 * 10 * epsilon_central(20_000, ALPHA, 4.0, DELTA / 10)

@@ -71,6 +71,15 @@ def test_when_all_partitions_are_idle_time_still_advances() -> None:
     assert watermark_ms(events, walls, now_ms=60_000, out_of_orderness_ms=MIN, idle_timeout_ms=5000) == 99 * MIN
 
 
+def test_a_stream_gone_quiet_still_closes_its_last_window() -> None:
+    # Both partitions silent for hours of wall clock: the watermark follows the wall clock (minus the idle
+    # timeout and the out-of-orderness), past the last event, so the window holding it can close.
+    events = {"r/0": 100 * MIN, "r/1": 90 * MIN}
+    walls = {"r/0": 100 * MIN, "r/1": 100 * MIN}
+    now = 300 * MIN
+    assert watermark_ms(events, walls, now, MIN, idle_timeout_ms=5 * MIN) == 294 * MIN
+
+
 def test_no_data_means_no_watermark_and_unknown_wall_clock_counts_as_active() -> None:
     assert watermark_ms({}, {}, 0, MIN, 5000) is None
     assert watermark_ms({}, {"r/0": 0}, 10**9, MIN, 5000) is None

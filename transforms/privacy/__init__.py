@@ -5,7 +5,10 @@
 * ``closed_forms`` — closed-form bounds for comparison, each refusing outside its validity conditions;
 * ``composition`` — composition theorems and post-processing composition (report fragmenting);
 * ``crowd`` — crowd thresholding / randomized report deletion parameters;
-* ``report`` — the ``esa privacy`` report.
+* ``report`` — the ``esa privacy`` report;
+* ``odometer`` (with ``shuffle_pld``, ``windows_report``, ``plan_windows``) — composition of many windows of one
+  population by privacy loss distributions. Import these modules directly: they load dp_accounting (~0.8 s),
+  which the single-window commands do not need.
 """
 
 from .closed_forms import (

@@ -14,8 +14,10 @@ optimal composition of their (eps, delta) ledgers (Kairouz, Oh and Viswanath 201
 mechanism-specific PLD. ``PrivacyOdometer.method`` says which was used.
 
 A window whose exact PLD is too large to build (``shuffle_pld.MAX_POINTS``: very large crowds at small
-eps_local) enters as the canonical pair of its tight single-window bound at delta_w = ``FALLBACK_DELTA_SHARE``
-x delta_total (labelled in ``method``): valid, since the tight bound certifies (eps_c(delta_w), delta_w).
+eps_local) enters as the canonical pair of its tight single-window bound (eps_c(delta_w), delta_w), which the
+tight bound certifies, with delta_w = s delta_total / (G k) for k such windows in each of G such groups and
+the best of a few fixed shares s (labelled in ``method``). The pairs' composition is the optimal composition
+of those (eps, delta) windows.
 
 Windows are grouped: ``n_clients`` is rounded *down* to three significant digits before the PLD is built.
 That is conservative because the shuffle bound's pair for n + 1 users is the pair for n users plus one more
@@ -39,9 +41,9 @@ from .shuffle_pld import DEFAULT_INTERVAL, PLDTooLargeError, crowd_count_pld, sh
 
 __all__ = ["PrivacyOdometer", "WindowRelease", "compose_releases", "cumulative_epsilon", "quantize_clients"]
 
-FALLBACK_DELTA_SHARE = 1e-4  # per too-large window: 5,000 such windows use half of delta_total
-METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound at "
-                   f"delta_w = {FALLBACK_DELTA_SHARE:g} delta_total")
+FALLBACK_SHARES = (0.5, 0.9, 0.99)  # shares of delta_total tried for the too-large windows' own deltas
+METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound, "
+                   "a share of delta_total split over them")
 METHOD_PLD = "pld: tight shuffle bound per window, composed by privacy loss distributions"
 METHOD_MIXED = ("pld: tight shuffle bound per window where available; (eps, delta) windows as the canonical "
                 "(eps, delta) pair (optimal composition of their ledgers)")
@@ -119,12 +121,13 @@ def _local_pld(alpha: float, eps_local: float, interval: float) -> pld_lib.Priva
     return pld_lib.from_two_probability_mass_functions(lower, upper, value_discretization_interval=interval)
 
 
-def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, delta_total: float = 1e-6
-               ) -> tuple[pld_lib.PrivacyLossDistribution | None, bool]:
-    """(PLD of one window, reports and crowd count composed, or None if it released nothing; whether the
-    too-large fallback was used)."""
+def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, fallback_delta: float | None = None
+               ) -> pld_lib.PrivacyLossDistribution | None:
+    """The PLD of one window, reports and crowd count composed (None if it released nothing). A window too
+    large for an exact PLD raises ``PLDTooLargeError`` unless ``fallback_delta`` is given: then its reports
+    enter as the canonical pair of the tight bound at that delta."""
     _, _, n, crowd_eps, crowd_delta, approx_eps, approx_delta = release.group_key()
-    out, fallback = None, False
+    out = None
     if approx_eps is not None:
         if n > 0:
             out = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(approx_eps, approx_delta),
@@ -133,17 +136,17 @@ def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, delta
         try:
             out = shuffle_pld(n, release.mechanism_alpha, release.eps_local, interval)
         except PLDTooLargeError:
-            delta_w = FALLBACK_DELTA_SHARE * delta_total
-            eps_w = epsilon_central(n, release.mechanism_alpha, release.eps_local, delta_w)
-            out = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(eps_w, delta_w),
+            if fallback_delta is None:
+                raise
+            eps_w = epsilon_central(n, release.mechanism_alpha, release.eps_local, fallback_delta)
+            out = pld_lib.from_privacy_parameters(DifferentialPrivacyParameters(eps_w, fallback_delta),
                                                   value_discretization_interval=interval)
-            fallback = True
     elif n == 1:
         out = _local_pld(release.mechanism_alpha, release.eps_local, interval)
     if crowd_eps is not None:
         count = crowd_count_pld(crowd_eps, crowd_delta, interval)
         out = count if out is None else out.compose(count)
-    return out, fallback
+    return out
 
 
 class PrivacyOdometer:
@@ -157,18 +160,23 @@ class PrivacyOdometer:
         if not 0.0 < self.interval <= 0.01:
             raise ValueError(f"interval must be in (0, 0.01], got {interval!r}")
         self.releases: list[WindowRelease] = []
-        self._groups: dict[tuple, list] = {}  # key -> [count, composed PLD or None, one member]
-        self._fallback = False
+        self._groups: dict[tuple, list] = {}  # key -> [count, composed PLD or None, one member, too large]
 
     @property
     def method(self) -> str:
         approx = any(r.approx_epsilon is not None for r in self.releases)
-        return (METHOD_MIXED if approx else METHOD_PLD) + (METHOD_FALLBACK if self._fallback else "")
+        fallback = any(group[3] for group in self._groups.values())
+        return (METHOD_MIXED if approx else METHOD_PLD) + (METHOD_FALLBACK if fallback else "")
 
-    def _window(self, release: WindowRelease) -> pld_lib.PrivacyLossDistribution | None:
-        pld, fallback = window_pld(release, self.interval, self.delta_total)
-        self._fallback |= fallback
-        return pld
+    def _window(self, release: WindowRelease, group: list) -> pld_lib.PrivacyLossDistribution | None:
+        """The window's exact PLD; None for a too-large one (marked on its group, built in ``epsilon``)."""
+        if group[3]:
+            return None
+        try:
+            return window_pld(release, self.interval)
+        except PLDTooLargeError:
+            group[3] = True
+            return None
 
     def add(self, release: WindowRelease) -> float:
         """Record one more window and return the cumulative epsilon of everything released so far."""
@@ -181,7 +189,7 @@ class PrivacyOdometer:
             self._add(release, recompute=True)
         for group in self._groups.values():
             if group[1] is None and group[0] > 0:
-                base = self._window(group[2])
+                base = self._window(group[2], group)
                 group[1] = None if base is None else (base if group[0] == 1 else base.self_compose(group[0]))
         return self.epsilon
 
@@ -190,25 +198,39 @@ class PrivacyOdometer:
             raise TypeError(f"expected a WindowRelease, got {type(release).__name__}")
         self.releases.append(release)
         key = release.group_key()
-        group = self._groups.setdefault(key, [0, None, release])  # count, composed PLD, one member
+        group = self._groups.setdefault(key, [0, None, release, False])
         group[0] += 1
         if recompute:
             group[1] = None
             return
-        base = self._window(release)
+        base = self._window(release, group)
         if base is not None:
             group[1] = base if group[1] is None else group[1].compose(base)
 
     @property
     def epsilon(self) -> float:
-        """Cumulative epsilon at ``delta_total`` (0 before any release; inf if delta_total is too small)."""
-        total = None
-        for _, composed, _ in self._groups.values():
-            if composed is not None:
+        """Cumulative epsilon at ``delta_total`` (0 before any release; inf if delta_total is too small).
+
+        Too-large groups (``method``) get a share of delta_total split evenly over their windows; the best
+        of a few fixed shares is returned (each is a valid guarantee, and the choice does not look at data).
+        """
+        exact = None
+        for _, composed, _, fallback in self._groups.values():
+            if composed is not None and not fallback:
+                exact = composed if exact is None else exact.compose(composed)
+        too_large = [group for group in self._groups.values() if group[3]]
+        if not too_large:
+            return 0.0 if exact is None else float(exact.get_epsilon_for_delta(self.delta_total))
+        best = math.inf
+        for share in FALLBACK_SHARES:
+            total = exact
+            for count, _, member, _ in too_large:
+                delta_w = share * self.delta_total / (len(too_large) * count)
+                base = window_pld(member, self.interval, fallback_delta=delta_w)
+                composed = base if count == 1 else base.self_compose(count)
                 total = composed if total is None else total.compose(composed)
-        if total is None:
-            return 0.0
-        return float(total.get_epsilon_for_delta(self.delta_total))
+            best = min(best, float(total.get_epsilon_for_delta(self.delta_total)))
+        return best
 
     def to_json(self) -> str:
         """The ledger: delta_total, the loss grid and every release, in order."""

@@ -53,7 +53,7 @@ __all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError
 # year of hourly windows (8760) within ~0.05 of the exact composition and 365 daily windows within 0.004.
 DEFAULT_INTERVAL = 1e-5
 # Half-width (standard deviations) of the (m, x) window summed exactly; the rest goes to +infinity.
-PLD_WINDOW_SDS = 12.0
+PLD_WINDOW_SDS = 10.0  # beyond 10 sd: < 1e-22 of mass, counted as infinite loss
 # Most (m, x) points one PLD may use (~1.5 s per 5e6). The count grows like n alpha (x grouping helps only
 # where the loss is flat in x), so very large crowds at small eps_local exceed it; callers then fall back to
 # a documented (eps, delta) pair (``odometer``) instead of running for minutes.

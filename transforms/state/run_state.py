@@ -97,9 +97,10 @@ def watermark_ms(max_event_ms: Mapping[str, int], last_data_wall_ms: Mapping[str
     and is left out: otherwise one silent partition (a quiet region, a drained topic) would hold every window
     open forever. This is Flink's ``WatermarkStrategy.withIdleness``; as there, data that an idle partition
     delivers after it wakes up may be late. If every partition is idle, time has still moved on for all of
-    them: the watermark is the maximum partition watermark. A partition without ``last_data_wall_ms`` counts
-    as active; partitions that never had data (absent from ``max_event_ms``) hold nothing back. None when no
-    partition has had data.
+    them: the watermark is the maximum partition watermark, or (now - idle timeout - out-of-orderness) if
+    that is later, so the last window of a stream that goes quiet still closes. A partition without
+    ``last_data_wall_ms`` counts as active; partitions that never had data (absent from ``max_event_ms``)
+    hold nothing back. None when no partition has had data.
 
     The result can move backwards (a partition waking up); callers keep ``max(previous, new)``.
     """
@@ -110,4 +111,10 @@ def watermark_ms(max_event_ms: Mapping[str, int], last_data_wall_ms: Mapping[str
     marks = {source: int(event) - out_of_orderness_ms for source, event in max_event_ms.items()}
     active = [mark for source, mark in marks.items()
               if source not in last_data_wall_ms or now_ms - last_data_wall_ms[source] <= idle_timeout_ms]
-    return min(active) if active else max(marks.values())
+    if active:
+        return min(active)
+    # Every partition has been silent for the idle timeout: no device is sending, and whatever it still
+    # sends will carry a time near the wall clock, so event time has moved on at least as far as
+    # (now - idle timeout - out-of-orderness). Without this the last window of a stream that goes quiet
+    # would never close.
+    return max(max(marks.values()), now_ms - idle_timeout_ms - out_of_orderness_ms)
