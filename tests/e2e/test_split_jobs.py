@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipelines import analyze as analyze_job
 from pipelines import encode as encode_job
 from pipelines import shuffle as shuffle_job
-from pipelines.job import JobConfig
+from pipelines.job import JobConfig, default_keys_dir
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
 from tests.e2e.chain import ENCODER_REASONS, SHUFFLER_REASONS, bad_device_sets, enrol
@@ -110,7 +110,7 @@ def test_shuffled_topic_identifies_no_client(chain, broker) -> None:
     assert sum(b.n_sets for b in {b.release_id: b for b in genuine}.values()) == summaries["shuffle"].count(
         "sets_released")
     blob = b"".join(r.value for r in records) + b"".join(r.key for r in records)
-    fleet = SimulatedFleet.from_keys_dir(base / "keys")
+    fleet = SimulatedFleet.from_keys_dir(default_keys_dir(base))
     for client in population.client_ids[:200]:
         assert client.encode() not in blob and fleet.device_id(client).encode() not in blob
     ends = {b.window_end_ms for b in genuine}

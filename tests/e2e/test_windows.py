@@ -14,7 +14,7 @@ import fastavro
 import pytest
 
 from pipelines.end_to_end import run
-from pipelines.job import JobConfig
+from pipelines.job import JobConfig, default_state_dir
 from pipelines.population import synthesize
 from pipelines.simulate import produce_population
 from tests.e2e.chain import enrol
@@ -87,7 +87,7 @@ def test_late_sets_are_dead_lettered_and_change_nothing(runs) -> None:
     assert s["dead_lettered"] == shuffle.count("sets_late") == N // 4 and s["released"] == 0
     assert summary.stages["analyze"].accounting["read"] == 0 and estimates.equals(released)
     letters = []
-    for path in (out / "state" / "shuffle" / "dead_letters").glob("dead-letters-*.avro"):
+    for path in (default_state_dir(out) / "shuffle" / "dead_letters").glob("dead-letters-*.avro"):
         with path.open("rb") as f:
             letters.extend(fastavro.reader(f))
     late = [d for d in letters if d["reason"] == "late: its window was already released"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
+from pipelines.job import default_keys_dir, default_state_dir
 from schemas import decode_record
 from transforms.kafkaio import read_topic
 from transforms.privacy.report import privacy_report
@@ -72,7 +73,7 @@ def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     out = tmp_path / "out"
     sim = esa("simulate", "--bootstrap", broker.bootstrap, "--spec", str(spec), "--clients", "3000",
               "--raw-topic", raw, "--reports-topic", reports, "--bad-per-kind", "1", "--seed", "3",
-              "--truth", str(tmp_path / "truth.parquet"), "--keys_dir", str(out / "keys"))
+              "--truth", str(tmp_path / "truth.parquet"), "--keys_dir", str(default_keys_dir(out)))
     assert sim.returncode == 0, sim.stderr
     produced = json.loads(sim.stdout)["produced"]
     # --drain: the simulated window is recent, so it would otherwise be held for its allowed lateness.
@@ -91,8 +92,8 @@ def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     estimates = read_estimates(out)
     assert estimates.num_rows == 64 and set(estimates["release_id"].to_pylist()) != {None}
     # Raw dead letters stay in the trust domain that refused them, with their bytes.
-    encode_letters, shuffle_letters = _letters(out / "state" / "encode" / "dead_letters"), _letters(
-        out / "state" / "shuffle" / "dead_letters")
+    state = default_state_dir(out)  # beside the analyst's outputs, never inside them
+    encode_letters, shuffle_letters = (_letters(state / stage / "dead_letters") for stage in ("encode", "shuffle"))
     assert len(encode_letters) == 2 and all(d["original"] and d["reason"] for d in encode_letters)
     assert len(shuffle_letters) == 4 and all(d["reason"] for d in shuffle_letters)
     assert not _letters(out / "dead_letters")  # nothing the analyzer refused
@@ -110,8 +111,9 @@ def test_demo_writes_its_outputs(tmp_path: Path) -> None:
         assert (tmp_path / name).stat().st_size > 0, name
     assert read_estimates(tmp_path).num_rows == 64
     # The demo's bad records (3 of each kind) are dead-lettered by the encoder and the shuffler.
-    assert len(_letters(tmp_path / "state" / "encode" / "dead_letters")) == 2 * 3
-    assert len(_letters(tmp_path / "state" / "shuffle" / "dead_letters")) == 4 * 3
+    state = default_state_dir(tmp_path)
+    assert len(_letters(state / "encode" / "dead_letters")) == 2 * 3
+    assert len(_letters(state / "shuffle" / "dead_letters")) == 4 * 3
     facts = json.loads((tmp_path / "summary.json").read_text())
     assert facts["accounting_balanced"]
     # 64 items, each |z| <= 3 with probability 0.997: expect 0.2 outside, P(more than 6 outside) < 1e-6.
