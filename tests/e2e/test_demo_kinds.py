@@ -70,7 +70,7 @@ def test_demo_kind_end_to_end(case: str, broker: object, tmp_path: Path) -> None
     _assert_bad_records_dead_lettered(facts["accounting"])
     assert facts["items"] > 0
     assert facts["max_abs_error_over_stderr"] < 4.5, facts
-    spec = load_spec(spec_path or example_path(DEMO_SPECS[kind]))
+    spec = load_spec(spec_path or DEMO_SPECS[kind])
     assert (tmp_path / "out" / plot_file_name(spec)).stat().st_size > 10_000
     if spec.crowd.partition:
         assert facts["crowds"] == 2  # v1 and v2 estimated separately
