@@ -206,15 +206,32 @@ def estimates_file(estimates: str | Path | OutputLocation) -> Path | str:
     return url if url.endswith(".parquet") else location.join("estimates.parquet")
 
 
-def read_trees(estimates: str | Path | OutputLocation, spec_id: str | None = None, window: str | int | None = None,
-               crowd: str | None = None) -> list[StoredTree]:
-    """The range trees stored in DIR/estimates.parquet (or that file, or a URL), filtered; ValueError if there
-    are none."""
+def read_estimates_table(estimates: str | Path | OutputLocation) -> tuple[Path | str, pa.Table]:
+    """(where, rows): a local output directory through the estimates store (its per-release parts and any
+    legacy estimates.parquet), else the single Parquet file or URL of ``estimates_file``."""
+    from transforms.state.estimates_store import ESTIMATES_DIR, LEGACY_FILE, read_estimates
+
+    location = output_location(estimates)
+    local = location.local
+    if local is not None and local.is_dir():
+        if not (local / ESTIMATES_DIR).is_dir() and not (local / LEGACY_FILE).is_file():
+            raise ValueError(f"no estimates at {local} (give the output directory of esa run/demo/analyze)")
+        try:
+            return local, read_estimates(local)
+        except (OSError, pa.ArrowException) as err:
+            raise ValueError(f"cannot read estimates at {local}: {err}") from None
     path = estimates_file(estimates)
     try:
-        table = pq.read_table(str(path))
+        return path, pq.read_table(str(path))
     except (OSError, pa.ArrowException) as err:
         raise ValueError(f"cannot read estimates at {path}: {err}") from None
+
+
+def read_trees(estimates: str | Path | OutputLocation, spec_id: str | None = None, window: str | int | None = None,
+               crowd: str | None = None) -> list[StoredTree]:
+    """The range trees stored under an output directory (or in a Parquet file, or a URL), filtered; ValueError
+    if there are none."""
+    path, table = read_estimates_table(estimates)
     trees = trees_of(table, spec_id, window, crowd)
     if not trees:
         analyses = sorted(set(table["spec_id"].to_pylist())) if table.num_rows else []

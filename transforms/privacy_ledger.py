@@ -71,4 +71,12 @@ def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]], delt
 
     if not accounts:
         return None
+    if any(a.get("own_accountant") and not _finite(a.get("eps_central")) for a in accounts):
+        # A window without a finite guarantee (e.g. a multi-message crowd far below its calibrated size)
+        # leaves the composition unbounded too; the odometer says so instead of failing the release.
+        return math.inf
     return float(cumulative_epsilon([window_release(a) for a in accounts], delta))
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and math.isfinite(float(value))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pipelines.end_to_end import run
-from pipelines.job import JobConfig
+from pipelines.job import GroupInUse, JobConfig
 from pipelines.population import synthesize, truth_table
 from pipelines.simulate import produce_population
 from tests.e2e.chain import (
@@ -151,8 +151,12 @@ def test_offsets_committed_and_second_run_reads_nothing(first_run, broker, tmp_p
     again = run(config)
     assert all(s.accounting["read"] == 0 for s in again.stages.values()), again.accounting
     assert read_estimates(config.out_dir).equals(before)
-    # A fresh state directory falls back to the consumer group's committed offsets: still nothing to read.
-    fresh = run(JobConfig(**{**config.__dict__, "out_dir": tmp_path, "keys_dir": config.keys}))
+    # A fresh state directory refuses a consumer group another job has committed for (it may own it) unless
+    # told to adopt it, and then starts from the group's committed offsets: still nothing to read.
+    fresh = {**config.__dict__, "out_dir": tmp_path, "keys_dir": config.keys}
+    with pytest.raises(GroupInUse, match="--adopt_consumer_group"):
+        run(JobConfig(**fresh))
+    fresh = run(JobConfig(**{**fresh, "adopt_group": True}))
     assert all(s.accounting["read"] == 0 for s in fresh.stages.values()), fresh.accounting
     assert read_estimates(tmp_path).num_rows == 0
 

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import fastavro
-import pyarrow.parquet as pq
 import pytest
 
 from schemas import decode_record
 from transforms.kafkaio import read_topic
 from transforms.privacy.report import privacy_report
+from transforms.state.estimates_store import read_estimates
 
 ESA = [sys.executable, "-m", "pipelines.cli"]
 
@@ -58,37 +58,60 @@ def test_privacy_rejects_bad_arguments() -> None:
     assert done.returncode == 2 and "epsilon" in done.stderr
 
 
+def _letters(directory: Path) -> list[dict]:
+    out = []
+    for path in sorted(directory.glob("dead-letters-*.avro")):
+        with path.open("rb") as f:
+            out.extend(fastavro.reader(f))
+    return out
+
+
 def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     spec = Path(__file__).resolve().parents[2] / "examples" / "app_language.toml"
     raw, reports, group = f"cli-raw-{tmp_path.name}", f"cli-rep-{tmp_path.name}", f"cli-{tmp_path.name}"
+    out = tmp_path / "out"
     sim = esa("simulate", "--bootstrap", broker.bootstrap, "--spec", str(spec), "--clients", "3000",
               "--raw-topic", raw, "--reports-topic", reports, "--bad-per-kind", "1", "--seed", "3",
-              "--truth", str(tmp_path / "truth.parquet"))
+              "--truth", str(tmp_path / "truth.parquet"), "--keys_dir", str(out / "keys"))
     assert sim.returncode == 0, sim.stderr
     produced = json.loads(sim.stdout)["produced"]
-    out = tmp_path / "out"
+    # --drain: the simulated window is recent, so it would otherwise be held for its allowed lateness.
     done = esa("run", "--spec", str(spec), "--kafka_bootstrap", broker.bootstrap, "--raw_topic", raw,
-               "--reports_topic", reports, "--consumer_group", group, "--output_dir", str(out),
-               "--estimates_topic", f"{raw}-estimates", "--dead_letter_topic", f"{raw}-dead")
+               "--reports_topic", reports, "--shuffled_topic", f"{raw}-shuffled", "--consumer_group", group,
+               "--output_dir", str(out), "--estimates_topic", f"{raw}-estimates", "--dead_letter_topic", f"{raw}-dead",
+               "--drain")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["balanced"] and result["accounting"]["read"] == sum(produced.values())
-    assert result["accounting"]["dead_lettered"] == 6
-    assert pq.read_table(out / "estimates.parquet").num_rows == 64
-    with open(out / "dead_letters.avro", "rb") as f:
-        assert len(list(fastavro.reader(f))) == 6
+    accounting = result["accounting"]
+    assert result["balanced"] and accounting["encode"]["read"] == produced[raw]
+    assert accounting["shuffle"]["read"] == accounting["encode"]["encoded"] + produced[reports]
+    # Encoder: not Avro, not in the domain. Shuffler: the three unsigned old-style reports, the duplicate.
+    assert (accounting["encode"]["dead_lettered"], accounting["shuffle"]["dead_lettered"]) == (2, 4)
+    assert accounting["analyze"]["dead_lettered"] == 0
+    estimates = read_estimates(out)
+    assert estimates.num_rows == 64 and set(estimates["release_id"].to_pylist()) != {None}
+    # Raw dead letters stay in the trust domain that refused them, with their bytes.
+    encode_letters, shuffle_letters = _letters(out / "state" / "encode" / "dead_letters"), _letters(
+        out / "state" / "shuffle" / "dead_letters")
+    assert len(encode_letters) == 2 and all(d["original"] and d["reason"] for d in encode_letters)
+    assert len(shuffle_letters) == 4 and all(d["reason"] for d in shuffle_letters)
+    assert not _letters(out / "dead_letters")  # nothing the analyzer refused
     published = [decode_record("Estimate", r.value) for r in read_topic(broker.bootstrap, f"{raw}-estimates")]
-    assert sorted(e["item"] for e in published) == sorted(pq.read_table(out / "estimates.parquet")["item"].to_pylist())
+    assert sorted(e["item"] for e in published) == sorted(estimates["item"].to_pylist())
     dead = [decode_record("DeadLetter", r.value) for r in read_topic(broker.bootstrap, f"{raw}-dead")]
-    assert len(dead) == 6 and all(d["reason"] for d in dead)
+    assert sorted(d["reason"] for d in dead) == sorted(d["reason"] for d in encode_letters + shuffle_letters)
 
 
 def test_demo_writes_its_outputs(tmp_path: Path) -> None:
     done = esa("demo", "--clients", "4000", "--mechanism", "grr", "--epsilon", "3", "--out", str(tmp_path),
                "--seed", "1")
     assert done.returncode == 0, done.stderr
-    for name in ("estimates.parquet", "truth.parquet", "dead_letters.avro", "estimates_vs_truth.png"):
+    for name in ("truth.parquet", "summary.json", "estimates_vs_truth.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+    assert read_estimates(tmp_path).num_rows == 64
+    # The demo's bad records (3 of each kind) are dead-lettered by the encoder and the shuffler.
+    assert len(_letters(tmp_path / "state" / "encode" / "dead_letters")) == 2 * 3
+    assert len(_letters(tmp_path / "state" / "shuffle" / "dead_letters")) == 4 * 3
     facts = json.loads((tmp_path / "summary.json").read_text())
     assert facts["accounting_balanced"]
     # 64 items, each |z| <= 3 with probability 0.997: expect 0.2 outside, P(more than 6 outside) < 1e-6.

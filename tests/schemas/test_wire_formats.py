@@ -56,8 +56,13 @@ def shuffled_report(payload: Any, crowd_id: str | None = None) -> dict[str, Any]
 
 
 def estimate(n_deleted: int | None) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "analysis": "app_language",
-            "window_start": 1_699_999_200_000, "window_end": 1_700_002_800_000, "crowd_id": "v1.2", "item": "en",
+    """An Estimate; with ``n_deleted`` set, the optional odometer and release fields are set too."""
+    optional = {"eps_central_cumulative": None, "windows_composed": None, "release_id": None}
+    if n_deleted is not None:
+        optional = {"eps_central_cumulative": 0.31, "windows_composed": 3, "release_id": "r" * 64}
+    return {**optional, "schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab",
+            "analysis": "app_language", "window_start": 1_699_999_200_000, "window_end": 1_700_002_800_000,
+            "crowd_id": "v1.2", "item": "en",
             "item_index": 0, "estimate": 0.25, "stderr": 0.0125, "raw_estimate": 0.26, "n_reports": 20_000,
             "n_clients": 20_000, "n_deleted": n_deleted,
             "eps_local": 2.0, "eps_central": 0.12, "delta": 1e-6, "mechanism": "olh",
@@ -166,6 +171,14 @@ def test_round_trip(name: str, case: str, record: dict[str, Any]) -> None:
     # Types survive too (a long must not come back as a double, bytes not as str).
     for key, value in record.items():
         assert type(decoded[key]) is type(value), key
+
+
+def test_estimate_without_the_optional_odometer_fields_reads_them_as_null() -> None:
+    """Writers that predate the odometer (eps_central_cumulative, windows_composed, release_id) stay readable."""
+    full = estimate(31)
+    older = {k: v for k, v in full.items() if k not in ("eps_central_cumulative", "windows_composed", "release_id")}
+    decoded = decode_record("Estimate", encode_record("Estimate", older))
+    assert decoded == {**older, "eps_central_cumulative": None, "windows_composed": None, "release_id": None}
 
 
 def test_record_union_branches_written_as_plain_dicts_come_back_named() -> None:
