@@ -115,14 +115,26 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
-    query = sub.add_parser("query", help="answer value ranges and quantiles from stored range/quantile estimates")
+    query = sub.add_parser("query", help="answer ranges, quantiles, top items, items, sums and kv keys from stored "
+                                         "estimates")
     query.add_argument("--estimates", required=True,
-                       help="output directory (or URL) holding estimates.parquet, or the file itself")
+                       help="output directory (estimates/ dataset and/or estimates.parquet), the file, or a URL")
     query.add_argument("--range", nargs=2, type=float, action="append", dest="ranges", metavar=("LO", "HI"),
                        help="clients with a value in [LO, HI) (value units; repeatable)")
     query.add_argument("--quantile", type=float, action="append", dest="quantiles", metavar="Q",
                        help="the Q-quantile, 0 < Q <= 1 (repeatable)")
-    query.add_argument("--spec_id", default=None, help="only this analysis (spec_id)")
+    query.add_argument("--top", type=_positive_int, default=None,
+                       help="histogram/heavy hitters: the K largest items (default 10 if nothing else is asked); "
+                            "kv_mean: the K keys of largest share")
+    query.add_argument("--item", action="append", dest="items", metavar="NAME",
+                       help="this item (histogram category, heavy-hitter hash or candidate string, kv_mean key; "
+                            "repeatable)")
+    query.add_argument("--sum", nargs="+", action="append", dest="sums", metavar="ITEM",
+                       help="the sum of these items' frequencies with its stderr under the mechanism's covariance "
+                            "(repeatable)")
+    query.add_argument("--candidates", default=None, metavar="FILE",
+                       help="heavy hitters: strings, one a line, hashed as the encoder does to label the stored hashes")
+    query.add_argument("--spec_id", default=None, help="only this analysis (spec id, or spec name: every version)")
     query.add_argument("--window", default=None, help="only this window (start, epoch ms or ISO 8601)")
     query.add_argument("--crowd", default=None, help="only this crowd id")
     query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
