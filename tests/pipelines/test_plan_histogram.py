@@ -91,3 +91,21 @@ def test_bad_plans_exit_2(capsys: pytest.CaptureFixture, extra: list[str], reaso
     code = main(["plan", "--kind", "histogram", "--d", "8", "--n", "1000", "--delta", "1e-6", *extra])
     captured = capsys.readouterr()
     assert code == 2 and reason in captured.err, captured.err
+
+
+def test_windows_compose_rappor_by_its_per_window_guarantee() -> None:
+    """RAPPOR's replacement changes two channels: its window enters the composition as (eps_c, delta), never as
+    one channel's shuffle PLD (which would understate it); single-report oracles by their PLD."""
+    from transforms.privacy.plan_windows import _release
+    from transforms.privacy.planner_histogram import HistogramOption, HistogramPlan
+
+    def option(name: str) -> HistogramOption:
+        return HistogramOption(mechanism=name, eps_local=3.0, eps_central=0.7, alpha=1 / (math.exp(3) + 1),
+                               stderr=0.01, message_bits=3, messages_per_client=1.0, parameters={}, feasible=True)
+
+    for name, approximate in (("rappor", True), ("oue", False)):
+        plan = HistogramPlan(d=8, n=N, delta=DELTA, eps_central_target=0.7, target_stderr=None,
+                             options=(option(name),), recommended=name)
+        release = _release(plan, N, 1e-8)
+        assert (release.approx_epsilon == 0.7) is approximate
+        assert (release.mechanism_alpha is None) is approximate
