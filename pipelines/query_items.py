@@ -175,6 +175,7 @@ def item_answers(table: pa.Table, *, top: int | None = None, items: Sequence[str
     kv_mean). Empty list if the table holds none of those kinds."""
     if top is not None and top < 1:
         raise ValueError(f"--top must be >= 1, got {top}")
+    kv_top = top  # kv_mean: every key unless --top is given
     if top is None and not items and not sums:
         top = DEFAULT_TOP
     out = []
@@ -203,7 +204,7 @@ def item_answers(table: pa.Table, *, top: int | None = None, items: Sequence[str
         if kind == "kv_mean":
             if sums:
                 raise ValueError(f"--sum applies to histogram and heavy-hitter items; {what} is kv_mean")
-            group.update(_kv(rows, top, items, what))
+            group.update(_kv(rows, kv_top, items, what))
         else:
             group.update(_histogram(rows, first, kind, top, items, sums, candidates, what))
         out.append(group)

@@ -16,6 +16,7 @@ from scipy.stats import norm
 from pipelines.cli import main
 from pipelines.demo import run_demo
 from transforms.mechanisms.range_tree import ROW_DTYPE, RangeTree
+from transforms.state.estimates_store import read_estimates
 
 BITS, LO, HI = 10, 0.0, 2000.0
 SPEC = f"""
@@ -44,7 +45,7 @@ def demo_dir(broker: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def direct_tree(out: Path) -> RangeTree:
     """The tree from the Parquet rows and the readout constants, without pipelines.query."""
-    table = pq.read_table(out / "estimates.parquet")
+    table = read_estimates(out)
     levels = json.loads(table["parameters"][0].as_py())["readout"]["levels"]
     items = table["item"].to_pylist()
     rows = np.zeros(len(items), dtype=ROW_DTYPE)
@@ -102,8 +103,8 @@ def test_median_interval_covers_the_truth(demo_dir: Path, capsys: pytest.Capture
 
 
 def test_text_output_says_what_was_answered(demo_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    spec_id = pq.read_table(demo_dir / "estimates.parquet")["spec_id"][0].as_py()
-    window = pq.read_table(demo_dir / "estimates.parquet")["window_start"][0].as_py()
+    spec_id = read_estimates(demo_dir)["spec_id"][0].as_py()
+    window = read_estimates(demo_dir)["window_start"][0].as_py()
     code, out, _ = esa_query(capsys, "--estimates", str(demo_dir), "--spec-id", spec_id, "--window", str(window),
                              "--range", "100", "250", "--quantile", "0.5")
     assert code == 0
@@ -136,7 +137,7 @@ def test_directories_without_a_range_analysis_exit_2(demo_dir: Path, tmp_path: P
                                                     capsys: pytest.CaptureFixture) -> None:
     code, _, err = esa_query(capsys, "--estimates", str(tmp_path), "--quantile", "0.5")
     assert code == 2 and "no estimates at" in err
-    table = pq.read_table(demo_dir / "estimates.parquet").slice(0, 5)
+    table = read_estimates(demo_dir).slice(0, 5)
     histogram_like = table.set_column(table.schema.get_field_index("parameters"), "parameters",
                                       [['{"epsilon": 4.0}'] * 5])
     pq.write_table(histogram_like, tmp_path / "estimates.parquet")

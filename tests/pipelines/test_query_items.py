@@ -139,6 +139,8 @@ def test_kv_keys(tmp_path: Path) -> None:
     (result,) = item_answers(load_estimates(tmp_path))
     assert [e["key"] for e in result["keys"]] == ["a", "b"]
     assert result["keys"][1]["conditional_mean"] == {"estimate": 4.0, "stderr": 2.5, "raw_estimate": 4.0}
+    (top_one,) = item_answers(load_estimates(tmp_path), top=1)
+    assert [e["key"] for e in top_one["keys"]] == ["a"]
     (only_b,) = item_answers(load_estimates(tmp_path), items=["b"])
     assert [e["key"] for e in only_b["keys"]] == ["b"]
     with pytest.raises(ValueError, match="no key 'zz'"):
