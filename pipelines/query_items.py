@@ -15,7 +15,10 @@ independent in general, so the stderr of a sum over a set S of items uses the me
 * ``olh``: zero under a fully random hash (a holder of u hits H(v) with probability 1/g whatever it sends,
   and so does a non-holder of both); the finite seed family adds a correlation of order d / (S g) which is
   neglected, as it is in ``variance``'s leading term.
-* anything else (``hadamard``, ``cms``, multi-message protocols, heavy hitters): no closed form is used,
+* ``hadamard``: exact. Item v owns row v + 1 of the Sylvester matrix, and rows multiply as
+  ``H[a] H[b] = H[a ^ b]``, so a report is correlated between C_u and C_v only for the holders of the item
+  x with row ``(u + 1) ^ (v + 1)``: ``Cov(c_u, c_v) = c_x / (2 p* - 1)`` (0 if x is outside the domain).
+* anything else (``cms``, multi-message protocols, heavy hitters): no closed form is used,
   so the sum gets the Cauchy-Schwarz bound ``sum_v stderr_v``, valid for every covariance (conservative).
 
 Every sum says which of the three it used (``covariance``: ``exact``, ``zero`` or ``bound``).
@@ -85,8 +88,27 @@ def grr_sum_variance(counts: np.ndarray, variances: np.ndarray, n: int, d: int, 
     return float(np.sum(variances)) - pairs / ((p - q) ** 2 * float(n) ** 2)
 
 
-def sum_of(rows: list[dict[str, Any]], mechanism: str, parameters: dict[str, Any], n: int) -> dict[str, Any]:
-    """Sum of the estimates of ``rows`` with its stderr under the mechanism's covariance."""
+def hadamard_sum_variance(index: Sequence[int], variances: np.ndarray, counts: np.ndarray, epsilon: float,
+                          n: int) -> float:
+    """Variance of a sum of Hadamard-response frequency estimates of the items ``index``: the per-item
+    variances plus ``c_x / (2 p* - 1)`` for every ordered pair (module docstring); ``counts`` are the plug-in
+    counts of every item of the domain (by item index)."""
+    e = math.exp(min(epsilon, 700.0))
+    p = e / (1.0 + e)
+    c = np.clip(np.asarray(counts, dtype=np.float64), 0.0, float(n))
+    pairs = 0.0
+    for a in index:
+        for b in index:
+            x = ((a + 1) ^ (b + 1)) - 1
+            if a != b and 0 <= x < c.size:
+                pairs += c[x]
+    return float(np.sum(variances)) + pairs / (2.0 * p - 1.0) / float(n) ** 2
+
+
+def sum_of(rows: list[dict[str, Any]], mechanism: str, parameters: dict[str, Any], n: int,
+           counts: np.ndarray | None = None) -> dict[str, Any]:
+    """Sum of the estimates of ``rows`` with its stderr under the mechanism's covariance; ``counts`` (the
+    window's plug-in counts by item index) is needed for Hadamard response's exact covariance."""
     estimate = float(sum(r["estimate"] for r in rows))
     raw = np.array([r["raw_estimate"] for r in rows], dtype=np.float64)
     se = np.array([r["stderr"] for r in rows], dtype=np.float64)
@@ -96,6 +118,10 @@ def sum_of(rows: list[dict[str, Any]], mechanism: str, parameters: dict[str, Any
         covariance = "exact"
         stderr = math.sqrt(max(grr_sum_variance(raw * n, se**2, n, int(parameters["d"]),
                                                 float(parameters["epsilon"])), 0.0))
+    elif mechanism == "hadamard" and "epsilon" in parameters and counts is not None and n > 0:
+        covariance = "exact"
+        index = [int(r["item_index"]) for r in rows]
+        stderr = math.sqrt(max(hadamard_sum_variance(index, se**2, counts, float(parameters["epsilon"]), n), 0.0))
     elif mechanism in UNCORRELATED:
         covariance, stderr = "zero", float(math.sqrt(np.sum(se**2)))
     else:
@@ -135,10 +161,14 @@ def _histogram(rows: list[dict[str, Any]], first: dict[str, Any], kind: str, top
     by_item = {r["item"]: r for r in rows}
     ranked = sorted(rows, key=lambda r: (-r["estimate"], r["item"]))
     n = int(first["n_clients"])
+    counts = None
+    if kind == "histogram":
+        counts = np.zeros(max(int(r["item_index"]) for r in rows) + 1)
+        counts[[int(r["item_index"]) for r in rows]] = [r["raw_estimate"] * n for r in rows]
     return {"top": [_row(r, labels) for r in ranked[:top or 0]],
             "items": [_row(_find(by_item, name, labels, what), labels) for name in items],
             "sums": [sum_of([_find(by_item, name, labels, what) for name in group], first["mechanism"],
-                            parameters, n) for group in sums]}
+                            parameters, n, counts) for group in sums]}
 
 
 def _kv(rows: list[dict[str, Any]], top: int | None, keys: Sequence[str], what: str) -> dict[str, Any]:
