@@ -117,14 +117,26 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
-    query = sub.add_parser("query", help="answer value ranges and quantiles from stored range/quantile estimates")
+    query = sub.add_parser("query", help="answer ranges, quantiles, top items, items, sums and kv keys from stored "
+                                         "estimates")
     query.add_argument("--estimates", required=True,
-                       help="output directory (or URL) holding estimates.parquet, or the file itself")
+                       help="output directory (estimates/ dataset and/or estimates.parquet), the file, or a URL")
     query.add_argument("--range", nargs=2, type=float, action="append", dest="ranges", metavar=("LO", "HI"),
                        help="clients with a value in [LO, HI) (value units; repeatable)")
     query.add_argument("--quantile", type=float, action="append", dest="quantiles", metavar="Q",
                        help="the Q-quantile, 0 < Q <= 1 (repeatable)")
-    query.add_argument("--spec_id", default=None, help="only this analysis (spec_id)")
+    query.add_argument("--top", type=_positive_int, default=None,
+                       help="histogram/heavy hitters: the K largest items (default 10 if nothing else is asked); "
+                            "kv_mean: the K keys of largest share")
+    query.add_argument("--item", action="append", dest="items", metavar="NAME",
+                       help="this item (histogram category, heavy-hitter hash or candidate string, kv_mean key; "
+                            "repeatable)")
+    query.add_argument("--sum", nargs="+", action="append", dest="sums", metavar="ITEM",
+                       help="the sum of these items' frequencies with its stderr under the mechanism's covariance "
+                            "(repeatable)")
+    query.add_argument("--candidates", default=None, metavar="FILE",
+                       help="heavy hitters: strings, one a line, hashed as the encoder does to label the stored hashes")
+    query.add_argument("--spec_id", default=None, help="only this analysis (spec id, or spec name: every version)")
     query.add_argument("--window", default=None, help="only this window (start, epoch ms or ISO 8601)")
     query.add_argument("--crowd", default=None, help="only this crowd id")
     query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
@@ -305,9 +317,14 @@ def _privacy(args: argparse.Namespace) -> int:
 
 def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="local parameters meeting a central (eps_c, delta) target (tight bound)")
-    plan.add_argument("--kind", choices=("kv_mean", "vector_mean"), required=True)
-    plan.add_argument("--mechanism", default=None, help="kv_mean: collision, coco, pckv-ue, pckv-grr or privkv")
-    plan.add_argument("--d", type=_positive_int, required=True, help="keys (kv_mean) or coordinates (vector_mean)")
+    plan.add_argument("--kind", choices=("histogram", "kv_mean", "vector_mean"), required=True)
+    plan.add_argument("--mechanism", default=None,
+                      help="kv_mean: collision, coco, pckv-ue, pckv-grr or privkv; histogram: plan only this oracle "
+                           "(default: grr, oue, olh, hadamard, cms, rappor and recommend one)")
+    plan.add_argument("--d", type=_positive_int, required=True,
+                      help="categories (histogram), keys (kv_mean) or coordinates (vector_mean)")
+    plan.add_argument("--target-stderr", type=_positive_float, default=None,
+                      help="histogram: per-item stderr to reach (a frequency), instead of a central target")
     plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
     plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
     plan.add_argument("--epsilon-central", type=_positive_float, default=None, help="per-window target")
@@ -327,6 +344,10 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from transforms.privacy.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
 
+    if args.kind == "histogram":
+        return _plan_histogram(args)
+    if args.target_stderr is not None:
+        raise ValueError("--target-stderr applies to --kind histogram only")
     if (args.windows is None) != (args.epsilon_central_total is None):
         raise ValueError("--windows and --epsilon-central-total go together")
     if (args.windows is None) == (args.epsilon_central is None):
@@ -357,6 +378,33 @@ def _plan(args: argparse.Namespace) -> int:
 
         plan = plan_for_windows(make, args.n, args.windows, args.epsilon_central_total, args.delta)
         text = format_windows_plan(plan, formatter(plan.plan))
+    _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
+    return 0
+
+
+def _plan_histogram(args: argparse.Namespace) -> int:
+    from transforms.privacy import planner_histogram as ph
+
+    for flag, value in (("--s", args.s), ("--t", args.t), ("--t-rule", args.t_rule), ("--k-round", args.k_round),
+                        ("--accountant", args.accountant)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply to --kind histogram")
+    mechanisms = ph.HISTOGRAM_MECHANISMS if args.mechanism is None else (args.mechanism,)
+    if args.windows is None:
+        if args.epsilon_central_total is not None:
+            raise ValueError("--epsilon-central-total goes with --windows")
+        plan = ph.plan_histogram(args.d, args.n, args.delta, epsilon_central=args.epsilon_central,
+                                 target_stderr=args.target_stderr, mechanisms=mechanisms)
+        text = ph.format_histogram_plan(plan)
+    else:
+        if args.epsilon_central is not None:
+            raise ValueError("with --windows give --epsilon-central-total (or --target-stderr), not --epsilon-central")
+        if args.mechanism is None:  # RAPPOR's PLD ledger is too slow to recompose at every bisection step
+            mechanisms = tuple(m for m in mechanisms if m != "rappor")
+        plan = ph.plan_histogram_windows(args.d, args.n, args.windows, args.delta,
+                                         epsilon_central_total=args.epsilon_central_total,
+                                         target_stderr=args.target_stderr, mechanisms=mechanisms)
+        text = ph.format_histogram_windows_plan(plan)
     _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
     return 0
 
