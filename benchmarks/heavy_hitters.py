@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters, item_hash  # noqa: E402
+from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters, item_hash  # noqa: E402
 from transforms.mechanisms.randomness import seeded_rng  # noqa: E402
 
 ITEM_BITS = 32

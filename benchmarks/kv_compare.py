@@ -35,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from transforms.mechanisms.coco import CoCo
-from transforms.mechanisms.collision import Collision
-from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
+from transforms.mechanisms.keyvalue.coco import CoCo
+from transforms.mechanisms.keyvalue.collision import Collision
+from transforms.mechanisms.keyvalue.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.postprocess import project_simplex
 
 EPS_003 = (0.001, 0.01, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5, 2.0)

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard  # noqa: E402
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard  # noqa: E402
 
 Mech = MultiMessageHadamard | CountMinMultiRR
 DELTA = 1e-6

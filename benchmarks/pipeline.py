@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.broker import LocalBroker
+from pipelines.demo.population import synthesize, truth_table
+from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import run
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
 from pipelines.job import JobConfig, default_keys_dir
-from pipelines.population import synthesize, truth_table
-from pipelines.simulate import produce_population
 from transforms.kafkaio import read_topic
 from transforms.spec import load_spec
 from transforms.state.estimates_store import read_estimates

@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from transforms.mechanisms.randomness import seeded_rng  # noqa: E402
-from transforms.mechanisms.ranges import DyadicRange  # noqa: E402
+from transforms.mechanisms.ranges.dyadic import DyadicRange  # noqa: E402
 
 OURS = ("ours-sample", "ours-all")
 BASELINE = "lhm-1level"

@@ -204,10 +204,10 @@ def _parse_native(argv: list[str]) -> argparse.Namespace:
 def _simulate(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from pipelines.demo import progress_printer
-    from pipelines.population import synthesize, truth_table
+    from pipelines.demo.population import synthesize, truth_table
+    from pipelines.demo.run import progress_printer
+    from pipelines.demo.simulate import produce_population
     from pipelines.query import parse_time_ms
-    from pipelines.simulate import produce_population
     from transforms.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -218,7 +218,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     enrol_simulated(args.keys_dir, population.client_ids.tolist())
     if args.devices is not None:
-        from pipelines.device_fleet import FleetOutcome, device_messages
+        from pipelines.demo.device_fleet import FleetOutcome, device_messages
         from transforms.kafkaio import ensure_topics, produce_records
 
         outcome, show = FleetOutcome(), progress_printer("devices reported")
@@ -456,7 +456,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pipelines.query import query_command
 
         return query_command(args)
-    from pipelines.demo import run_demo
+    from pipelines.demo.run import run_demo
 
     _announce_seed(args.seed, "demo")
     run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,

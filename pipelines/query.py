@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.paths import OutputLocation, output_location
-from transforms.mechanisms.left_children_tree import LeftChildrenTree
-from transforms.mechanisms.range_tree import RangeTree
+from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree
+from transforms.mechanisms.ranges.range_tree import RangeTree
 
 Z_95 = 1.96
 # How each tree structure (``readout["structure"]``, the estimate's ``structure``) is rebuilt from its rows:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
-from transforms.mechanisms.coco import coco_paper_t, coco_probabilities, coco_total_variance
-from transforms.mechanisms.collision import CoCo, Collision, collision_paper_t, collision_total_variance
+from transforms.mechanisms.keyvalue.coco import coco_paper_t, coco_probabilities, coco_total_variance
+from transforms.mechanisms.keyvalue.collision import CoCo, Collision, collision_paper_t, collision_total_variance
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
 from transforms.privacy.mixture import alpha_collision
 from transforms.privacy.shuffle_bound import epsilon_central

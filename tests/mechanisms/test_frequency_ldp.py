@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
-from transforms.mechanisms.frequency import GRR, OLH, OUE
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
 
 CASES = [
     *(GRR(d, eps) for d in (2, 3, 5) for eps in (0.5, 2.0)),

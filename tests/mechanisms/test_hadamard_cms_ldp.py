@@ -12,10 +12,10 @@ import pytest
 from scipy.linalg import hadamard
 
 from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
-from transforms.mechanisms import count_mean_sketch as cms_module
 from transforms.mechanisms.base import FrequencyEstimate
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.hadamard import HadamardResponse, fwht, hadamard_order
+from transforms.mechanisms.frequency import count_mean_sketch as cms_module
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse, fwht, hadamard_order
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
 
 Mech = HadamardResponse | CountMeanSketch

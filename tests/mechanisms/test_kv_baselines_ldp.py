@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
-from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
+from transforms.mechanisms.keyvalue.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy import kv_formulas
 

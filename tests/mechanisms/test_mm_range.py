@@ -17,11 +17,17 @@ import pickle
 import numpy as np
 import pytest
 
-from transforms.mechanisms.left_children_tree import LeftChildrenTree, node_id, prefix_terms, range_terms, user_sets
-from transforms.mechanisms.multimessage_hadamard import MultiMessageHadamard
-from transforms.mechanisms.multimessage_range import MultiMessageRange
+from transforms.mechanisms.multimessage.hadamard import MultiMessageHadamard
+from transforms.mechanisms.multimessage.range import MultiMessageRange
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
-from transforms.mechanisms.range_tree import ROW_DTYPE, RangeTree
+from transforms.mechanisms.ranges.left_children_tree import (
+    LeftChildrenTree,
+    node_id,
+    prefix_terms,
+    range_terms,
+    user_sets,
+)
+from transforms.mechanisms.ranges.range_tree import ROW_DTYPE, RangeTree
 from transforms.privacy.multimessage import hadamard_delta
 
 Dist = dict[tuple, float]

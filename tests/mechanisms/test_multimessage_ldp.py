@@ -17,8 +17,8 @@ import math
 import numpy as np
 import pytest
 
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard
-from transforms.mechanisms.multimessage_common import parity
+from transforms.mechanisms.multimessage.common import parity
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy.multimessage import hadamard_swap_divergence
 

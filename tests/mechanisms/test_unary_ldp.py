@@ -13,9 +13,9 @@ import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
 from transforms.mechanisms.base import FrequencyEstimate, encode_messages
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
+from transforms.mechanisms.frequency.unary_sampling import OVERFLOW_TAIL, ones_cap
 from transforms.mechanisms.randomness import KeyedRandom, seeded_rng
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
-from transforms.mechanisms.unary_sampling import OVERFLOW_TAIL, ones_cap
 from transforms.privacy.binomial import binom_sf
 from transforms.privacy.composition import fragment_epsilon
 

@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 
-from transforms.mechanisms.ldp_sgd import LdpSgdRandomizer
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
-from transforms.mechanisms.vector import VectorSummation
+from transforms.mechanisms.vector.ldp_sgd import LdpSgdRandomizer
+from transforms.mechanisms.vector.summation import VectorSummation
 
 VS_CASES = [
     VectorSummation(2, 0.9, 1e-3, 10**6, t=1, k_round=1),

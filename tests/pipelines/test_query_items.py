@@ -19,7 +19,7 @@ from pipelines.query_items import grr_sum_variance, hadamard_sum_variance, hash_
 from pipelines.readers import load_estimates
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
 from transforms.event_values import hashed_item
-from transforms.mechanisms.frequency import GRR
+from transforms.mechanisms.frequency.oracles import GRR
 from transforms.state.estimates_store import write_release_estimates
 
 WINDOW_MS = 3_600_000
@@ -183,8 +183,8 @@ def test_candidates_label_a_real_heavy_hitter_run(broker: object, tmp_path: Path
                                                   capsys: pytest.CaptureFixture) -> None:
     """A small heavy-hitter demo through encode, shuffle and analyze: every stored item that a candidate URL
     labels is labelled with the URL the simulation's truth says holds that hash."""
-    from pipelines.demo import run_demo
-    from pipelines.value_laws import url_of
+    from pipelines.demo.run import run_demo
+    from pipelines.demo.value_laws import url_of
 
     out = tmp_path / "out"
     run_demo(clients=3000, mechanism=None, epsilon=None, out=out, spec_path=None, kind="heavy_hitters", seed=11,
@@ -205,7 +205,7 @@ def test_hadamard_sum_variance_matches_simulation() -> None:
     """Items 0 and 1 own rows 1 and 2; the holders of item 2 (row 3 = 1 ^ 2) make their estimates positively
     correlated, by c_2 / (2 p* - 1). 4000 runs of 2000 clients: sample variance within 8 % (> 3.5 sd), and
     the independence value (no covariance) is outside that band."""
-    from transforms.mechanisms.hadamard import HadamardResponse, _in_support
+    from transforms.mechanisms.frequency.hadamard import HadamardResponse, _in_support
 
     d, eps, n, runs = 6, 1.0, 2000, 4000
     mech = HadamardResponse(d=d, epsilon=eps)

@@ -15,7 +15,7 @@ from scipy.stats import binom
 
 from pipelines.cli import main
 from tests.privacy.spec_tables import TABLE_11_2
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 from transforms.privacy.closed_forms import lemma_ii6, lemma_ii6_rappor, theorem_iii1
 from transforms.privacy.composition import bun_steinke_composition, fragment_epsilon
 from transforms.privacy.fragment_report import fragmented_privacy_report

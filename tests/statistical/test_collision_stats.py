@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance
-from transforms.mechanisms.collision import CoCo, Collision
-from transforms.mechanisms.kv_encoding import KeyValueEncoder
+from transforms.mechanisms.keyvalue.collision import CoCo, Collision
+from transforms.mechanisms.keyvalue.kv_encoding import KeyValueEncoder
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.frequency import GRR, OLH, OUE
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import SE_MAX, Z_MAX, assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.hadamard import HadamardResponse
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters
+from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

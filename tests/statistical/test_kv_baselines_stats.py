@@ -13,7 +13,7 @@ import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean_and_variance
 from transforms.mechanisms.base import KeyValueEstimate
-from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
+from transforms.mechanisms.keyvalue.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy import kv_formulas
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import SE_MAX, assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.linear_hashing import LinearLocalHashing
+from transforms.mechanisms.frequency.linear_hashing import LinearLocalHashing
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transforms.mechanisms.left_children_tree import LeftChildrenTree, range_terms
-from transforms.mechanisms.multimessage_range import MultiMessageRange
+from transforms.mechanisms.multimessage.range import MultiMessageRange
 from transforms.mechanisms.randomness import seeded_rng
+from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree, range_terms
 
 pytestmark = pytest.mark.slow
 

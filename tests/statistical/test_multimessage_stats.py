@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from tests.statistical.stats_helpers import lumpy_leaves
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.ranges import DyadicRange
+from transforms.mechanisms.ranges.dyadic import DyadicRange
 
 pytestmark = pytest.mark.slow
 

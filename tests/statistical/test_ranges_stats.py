@@ -13,8 +13,8 @@ import pytest
 
 from tests.statistical.stats_helpers import lumpy_leaves
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.ranges import DyadicRange, bucketize
-from transforms.mechanisms.rectangles import DyadicRectangle
+from transforms.mechanisms.ranges.dyadic import DyadicRange, bucketize
+from transforms.mechanisms.ranges.rectangles import DyadicRectangle
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance, zipf_counts
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 
 pytestmark = pytest.mark.slow
 

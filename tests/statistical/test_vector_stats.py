@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean_and_variance
-from transforms.mechanisms.ldp_sgd import LdpSgdRandomizer, kappa
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.vector import VectorSummation, epsilon_002, gamma_002, k_round_002
+from transforms.mechanisms.vector.ldp_sgd import LdpSgdRandomizer, kappa
+from transforms.mechanisms.vector.summation import VectorSummation, epsilon_002, gamma_002, k_round_002
 
 pytestmark = pytest.mark.slow
 
