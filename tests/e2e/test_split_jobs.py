@@ -1,4 +1,4 @@
-"""The three stages as separate jobs linked by Kafka topics (the production layout, DESIGN.md §1).
+"""The three stages as separate jobs linked by Kafka topics (the production layout, docs/architecture.md).
 
 encode (raw -> reports), shuffle (reports -> shuffled), analyze (shuffled -> estimates), each with its own
 accounting, against a real broker. The shuffled topic must carry nothing that identifies a client.
