@@ -316,7 +316,7 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
     plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
     plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
-    plan.add_argument("--accountant", default=None, help="vector_mean: [VecSum] (the paper's rules, default) or tight")
+    plan.add_argument("--accountant", default=None, help="vector_mean: \"002\" ([VecSum]'s rules, default) or tight")
     plan.add_argument("--windows", type=_positive_int, default=None,
                       help="plan for W windows of the same population (with --epsilon-central-total)")
     plan.add_argument("--epsilon-central-total", type=_positive_float, default=None,

@@ -1,4 +1,4 @@
-"""Analysis specs: the TOML file that clients, shuffler and analyzer all read (docs/architecture.md §2).
+"""Analysis specs: the TOML file that clients, shuffler and analyzer all read (docs/architecture.md).
 
 A spec names one metric: its kind, its domain, the local randomizer and its budget, the window, the
 crowd threshold of the shuffler and the central delta of the ledger. Its hash travels with every report

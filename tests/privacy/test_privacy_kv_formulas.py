@@ -1,6 +1,6 @@
 """Closed forms shared by the planner and the mechanisms (``kv_formulas``, ``vector_formulas``): reference constants,
 t optimisers against brute force, alphas against exact output tables, and the PCKV / PrivKV variances against
-independent Monte-Carlo re-implementations of §3.3-3.4 (fixed seeds; 4.5 standard errors).
+independent Monte-Carlo re-implementations of docs/mathematics.md §3.3-3.4 (fixed seeds; 4.5 standard errors).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one abstraction of esa-telemetry: a local randomizer with its analyzer (docs/architecture.md §2).
+"""The one abstraction of esa-telemetry: a local randomizer with its analyzer (docs/architecture.md §2, §4).
 
 Every mechanism is a frozen dataclass of its *public* parameters -- what clients, the shuffler and the
 analyzer share -- and exposes the same small surface, so the Beam layer (encode, shuffle, analyze) is

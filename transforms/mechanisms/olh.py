@@ -4,7 +4,7 @@ A client draws a public seed ``s`` from a family of ``S = seed_family`` seeds, h
 ``h = H_s(v)`` in [g] (``transforms.mechanisms.hashing``) and reports ``(s, z)`` with ``z`` = GRR(h) over [g].
 
 **Why a finite family and an exact decoder.** The analyzer aggregates reports by ``(s, z)`` first (count
-trick, docs/architecture.md §2): state ``S x g`` and decoding cost O(S*d), never O(n*d). The textbook estimator
+trick, docs/architecture.md §4): state ``S x g`` and decoding cost O(S*d), never O(n*d). The textbook estimator
 ``(C - n/g)/(p - 1/g)`` assumes a fully random hash, i.e. that values ``x != v`` collide with
 probability exactly 1/g. With S seeds the empirical collision rate ``Pc[x, v]`` (fraction of seeds with
 ``H_s(x) == H_s(v)``) deviates from 1/g by ~sqrt(1/(g S)); the resulting bias is proportional to n while

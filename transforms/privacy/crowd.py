@@ -53,7 +53,7 @@ def discrete_laplace_scale(eps_cr: float) -> float:
     (Pr[G = k] = (1 - q) q^k), so Pr[L = k] = (1 - q)/(1 + q) q^|k|. Shifting a count by one changes any
     Pr[L = k] by a factor at most 1/q = e^{eps_cr/2}, hence the noisy size of a sensitivity-1 count is
     eps_cr/2-DP: exactly the per-crowd budget Thm V.1 needs (two crowds change per replacement). Integer noise
-    avoids the floating-point Laplace attacks on the low-order bits (docs/architecture.md §3). Its upper tail
+    avoids the floating-point Laplace attacks on the low-order bits (docs/mathematics.md §1.5). Its upper tail
     Pr[L >= T] <= q^T/(1 + q) = delta_cr/(2(1 + q)) < delta_cr/2 keeps the delta side of Thm V.1 as well.
     """
     eps_cr = check_epsilon("eps_cr", eps_cr)
