@@ -1,10 +1,10 @@
 """The accounting planner behind ``esa plan``: from a central target (eps_c, delta) and n users to the local
-parameters of a mechanism (docs/mathematics.md §1.2 "Inverse", §3, §4.1).
+parameters of a mechanism (docs/mathematics.md §1.2, §3, §4.1).
 
 ``plan_kv_mean`` returns the largest local epsilon whose TIGHT shuffle bound (§1.2, with the mechanism's
 alpha) meets the target, the output size t where the mechanism has one, the expected squared errors from the
-closed-form variances, and [Collision]'s closed-form plan (privacy blanket "given a central target", §3.1) beside it.
-``plan_vector_mean`` ([VecSum], §9) lives in ``planner_vector`` and is re-exported here.
+closed-form variances, and [Collision]'s closed-form plan (privacy blanket "given a central target", §1.3) beside it.
+``plan_vector_mean`` ([VecSum], §4.1) lives in ``planner_vector`` and is re-exported here.
 
 Choosing t (Collision, CoCo). A larger t lowers alpha = s/(s e^eps + t - s) and so buys privacy, which allows
 a larger eps; at a fixed eps it changes the variance. Three rules:
@@ -14,7 +14,7 @@ a larger eps; at a fixed eps it changes the variance. Three rules:
   so minimise V(eps_max(t), t) over integer t by golden-section (V is unimodal in t in every case we looked
   at; a non-unimodal V would only cost optimality, never privacy). This is the real optimum of the problem.
 * ``"min-variance"``: t(eps) minimises the variance at each candidate eps, then bisection on eps. It ignores
-  that t also moves alpha, so it can be ~20 % worse than "joint" for small n (the §1.2 "Inverse" recipe).
+  that t also moves alpha, so it can be ~20 % worse than "joint" for small n (the textbook inversion of the bound).
 * ``"paper"``: [CoCo]'s rules (Collision ``floor(s e^eps + 2s - 1)``, CoCo mean rule ``ceil(e^eps s + s + 2)``).
 
 Whatever the rule, the returned eps_local has been verified feasible (``plan_search``), and
