@@ -4,7 +4,7 @@
 Input of every ``encode`` (same as Collision): an int64 array ``[n, s]`` of item indices in [2d],
 ``item(j, b) = 2 j + (1 if b = +1 else 0)``, at most one sign per key. One report per client.
 
-**Provenance.** Both mechanisms are reconstructions from the published descriptions **[R-M]**
+**Provenance.** Both mechanisms are reconstructions, not checked against the papers' text **[R-M]**
 (docs/mathematics.md §3.3-3.4): PrivKV's budget split (default eps/2 each) is [R-L]; PCKV's budget allocation
 ``eps2 = eps, eps1 = ln((e^eps + 1)/2)`` and padding-and-sampling are [R-M]/[R-H]. The analyzers are the unbiased
 linear inversions of §3.3-3.4 **[D]**; PrivKV's paper-faithful (biased) estimates are in ``extras``.
