@@ -3,9 +3,9 @@ reconstruction [R-M].
 
 The implementation was not checked against the paper's text: the local perturbation protocol (LPP: uniform key
 sampling, key-bit RR with eps_k, value RR with eps_v, fake uniform value for non-holders) is reconstructed from its
-description in later work; the default budget split eps_k = eps_v = eps/2 is [R-L]. The published estimates are the unbiased per-sign
-inversion of §3.3 [D] with exact conditional variances [D]; the paper-faithful estimator (mean biased toward 0
-by non-holders' fake values) is kept in ``extras`` for comparison with the papers' plots.
+description in later work; the default budget split eps_k = eps_v = eps/2 is [R-L]. The published estimates are the
+unbiased per-sign inversion of §3.3 [D] with exact conditional variances [D]; the paper-faithful estimator (mean
+biased toward 0 by non-holders' fake values) is kept in ``extras`` for comparison with the papers' plots.
 Input format as for every key-value mechanism: ``items`` int64 ``[n, s]``, see ``kv_moments.check_items``.
 """
 
