@@ -1,4 +1,4 @@
-"""Range-query error of the dyadic range mechanism (MECHANISMS.md §10.3) against ldp-hierarchical-mechanism.
+"""Range-query error of the dyadic range mechanism (docs/mathematics.md §5) against ldp-hierarchical-mechanism.
 
 Data: n clients on a 2^bits-leaf domain (default 2^16), a fixed mixture of two clipped normals and a uniform
 background. Each run answers ``--ranges`` random ranges [lo, hi) (endpoints uniform, so most ranges are wide)

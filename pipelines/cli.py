@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     priv.add_argument("--delta", type=_positive_float, required=True)
     priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
     priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
-                      help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
+                      help="rappor_fragments: fragment epsilon (default: docs/mathematics.md §2.8 rule)")
     priv.add_argument("--windows", type=_positive_int, default=None,
                       help="compose W windows of the same population (delta is then the total delta)")
     priv.add_argument("--crowd-epsilon", type=_positive_float, default=None,
@@ -333,7 +333,7 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
     plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
     plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
-    plan.add_argument("--accountant", default=None, help="vector_mean: 002 (the paper's rules, default) or tight")
+    plan.add_argument("--accountant", default=None, help="vector_mean: \"002\" ([VecSum]'s rules, default) or tight")
     plan.add_argument("--windows", type=_positive_int, default=None,
                       help="plan for W windows of the same population (with --epsilon-central-total)")
     plan.add_argument("--epsilon-central-total", type=_positive_float, default=None,
@@ -364,7 +364,7 @@ def _plan(args: argparse.Namespace) -> int:
         formatter = format_kv_plan
     else:
         if args.mechanism is not None or args.s is not None or args.t_rule is not None:
-            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans 002's mechanism)")
+            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans [VecSum]'s mechanism)")
 
         def make(eps_c: float, delta: float) -> object:
             return plan_vector_mean(args.d, args.n, eps_c, delta, k_round=args.k_round,

@@ -3,7 +3,7 @@
 A range or quantile analysis stores every node of its tree as an Estimate row (item ``"level/index"``,
 ``raw_estimate`` = the unbiased count) and, in the ``parameters`` JSON under ``"readout"``, the per-level
 variance constants and the bucketing (bits, value_range). That is exactly what ``RangeTree.from_rows`` needs
-(``LeftChildrenTree.from_rows`` for 004's multi-message range counting, which stores the root and left children),
+(``LeftChildrenTree.from_rows`` for [MultiMsg]'s multi-message range counting, which stores the root and left children),
 so a stored tree answers any range [LO, HI) or quantile with the same numbers and standard errors as the live
 accumulator. Ranges are asked in value units; the tree only knows whole buckets, so a range is answered over
 the smallest run of buckets covering it, and the output says which value range that is.
@@ -30,7 +30,7 @@ from transforms.mechanisms.ranges.range_tree import RangeTree
 
 Z_95 = 1.96
 # How each tree structure (``readout["structure"]``, the estimate's ``structure``) is rebuilt from its rows:
-# dyadic_range stores every node of its tree, mm_range (004's matrix mechanism) only the root and left children.
+# dyadic_range stores every node of its tree, mm_range ([MultiMsg]'s matrix mechanism) only the root and left children.
 STRUCTURES: dict[str, type[RangeTree] | type[LeftChildrenTree]] = {"dyadic": RangeTree,
                                                                    "left_children": LeftChildrenTree}
 
@@ -126,7 +126,7 @@ def _parse_level_index(items: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree | LeftChildrenTree:
     """Rebuild one crowd's tree from its node rows (``raw_estimate`` per ``"level/index"``) and the per-level
     constants [clients, var_intercept, var_slope, cov_beta] of the ``readout`` parameters, as the structure
-    the analyzer stored (``readout["structure"]``: a full dyadic tree or 004's left-children nodes)."""
+    the analyzer stored (``readout["structure"]``: a full dyadic tree or [MultiMsg]'s left-children nodes)."""
     structure = readout.get("structure", "dyadic")
     if structure not in STRUCTURES:
         raise ValueError(f"unknown range-tree structure {structure!r} in the readout parameters "

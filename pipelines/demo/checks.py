@@ -65,7 +65,7 @@ def random_ranges(size: int, truth_leaves: np.ndarray, count: int, rng: np.rando
 
 def _leaf_truth(rows: list[dict[str, Any]], bits: int, n_clients: int) -> np.ndarray:
     """True count of every leaf from the TRUTH table's rows of one crowd (not the comparison: a tree may
-    store only some nodes, e.g. 004's left children), rescaled to the ``n_clients`` the shuffler released."""
+    store only some nodes, e.g. [MultiMsg]'s left children), rescaled to the ``n_clients`` the shuffler released."""
     out = np.full(1 << bits, np.nan)
     prefix = f"{bits}/"
     for r in rows:

@@ -1,4 +1,4 @@
-"""An image-like location density for the grid demo (001 Tables III-IX reconstruct pictures like it).
+"""An image-like location density for the grid demo ([ESA] Tables III-IX reconstruct pictures like it).
 
 Rendered, not shipped: the letters "ESA" inside a ring on a faint background, drawn with matplotlib's Agg
 canvas into a ``height x width`` array and normalised to a probability density over the cells (row-major:

@@ -101,7 +101,7 @@ def plot_bars(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], p
 
 def plot_grid(spec: AnalysisSpec, comparison: pa.Table, facts: dict[str, Any], path: Path,
               evidence: Any = None) -> None:
-    """Original density, raw reconstruction and post-processed reconstruction side by side (001 Tables
+    """Original density, raw reconstruction and post-processed reconstruction side by side ([ESA] Tables
     III-IX); the caption states the central epsilon and the RMSE of each."""
     plt = _pyplot()
     width, height = spec.domain["grid"]

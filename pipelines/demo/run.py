@@ -47,7 +47,7 @@ DEMO_SPECS: dict[str, Path] = {kind: EXAMPLES_DIR / name for kind, name in {
     "heavy_hitters": "url_heavy_hitters.toml"}.items()}
 NO_LOCAL_GUARANTEE = "no local guarantee: multi-message protocol, central only"
 # Heavy hitters are reported by rank: their estimates meet the truth by item name (the hash), not by index.
-# Range trees by node name ("level/index"): a structure may store only some nodes (004's left children).
+# Range trees by node name ("level/index"): a structure may store only some nodes ([MultiMsg]'s left children).
 JOIN_ON: dict[str, str] = {"heavy_hitters": "item", "range": "item", "quantile": "item"}
 
 
@@ -185,8 +185,8 @@ def accounting_line(parts: dict[str, int]) -> str:
 
 def epsilon_is_central_target(mechanism: Mechanism) -> bool:
     """True when ``[mechanism] epsilon`` is a central (shuffled) target the mechanism calibrates its noise to
-    (002's vector summation; 004's multi-message protocols, which have no local guarantee at all), False when
-    it is the local epsilon of each report."""
+    ([VecSum]'s vector summation; [MultiMsg]'s multi-message protocols, which have no local guarantee at all),
+    False when it is the local epsilon of each report."""
     return (not math.isfinite(float(mechanism.epsilon_local))
             or callable(getattr(mechanism, "central_guarantee", None)) or hasattr(mechanism, "n_expected"))
 

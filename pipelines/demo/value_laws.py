@@ -147,7 +147,7 @@ def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     ``RangeTree.to_rows`` orders its rows. Counts scale with the clients analyzed (``scales_with_n``).
 
     The levels are the mechanism's own (``prefix_lengths`` of a dyadic tree of any branching) or, for a
-    mechanism that stores a subset of the binary tree's nodes (004's left children, ``mm_range``), every
+    mechanism that stores a subset of the binary tree's nodes ([MultiMsg]'s left children, ``mm_range``), every
     level 1..bits: the demo joins estimates to the truth by node name, so a superset is what it needs.
     """
     bits = spec.domain["bits"]

@@ -1,4 +1,4 @@
-"""The three stages as separate jobs linked by Kafka topics (the production layout, DESIGN.md §1).
+"""The three stages as separate jobs linked by Kafka topics (the production layout, docs/architecture.md).
 
 encode (raw -> signed, sealed message sets), shuffle (sets -> signed release batches), analyze (batches
 -> estimates), each with its own state directory and accounting, against a real broker. The shuffled

@@ -1,4 +1,4 @@
-"""Exact LDP of Hadamard response and the count-mean sketch by enumeration (MECHANISMS.md §0.4 step 3, §5, §6),
+"""Exact LDP of Hadamard response and the count-mean sketch by enumeration (docs/mathematics.md §2.5, §2.6),
 checks that the enumeration describes what ``encode`` does, and the report surface (validate, keyed
 reproducibility, large domains)."""
 
@@ -63,7 +63,7 @@ def test_exact_ldp_ratio(mech: Mech) -> None:
 
 @pytest.mark.parametrize("mech", HR_CASES + CMS_CASES, ids=_ids)
 def test_mixture_alpha_bounds_total_variation(mech: Mech) -> None:
-    # MECHANISMS.md §1.6 / §5: alpha = max TV(R(x), R(x')) / (e^eps - 1); HR: exactly 1/(2(e^eps + 1)).
+    # docs/mathematics.md §1.2, §2.5: alpha = max TV(R(x), R(x')) / (e^eps - 1); HR: exactly 1/(2(e^eps + 1)).
     table = _table(mech)
     tv = np.array([[0.5 * np.abs(table[x] - table[x2]).sum() for x2 in range(mech.d)] for x in range(mech.d)])
     alpha = tv.max() / math.expm1(mech.epsilon)

@@ -1,4 +1,4 @@
-"""Prefix-tree heavy hitters (MECHANISMS.md §10.4): exact LDP of the message set, item hashing, candidate
+"""Prefix-tree heavy hitters (docs/mathematics.md §6): exact LDP of the message set, item hashing, candidate
 decoding, the count-min style query, and the contract: Zipf(1.1) over 2^32 items, 1e5 clients, eps 6."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Range counting on the multi-message Hadamard protocol (MECHANISMS.md §10.3, §10.1): the matrix (user sets,
+"""Range counting on the multi-message Hadamard protocol (docs/mathematics.md §7.3, §7.1): the matrix (user sets,
 node ids, prefix/range coefficients) by brute force, the exact covariance of node estimates by enumeration,
 the shuffled privacy guarantee exactly on tiny instances, and the mechanism/accumulator/rows surface.
 
@@ -37,7 +37,7 @@ Dist = dict[tuple, float]
 
 
 def kept_nodes(bits: int) -> list[tuple[int, int]]:
-    """Root then the left children, top-to-bottom, left-to-right (the enumeration order of §10.3's ids)."""
+    """Root then the left children, top-to-bottom, left-to-right (the enumeration order of §7.3's ids)."""
     return [(0, 0)] + [(level, i) for level in range(1, bits + 1) for i in range(0, 1 << level, 2)]
 
 
@@ -88,7 +88,7 @@ def test_exact_node_counts_give_exact_answers(bits: int) -> None:
     tree = LeftChildrenTree(bits=bits, n=n, estimates=x, var_intercept=1.0, cov_beta=0.01)
     prefix = np.concatenate(([0], np.cumsum(np.bincount(leaves, minlength=size))))
     ids = {v: i for i, v in enumerate(kept_nodes(bits))}
-    for c in range(size):  # §10.3: P(c) = sum of the left siblings along the root -> c path
+    for c in range(size):  # §7.3: P(c) = sum of the left siblings along the root -> c path
         siblings = [ids[(level, (c >> (bits - level)) - 1)] for level in range(1, bits + 1)
                     if (c >> (bits - level)) & 1]
         assert x[siblings].sum() == prefix[c]

@@ -1,4 +1,4 @@
-"""The multi-message contract of base.py for the 004 protocols: parameters, draws, messages, accumulators."""
+"""The multi-message contract of base.py for the [MultiMsg] protocols: parameters, draws, messages, accumulators."""
 
 from __future__ import annotations
 

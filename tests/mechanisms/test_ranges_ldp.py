@@ -1,5 +1,5 @@
-"""Exact LDP of a client's WHOLE message set in the dyadic range and rectangle mechanisms (MECHANISMS.md §0.4
-step 3), checked against encode; the per-message mixture alpha; KeyedRandom reproducibility; validation."""
+"""Exact LDP of a client's WHOLE message set in the dyadic range and rectangle mechanisms (docs/mathematics.md
+§5), checked against encode; the per-message mixture alpha; KeyedRandom reproducibility; validation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""004's multi-message range counting (``mm_range``) from an accumulator to stored rows and back.
+"""[MultiMsg]'s multi-message range counting (``mm_range``) from an accumulator to stored rows and back.
 
 The analyzer stores only the root and the left children of its tree; the demo's truth, its comparison and
 ``esa query`` used to assume a full dyadic tree (``prefix_lengths`` on the mechanism, one row per index of

@@ -1,4 +1,4 @@
-"""Unbiasedness and closed-form variance of GRR, OUE and OLH (MECHANISMS.md §0.4 steps 1-2).
+"""Unbiasedness and closed-form variance of GRR, OUE and OLH (Monte-Carlo, docs/mathematics.md §2.1-2.3).
 
 R independent runs on a fixed Zipf-like dataset, each encoded, accumulated and estimated through the
 real Mechanism/Accumulator surface, with a fixed seed (a failure is reproducible, not flaky by design).

@@ -1,4 +1,4 @@
-"""Range counting on the multi-message Hadamard protocol (MECHANISMS.md §10.3, §10.5): unbiased range answers,
+"""Range counting on the multi-message Hadamard protocol (docs/mathematics.md §7.3, §5): unbiased range answers,
 the exact (covariance-aware) variance against the empirical spread, the reported stderr, and quantiles.
 
 R independent runs on a fixed dataset through encode -> accumulate -> estimate (merging is covered by

@@ -1,4 +1,4 @@
-"""Count-mean sketch (Apple, ±1 form; MECHANISMS.md §6): m bits + a row index per report, for huge domains.
+"""Count-mean sketch (Apple, ±1 form; docs/mathematics.md §2.6): m bits + a row index per report, for huge domains.
 
 Public hash functions ``h_j(v) = hash_to_buckets(seed_j, v, m)`` with ``seed_j = hash_seed * 2^32 + j``
 (``transforms.mechanisms.hashing``: deterministic, shared by clients and analyzer, no table to ship). A client
@@ -9,14 +9,14 @@ independently w.p. ``q = 1/(1 + e^(eps/2))``; the report is ``(j, bits)`` with b
 **Analyzer.** Apple's sketch row update ``M[j] += k((c/2) w~ + 1/2)``, ``c = (e^(eps/2)+1)/(e^(eps/2)-1)``, is
 affine in the bits, so we keep integer counts only: ``ones[j, l]`` (reports of row j with bit l set) and
 ``n_j`` (reports of row j), stored as one ``k x (m + 1)`` int64 array; ``M`` is recomputed exactly from
-them. With ``S_v = sum_j ones[j, h_j(v)]`` the estimate of §6 reduces to
+them. With ``S_v = sum_j ones[j, h_j(v)]`` the estimate of §2.6 reduces to
 
     c_hat(v) = (m/(m-1)) ((1/k) sum_j M[j][h_j(v)] - n/m) = (m/(m-1)) (c (S_v - n/2) + n/2 - n/m).
 
 **Unbiased only over hash functions.** ``E[c_hat(v) | family] = c_v + (m/(m-1)) sum_{u != v} c_u (P[u,v] - 1/m)``
 with ``P[u,v]`` the fraction of rows on which u and v collide: for a *fixed* public family the collision term
 is a bias of order ``c_u / sqrt(k m)`` per heavy item ``u``; it vanishes only in expectation over the hash
-family. ``variance`` is the [D✓] formula of §6, taken over the family as well, so the reported standard
+family. ``variance`` is the [D✓] formula of §2.6, taken over the family as well, so the reported standard
 error covers this bias on average (the ``c_u^2 / (k (m-1))`` term); ``conditional_mean`` and
 ``conditional_variance`` give the exact moments given this family (for tests and diagnostics).
 
@@ -174,7 +174,7 @@ class CountMeanSketch:
         return CountMeanSketchAccumulator(self)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """[D✓] variance of §6 over reports *and* the hash family, with the c_u^2 term (plug-in counts):
+        """[D✓] variance of §2.6 over reports *and* the hash family, with the c_u^2 term (plug-in counts):
         ``(m/(m-1))^2 n V1 + (1/(m-1)) sum_{u != v} (c_u (1 - 1/k) + c_u^2 / k)``."""
         c = np.asarray(counts, dtype=np.float64)
         k, m = self.k, self.m

@@ -2,7 +2,7 @@
 
 Their analyzers all keep one integer count array plus ``n``, merge by addition (so any combine tree of
 Beam gives the same result) and turn counts into an estimate whose standard error is the closed-form
-variance of MECHANISMS.md evaluated at the plug-in counts.
+variance of docs/mathematics.md §2 evaluated at the plug-in counts.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def freeze_domain_and_epsilon(mechanism: Any) -> None:
 
 def rr_count_variance(counts: np.ndarray, n: int, p: float, q: float) -> np.ndarray:
     """Variance of the count estimator ``(C - n q)/(p - q)`` where a holder of the item is counted w.p.
-    ``p`` and anyone else w.p. ``q``, independently across users (MECHANISMS.md §2, §3.1, §4)."""
+    ``p`` and anyone else w.p. ``q``, independently across users (docs/mathematics.md §2.1, §2.2, §2.3)."""
     c = np.asarray(counts, dtype=np.float64)
     return (c * p * (1.0 - p) + (n - c) * q * (1.0 - q)) / (p - q) ** 2
 

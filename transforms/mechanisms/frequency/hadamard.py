@@ -1,4 +1,5 @@
-"""Hadamard response (HR, MECHANISMS.md §5): one integer of log2 K bits, decoded by a fast Walsh-Hadamard transform.
+"""Hadamard response (HR, docs/mathematics.md §2.5): one integer of log2 K bits, decoded by a fast
+Walsh-Hadamard transform.
 
 With ``K = 2^ceil(log2(d + 1))`` and the Sylvester matrix ``H[r][u] = (-1)^popcount(r & u)``, item ``v`` owns
 the codeword support ``C_v = {u : H[v + 1][u] = +1}`` (row 0, all ones, is skipped). A client reports a
@@ -14,7 +15,7 @@ w.p. ``p*``, the other one otherwise. Two draws of shape ``(n,)`` per batch, O(1
 transform ``W = H h`` gives ``W[r] = #{u_i in C_r} - #{u_i not in C_r} = 2 N_r - n`` for every row at
 once, in O(K log K) integer operations (exact), so ``c_hat_v = (N_v - n/2)/(p* - 1/2) = W[v + 1]/(2 p* - 1)``.
 A holder of ``v' != v`` lands in ``C_v`` w.p. exactly 1/2 (``|C_v cap C_v'| = K/4``), hence the variance of
-§5: ``[c_v p*(1 - p*) + (n - c_v)/4]/(p* - 1/2)^2``, about ``n ((e^eps + 1)/(e^eps - 1))^2``.
+§2.5: ``[c_v p*(1 - p*) + (n - c_v)/4]/(p* - 1/2)^2``, about ``n ((e^eps + 1)/(e^eps - 1))^2``.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class HadamardResponse:
         return HadamardAccumulator(self)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Exact per-item count variance (MECHANISMS.md §5): holders hit C_v w.p. p*, everyone else w.p. 1/2."""
+        """Exact per-item count variance (docs/mathematics.md §2.5): holders hit C_v w.p. p*, everyone else w.p. 1/2."""
         return rr_count_variance(counts, n, self.p, 0.5)
 
     def parameters(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Linear local hashing (LLH): OLH with GF(2)-linear hashes, decoded by one Walsh-Hadamard transform.
 
-Same randomizer as OLH (MECHANISMS.md §4): the client draws a public seed, hashes its value to
+Same randomizer as OLH (docs/mathematics.md §2.3): the client draws a public seed, hashes its value to
 ``h = H_seed(v)`` in [g] and reports ``(seed, z)`` with ``z`` = GRR(h) over g buckets. The difference is
 the hash family: ``g = 2^k`` and ``H_seed(v) = R v`` over GF(2), where the k x bits matrix ``R`` (row i is an
 ``bits``-bit word) is expanded from a 63-bit seed by SplitMix64.

@@ -1,10 +1,10 @@
-"""Optimized local hashing (OLH, MECHANISMS.md §4) with an exactly unbiased finite-family decoder.
+"""Optimized local hashing (OLH, docs/mathematics.md §2.3) with an exactly unbiased finite-family decoder.
 
 A client draws a public seed ``s`` from a family of ``S = seed_family`` seeds, hashes its value to
 ``h = H_s(v)`` in [g] (``transforms.mechanisms.hashing``) and reports ``(s, z)`` with ``z`` = GRR(h) over [g].
 
 **Why a finite family and an exact decoder.** The analyzer aggregates reports by ``(s, z)`` first (count
-trick, DESIGN.md §3): state ``S x g`` and decoding cost O(S*d), never O(n*d). The textbook estimator
+trick, docs/architecture.md §4): state ``S x g`` and decoding cost O(S*d), never O(n*d). The textbook estimator
 ``(C - n/g)/(p - 1/g)`` assumes a fully random hash, i.e. that values ``x != v`` collide with
 probability exactly 1/g. With S seeds the empirical collision rate ``Pc[x, v]`` (fraction of seeds with
 ``H_s(x) == H_s(v)``) deviates from 1/g by ~sqrt(1/(g S)); the resulting bias is proportional to n while
@@ -144,7 +144,7 @@ class OLH(HashedGRR):
         return 1.0 / (1.0 - self.d / (self.seed_family * (self.buckets - 1.0)))
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Per-item count variance of the decoder actually used: the fully random hash's (MECHANISMS.md §4)
+        """Per-item count variance of the decoder actually used: the fully random hash's (docs/mathematics.md §2.3)
         times ``family_variance_factor`` (the finite seed family's inflation)."""
         return rr_count_variance(counts, n, self.p, 1.0 / self.buckets) * self.family_variance_factor
 

@@ -1,9 +1,9 @@
 """Single-message frequency oracles: GRR and OUE here, OLH in ``olh.py``, and their registry.
 
 Each mechanism is a frozen dataclass of its public parameters implementing ``base.Mechanism``
-(MECHANISMS.md §2, §3.1, §4). Encoders are vectorised over the batch and draw only through the
+(docs/mathematics.md §2.1, §2.2, §2.3). Encoders are vectorised over the batch and draw only through the
 ``base.Randomness`` protocol with the batch as first dimension, so a :class:`KeyedRandom` reproduces
-every client's report whatever the batch boundaries (DESIGN.md §6). Analyzers keep count arrays only.
+every client's report whatever the batch boundaries (docs/mathematics.md §8). Analyzers keep count arrays only.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class GRR:
         return GRRAccumulator(self)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Exact per-item variance of the count estimator (MECHANISMS.md §2)."""
+        """Exact per-item variance of the count estimator (docs/mathematics.md §2.1)."""
         return rr_count_variance(counts, n, self.p, self.q)
 
     def parameters(self) -> dict[str, Any]:
@@ -200,7 +200,7 @@ class OUE:
         return OUEAccumulator(self)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Exact per-item variance, MECHANISMS.md §3.1 with p = 1/2."""
+        """Exact per-item variance, docs/mathematics.md §2.2 with p = 1/2."""
         return rr_count_variance(counts, n, self.p, self.q)
 
     def parameters(self) -> dict[str, Any]:

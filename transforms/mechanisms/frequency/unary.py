@@ -1,4 +1,4 @@
-"""001's fragmented unary encodings as multi-message mechanisms (MECHANISMS.md §3.2, §7.1; seed 001 Alg. 1-2).
+"""[ESA]'s fragmented unary encodings as multi-message mechanisms (docs/mathematics.md §2.7, §2.8; [ESA] Alg. 1-2).
 
 * :class:`AttributeFragmentedRappor` ("rappor"): binary RR with keep probability e^eps/(1+e^eps) on every bit
   of the one-hot vector; bit j travels alone on channel j, and only set bits are sent (a "mark" message whose
@@ -74,7 +74,7 @@ def _check_budget(name: str, eps: float) -> float:
 
 @dataclass(frozen=True)
 class AttributeFragmentedRappor(ChannelMessages):
-    """Attribute-fragmented k-RAPPOR (001 Alg. 1): one "mark" message on channel j per randomized bit j set.
+    """Attribute-fragmented k-RAPPOR ([ESA] Alg. 1): one "mark" message on channel j per randomized bit j set.
 
     ``epsilon`` is a removal budget (reference: RR of the all-zero vector); replacement LDP is 2 eps.
     Expected messages per client ``p + (d - 1) q``; variance of each frequency ``e^eps/(n (e^eps - 1)^2)``.
@@ -125,7 +125,7 @@ class AttributeFragmentedRappor(ChannelMessages):
 
     @property
     def epsilon_local(self) -> float:
-        """Removal LDP (001's model, tight); the replacement budget is ``epsilon_replacement`` = 2 eps."""
+        """Removal LDP ([ESA]'s model, tight); the replacement budget is ``epsilon_replacement`` = 2 eps."""
         return self.epsilon
 
     @property
@@ -145,7 +145,7 @@ class AttributeFragmentedRappor(ChannelMessages):
         return replacement_tight(n, self.mixture_alpha, self.epsilon_local, delta)
 
     def epsilon_central_removal(self, n: int, delta: float) -> float:
-        """001's removal central epsilon (one channel changes), tight §1.6 bound: for ``parameters`` only."""
+        """[ESA]'s removal central epsilon (one channel changes), tight §1.2 bound: for ``parameters`` only."""
         return tight_removal(n, self.mixture_alpha, self.epsilon_local, delta)
 
     @property
@@ -164,7 +164,7 @@ class AttributeFragmentedRappor(ChannelMessages):
         return rr_count_variance(counts, n, self.p, self.q)
 
     def decode(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Unbiased counts ``(C - n q)/(p - q)`` (001 §III estimator times n)."""
+        """Unbiased counts ``(C - n q)/(p - q)`` ([ESA] §III estimator times n)."""
         return (np.asarray(counts, dtype=np.float64) - n * self.q) / (self.p - self.q)
 
     def parameters(self) -> dict[str, Any]:
@@ -188,11 +188,11 @@ class AttributeFragmentedRappor(ChannelMessages):
 
 @dataclass(frozen=True)
 class ReportFragmentedRappor(ChannelMessages):
-    """Report fragmenting with a privacy backstop (001 Alg. 2) on every bit of the one-hot vector.
+    """Report fragmenting with a privacy backstop ([ESA] Alg. 2) on every bit of the one-hot vector.
 
     Per bit j: backstop ``x'_j = RR(x_j; eps_b)``, then for i in [tau] fragment ``y_ij = RR(x'_j; eps_f)``;
-    a "mark" message on channel ``i*d + j`` when ``y_ij = 1``. ``epsilon_fragment=None`` takes MECHANISMS.md
-    §7.1's default rule. Budgets are removal budgets (001). 001's experiments use tau = 4, 16 and 256.
+    a "mark" message on channel ``i*d + j`` when ``y_ij = 1``. ``epsilon_fragment=None`` takes docs/mathematics.md
+    §2.8's default rule. Budgets are removal budgets ([ESA]). [ESA]'s experiments use tau = 4, 16 and 256.
 
     **Permanent backstop.** Within one ``encode_messages`` call the backstop is drawn once per client and shared
     by its tau fragments. Across windows the *same* backstop must be reused, or fresh backstops compose and
@@ -276,7 +276,7 @@ class ReportFragmentedRappor(ChannelMessages):
         return self.fragments * ((1.0 - self.q_composite) + (self.d - 1) * self.q_composite)
 
     def epsilon_exposed(self, t: int) -> float:
-        """Removal LDP against an adversary holding t of the tau fragments (001 Thm IV.1), log-space."""
+        """Removal LDP against an adversary holding t of the tau fragments ([ESA] Thm IV.1), log-space."""
         if isinstance(t, bool) or int(t) != t or not 0 <= t <= self.fragments:
             raise ValueError(f"t must be an integer in [0, {self.fragments}], got {t!r}")
         return fragment_epsilon(self.epsilon_backstop, self.eps_f, int(t))
@@ -306,7 +306,7 @@ class ReportFragmentedRappor(ChannelMessages):
         return replacement_tight(n, self.mixture_alpha, self.epsilon_local, delta)
 
     def epsilon_central_removal(self, n: int, delta: float) -> float:
-        """Removal central epsilon (001's model, tight §1.6 bound of the tuple): for ``parameters`` only."""
+        """Removal central epsilon ([ESA]'s model, tight §1.2 bound of the tuple): for ``parameters`` only."""
         return tight_removal(n, self.mixture_alpha, self.epsilon_local, delta)
 
     @property
@@ -359,7 +359,7 @@ class ReportFragmentedRappor(ChannelMessages):
         return self.fragments_from_backstop(self.backstop_bits(values, rng), rng)
 
     def scaled_variance(self) -> float:
-        """n Var[h_j] (MECHANISMS.md §7.1 [D✓]): backstop term plus fragment term / tau, data-independent."""
+        """n Var[h_j] (docs/mathematics.md §2.8 [D✓]): backstop term plus fragment term / tau, data-independent."""
         e_b, e_f = math.exp(self.epsilon_backstop), math.exp(self.eps_f)
         m_b, m_f = math.expm1(self.epsilon_backstop), math.expm1(self.eps_f)
         return e_b / m_b**2 + e_f * (e_b + 1.0) ** 2 / (self.fragments * m_b**2 * m_f**2)
@@ -369,7 +369,7 @@ class ReportFragmentedRappor(ChannelMessages):
         return np.full(np.shape(counts), n * self.scaled_variance())
 
     def decode(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Mean over fragments of ``(C_i - n q)/(1 - 2q)``, q = 1/(1 + e^eps(1)) (the §7.1 estimator times n)."""
+        """Mean over fragments of ``(C_i - n q)/(1 - 2q)``, q = 1/(1 + e^eps(1)) (the §2.8 estimator times n)."""
         q = self.q_composite
         per_fragment = (np.asarray(counts, dtype=np.float64).reshape(self.fragments, self.d) - n * q) / (1 - 2 * q)
         return per_fragment.mean(axis=0)

@@ -1,6 +1,6 @@
 """Sparse sampling of randomized unary encodings in O(#ones) per client, with draw shapes fixed per row.
 
-A randomized one-hot vector over a large domain (d = 87,680 in 001's Horse experiment) has only
+A randomized one-hot vector over a large domain (d = 87,680 in [ESA]'s Horse experiment) has only
 ``p + (d - 1) q`` ones on average; drawing d uniforms per client would cost O(d). Here the ones of a Bernoulli(q)
 sequence are found by **geometric skipping**: the gaps between consecutive ones are i.i.d. Geometric(q), one
 uniform each (``floor(ln U / ln(1 - q))``, U in (0, 1]). A client's row always consumes the same number of

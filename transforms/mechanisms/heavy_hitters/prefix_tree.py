@@ -1,4 +1,4 @@
-"""Heavy hitters over a huge item domain by prefix-tree expansion (MECHANISMS.md §10.4; 004 App. D).
+"""Heavy hitters over a huge item domain by prefix-tree expansion (docs/mathematics.md §6; [MultiMsg] App. D).
 
 Items are hashed to ``item_bits`` bits (:func:`item_hash`). Level j (j = 1..L, L = item_bits / level_bits)
 is an OLH frequency oracle over the prefixes of ``j * level_bits`` bits, with a finite public seed family so
@@ -16,7 +16,7 @@ Kept candidates are the largest estimates, so their estimates carry the usual wi
 
 ``query(items)`` (on the accumulator) answers any item: the last level's estimate, and a count-min style
 upper bound: an item's count is at most every one of its prefixes' counts, so ``min_j (x_j + z se_j)`` over
-its L prefixes is a one-sided bound that never underestimates (up to the z-sigma noise), as 004's count-min.
+its L prefixes is a one-sided bound that never underestimates (up to the z-sigma noise), as [MultiMsg]'s count-min.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CoCo, correlated Collision for mean estimation (MECHANISMS.md §8.2; 003 §7, Alg. 1-2, Lemma 3, Thm 7).
+"""CoCo, correlated Collision for mean estimation (docs/mathematics.md §3.2; [CoCo] §7, Alg. 1-2, Lemma 3, Thm 7).
 
 Cells come in ``h = t/2`` pairs ``{p, p + h}``. Key j's plus cell is ``c_j = H_seed(j)`` in [t] (so
 ``H1(j) = c_j mod h`` and ``H2(j) = +1`` iff ``c_j >= h``: one uniform cell is an independent uniform pair and
@@ -9,7 +9,7 @@ other ``t - 2m`` cells get ``w = (Omega - m(e^eps + 1))/(t - 2m)`` in ``[1, e^ep
 
 **Random order = random priorities**: the writer with the largest of s uniform priorities wins its pair, which
 is the last writer of a uniformly random order. **Short rows** (``-1`` slots) are filled with *phantom* writers:
-a uniformly random cell, i.e. a key with a fully random hash. The overwrite probability ``P_ow`` of §8.2 assumes
+a uniformly random cell, i.e. a key with a fully random hash. The overwrite probability ``P_ow`` of §3.2 assumes
 exactly s writers; with fewer, real keys would be overwritten less often, ``P_t - P_o`` would grow and the mean
 estimator would be biased upwards. Phantoms restore s writers exactly, cost nothing in privacy (every W they
 produce has the same bounds) and nothing at the analyzer (nobody's cell is a phantom's, and ``sum W = Omega``
@@ -55,8 +55,8 @@ MAX_ENUMERATED = 1 << 16  # seeds x phantom combinations in exact_output_distrib
 
 
 def coco_probabilities(s: int, epsilon: float, t: Any) -> tuple[Any, Any, Any, Any]:
-    """``(P_ow, P_t, P_o, P_f)`` of §8.2 for s writers (``P_t + P_o = (e^eps + 1)/Omega``, NOTES B.15);
-    floats, or arrays when ``t`` is an array."""
+    """``(P_ow, P_t, P_o, P_f)`` of §3.2 for s writers (``P_t + P_o = (e^eps + 1)/Omega``, not the
+    ``(e^eps + 1)/(2 Omega)`` printed in [CoCo]); floats, or arrays when ``t`` is an array."""
     e = exp_epsilon(epsilon)
     t = np.asarray(t, dtype=np.float64)
     omega = s * e + t - s
@@ -81,7 +81,8 @@ def _even_at_least(t: float, s: int) -> int:
 
 
 def coco_paper_t(s: int, epsilon: float) -> int:
-    """003 Thm 7's mean-estimator rule ``ceil(e^eps s + s + 2)``, rounded up to even and >= 2s + 2 (NOTES B.17)."""
+    """[CoCo] Thm 7's mean-estimator rule ``ceil(e^eps s + s + 2)``, rounded up to even and >= 2s + 2
+    (the algorithm needs an even t)."""
     return _even_at_least(exp_epsilon(epsilon) * s + s + 2, s)
 
 
@@ -93,7 +94,7 @@ def coco_variance_t(d: int, s: int, epsilon: float) -> int:
 
 @dataclass(frozen=True)
 class CoCo(CollisionFamily):
-    """CoCo (003 §7): Collision with paired cells, ~15-20 % lower mean-estimation variance than Collision.
+    """CoCo ([CoCo] §7): Collision with paired cells, ~15-20 % lower mean-estimation variance than Collision.
 
     ``t`` (even, >= 2s + 2) defaults to ``t_rule``: ``"variance"`` (minimise the mean estimator's total variance)
     or ``"paper"`` (Thm 7's mean rule). Other parameters as for

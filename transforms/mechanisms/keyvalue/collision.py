@@ -1,4 +1,5 @@
-"""Collision mechanism for s-sparse ternary vectors / key-value data (MECHANISMS.md §8.1; 000 Def. 3, 003 Def. 5).
+"""Collision mechanism for s-sparse ternary vectors / key-value data (docs/mathematics.md §3.1; [Collision]
+Def. 3, [CoCo] Def. 5).
 
 A client with item set Y (|Y| <= s, see ``collision_common`` for the ``[n, s]`` input) draws a seed from the
 public family, hashes its items to the cells ``S = {H(y)}`` of [t] (m = |S| distinct) and reports ``(seed, z)``
@@ -6,8 +7,9 @@ with ``P[z = a] = e^eps/Omega`` on S and ``(Omega - m e^eps)/((t - m) Omega)`` e
 Every probability lies in ``[1/Omega, e^eps/Omega]`` for every ``m <= s``, so short rows need no padding and the
 mechanism is eps-LDP; for any fixed item y outside Y, ``H(y)`` is independent of z, hence
 ``P[H(y) = z] = 1/t`` exactly and ``f_hat(y) = (C_y/n - 1/t)/(p - 1/t)`` (``p = e^eps/Omega``) is unbiased.
-Its variance is the exact §8.1 formula (no factor 2, MECHANISMS_NOTES B.12): users are independent and within a
-report the indicators of ``j+`` and ``j-`` are uncorrelated, so ``Var[mean_j] = Var[f(j+)] + Var[f(j-)]``.
+Its variance is the exact §3.1 formula (no factor 2, which the papers' bound has from Var(a - b) <= 2 Var a + 2 Var b):
+users are independent and within a report the indicators of ``j+`` and ``j-`` are uncorrelated, so
+``Var[mean_j] = Var[f(j+)] + Var[f(j-)]``.
 
 **Key sampling** (``max_keys = L > s``): a client holding up to L keys reports s of its L slots uniformly
 (``kv_encoding``), so each key survives with probability ``pi = s/L`` and a holder is counted with probability
@@ -47,7 +49,7 @@ MAX_ENUMERATED_OUTPUTS = 1 << 20
 
 
 def collision_total_variance(d: int, s: int, epsilon: float, t: np.ndarray | int) -> np.ndarray:
-    """``n * sum_y Var[f_hat(y)]`` for s items per user (§8.1, exact, fully random hash), vectorised over t."""
+    """``n * sum_y Var[f_hat(y)]`` for s items per user (§3.1, exact, fully random hash), vectorised over t."""
     t = np.asarray(t, dtype=np.float64)
     e = exp_epsilon(epsilon)
     p, q = e / (s * e + t - s), 1.0 / t
@@ -55,22 +57,23 @@ def collision_total_variance(d: int, s: int, epsilon: float, t: np.ndarray | int
 
 
 def collision_paper_t(s: int, epsilon: float) -> int:
-    """003's rule ``t* = floor(s e^eps + 2s - 1)`` (000: "about 2s - 1 + s e^eps")."""
+    """[CoCo]'s rule ``t* = floor(s e^eps + 2s - 1)`` ([Collision]: "about 2s - 1 + s e^eps")."""
     return math.floor(s * exp_epsilon(epsilon) + 2 * s - 1)
 
 
 def collision_variance_t(d: int, s: int, epsilon: float) -> int:
     """The integer t >= s + 1 minimising :func:`collision_total_variance` [D] (the optimum is below
-    ``2 s (e^eps + 3)``, from the large-d closed form of §8.1)."""
+    ``2 s (e^eps + 3)``, from the large-d closed form of §3.1)."""
     ts = np.arange(s + 1, search_limit(s, epsilon) + 1)
     return int(ts[np.argmin(collision_total_variance(d, s, epsilon, ts))])
 
 
 @dataclass(frozen=True)
 class Collision(CollisionFamily):
-    """Collision (000/003): one hashed cell per report, variance O(d s/(n eps^2)) for s-sparse ternary vectors.
+    """Collision ([Collision], [CoCo]): one hashed cell per report, variance O(d s/(n eps^2)) for s-sparse ternary
+    vectors.
 
-    ``t`` defaults to ``t_rule``: ``"variance"`` (minimise the exact total variance) or ``"paper"`` (003's t*).
+    ``t`` defaults to ``t_rule``: ``"variance"`` (minimise the exact total variance) or ``"paper"`` ([CoCo]'s t*).
     ``seed_family`` seeds (uint32 on the wire) of the family ``hash_seed``; ``max_keys``: see the module docstring.
     Estimate extras: ``support`` [2d], ``family_variance`` (added to every item's variance), ``family_share``
     (its ratio to the median item sampling variance), ``t``.
@@ -127,7 +130,7 @@ class Collision(CollisionFamily):
         return structured(self.report_dtype, seed=seed.astype(np.uint32), z=z)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Per-item count variance (§8.1, exact for a fully random hash; ``p_held`` for key sampling), scaled back
+        """Per-item count variance (§3.1, exact for a fully random hash; ``p_held`` for key sampling), scaled back
         to pre-sampling counts."""
         return rr_count_variance(counts, n, self.p_held, self.q)
 

@@ -1,4 +1,4 @@
-"""Machinery shared by Collision and CoCo (MECHANISMS.md §8.1-8.2, §8.7, §13): inputs, seed family, decoding.
+"""Machinery shared by Collision and CoCo (docs/mathematics.md §3.1-3.2, §2.9): inputs, seed family, decoding.
 
 **Input.** ``items`` int64 ``[n, s]``: row i lists the items ``item(j, b) = 2j + (1 if b = +1 else 0)`` client i
 holds, at most one sign per key, and ``-1`` in unused slots (a client with fewer than s non-missing keys). Both
@@ -167,9 +167,9 @@ def debiased_square_sum(estimates: np.ndarray, variances: np.ndarray, cap: float
 def project_total_at_most(values: np.ndarray, cap: float) -> np.ndarray:
     """Euclidean projection onto ``{x >= 0, sum x <= cap}``.
 
-    §8.7 projects onto the simplex of total s, which presumes every client holds exactly s items. With short rows
+    §2.9 projects onto the simplex of total s, which presumes every client holds exactly s items. With short rows
     (or key sampling) the truth only satisfies ``sum <= cap``; this set always contains it, so the projection
-    never moves the estimate away from the truth (non-expansive). It equals §8.7's projection whenever the
+    never moves the estimate away from the truth (non-expansive). It equals §2.9's projection whenever the
     clipped estimate sums above ``cap`` (the usual case for full rows).
     """
     clipped = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
@@ -180,7 +180,7 @@ def project_total_at_most(values: np.ndarray, cap: float) -> np.ndarray:
 
 def postprocess_estimate(est: KeyValueEstimate, method: str, cap: float) -> KeyValueEstimate:
     """Post-process the item frequencies (``clip`` to [0, 1] or ``simplex``: :func:`project_total_at_most`) and
-    re-derive mean, non-missing and conditional mean from them (§8.7); the raw arrays move to ``extras["raw"]``.
+    re-derive mean, non-missing and conditional mean from them (§2.9); the raw arrays move to ``extras["raw"]``.
 
     Standard errors keep describing the raw estimates (post-processing has no closed-form standard error).
     """

@@ -1,12 +1,13 @@
-"""Key-value baselines of 000/003: PCKV-UE / PCKV-GRR (MECHANISMS.md §8.4) here, PrivKV (§8.3) in ``privkv``.
+"""Key-value baselines of [Collision]/[CoCo]: PCKV-UE / PCKV-GRR (docs/mathematics.md §3.4) here, PrivKV
+(§3.3) in ``privkv``.
 
 Input of every ``encode`` (same as Collision): an int64 array ``[n, s]`` of item indices in [2d],
 ``item(j, b) = 2 j + (1 if b = +1 else 0)``, at most one sign per key. One report per client.
 
-**Provenance.** Neither paper is among the seeds; both mechanisms are reconstructions **[R-M]**
-(MECHANISMS_NOTES.md B.21-B.22): PrivKV's budget split (default eps/2 each) is [R-L]; PCKV's budget allocation
+**Provenance.** Both mechanisms are reconstructions, not checked against the papers' text **[R-M]**
+(docs/mathematics.md §3.3-3.4): PrivKV's budget split (default eps/2 each) is [R-L]; PCKV's budget allocation
 ``eps2 = eps, eps1 = ln((e^eps + 1)/2)`` and padding-and-sampling are [R-M]/[R-H]. The analyzers are the unbiased
-linear inversions of §8.3-8.4 **[D]**; PrivKV's paper-faithful (biased) estimates are in ``extras``.
+linear inversions of §3.3-3.4 **[D]**; PrivKV's paper-faithful (biased) estimates are in ``extras``.
 Variances are exact categorical variances (``kv_moments``) **[D]**.
 """
 
@@ -116,13 +117,13 @@ class _PCKV:
         return key, vstar
 
     def class_probabilities(self) -> np.ndarray:
-        """``(P+, P-)`` of supporting (k, +1) / (k, -1): holder of k+, of k-, of neither (§8.4 [D])."""
+        """``(P+, P-)`` of supporting (k, +1) / (k, -1): holder of k+, of k-, of neither (§3.4 [D])."""
         a, b, p, ell = self.a, self.b, self.p, self.pairs
         hit, miss = a * p / ell + (1 - 1 / ell) * b / 2, a * (1 - p) / ell + (1 - 1 / ell) * b / 2
         return np.array([[hit, miss], [miss, hit], [b / 2, b / 2]])
 
     def weights(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """Weights on (n1, n2) of the count estimates of holders of k+ and k- (§8.4)."""
+        """Weights on (n1, n2) of the count estimates of holders of k+ and k- (§3.4)."""
         return sign_weights(self.pairs / (self.a - self.b), self.pairs / (self.a * (2 * self.p - 1)))
 
     def covariance(self, f_plus: np.ndarray, f_minus: np.ndarray,

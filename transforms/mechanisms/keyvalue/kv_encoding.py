@@ -1,4 +1,5 @@
-"""Client-side encoder: real-valued key-value telemetry -> the ``[n, s]`` items of Collision / CoCo (MECHANISMS §8).
+"""Client-side encoder: real-valued key-value telemetry -> the ``[n, s]`` items of Collision / CoCo
+(docs/mathematics.md §3).
 
 An event is a mapping ``{key: value}`` over the spec's ordered key list, values in ``[lo, hi]``. Each step and
 what it does to the estimates (``u`` = normalised value, ``x_j`` = fraction of clients holding key j):

@@ -1,4 +1,4 @@
-"""Moment algebra shared by the key-value baselines PrivKV and PCKV (MECHANISMS.md §8.3-8.4).
+"""Moment algebra shared by the key-value baselines PrivKV and PCKV (docs/mathematics.md §3.3-3.4).
 
 Both analyzers see, for every key ``k``, two counts: ``n1`` = reports supporting ``<k, +1>`` and ``n2`` = reports
 supporting ``<k, -1>``; a single report supports at most one of them. Each user falls into one of three classes
@@ -63,8 +63,8 @@ def check_sparse_items(items: np.ndarray, d: int, s: int) -> np.ndarray:
 def check_items(items: np.ndarray, d: int, s: int) -> tuple[np.ndarray, np.ndarray]:
     """Validate a batch of key-value sets and return ``(keys, signs)``, both int64 ``[n, s]``.
 
-    ``items[i]`` holds the item indices ``item(j, b) = 2 j + (1 if b = +1 else 0)`` of client i (MECHANISMS.md
-    §8), ``-1`` marking an empty slot (a client with fewer than s keys, as for Collision); a key may appear only
+    ``items[i]`` holds the item indices ``item(j, b) = 2 j + (1 if b = +1 else 0)`` of client i (docs/mathematics.md
+    §3), ``-1`` marking an empty slot (a client with fewer than s keys, as for Collision); a key may appear only
     once per client (:func:`check_sparse_items`). Empty slots come back as key -1 and sign 0; other signs are -1/+1.
     """
     arr = check_sparse_items(items, d, s)
@@ -108,7 +108,7 @@ def linear_covariance(w1: tuple[float, float], w2: tuple[float, float], probs: n
 
 def sign_weights(sum_scale: float, diff_scale: float) -> tuple[tuple[float, float], tuple[float, float]]:
     """Weights on (n1, n2) of ``A = (S + D)/2`` and ``B = (S - D)/2`` where ``S = sum_scale (n1 + n2) + c`` and
-    ``D = diff_scale (n1 - n2)`` (the linear inversions of §8.3-8.4)."""
+    ``D = diff_scale (n1 - n2)`` (the linear inversions of §3.3-3.4)."""
     plus = (0.5 * (sum_scale + diff_scale), 0.5 * (sum_scale - diff_scale))
     return plus, (plus[1], plus[0])
 

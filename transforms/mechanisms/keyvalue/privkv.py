@@ -1,10 +1,11 @@
-"""PrivKV (Ye, Hu, Meng, Zheng, S&P'19) as the 000/003 baseline, MECHANISMS.md §8.3 -- a reconstruction [R-M].
+"""PrivKV (Ye, Hu, Meng, Zheng, S&P'19) as the [Collision]/[CoCo] baseline, docs/mathematics.md §3.3 -- a
+reconstruction [R-M].
 
-The paper is not among the seeds: the local perturbation protocol (LPP: uniform key sampling, key-bit RR with
-eps_k, value RR with eps_v, fake uniform value for non-holders) is reconstructed (MECHANISMS_NOTES.md B.21);
-the default budget split eps_k = eps_v = eps/2 is [R-L]. The published estimates are the unbiased per-sign
-inversion of §8.3 [D] with exact conditional variances [D]; the paper-faithful estimator (mean biased toward 0
-by non-holders' fake values) is kept in ``extras`` for comparison with the papers' plots.
+The implementation was not checked against the paper's text: the local perturbation protocol (LPP: uniform key
+sampling, key-bit RR with eps_k, value RR with eps_v, fake uniform value for non-holders) is reconstructed from its
+description in later work; the default budget split eps_k = eps_v = eps/2 is [R-L]. The published estimates are the
+unbiased per-sign inversion of §3.3 [D] with exact conditional variances [D]; the paper-faithful estimator (mean
+biased toward 0 by non-holders' fake values) is kept in ``extras`` for comparison with the papers' plots.
 Input format as for every key-value mechanism: ``items`` int64 ``[n, s]``, see ``kv_moments.check_items``.
 """
 
@@ -41,7 +42,7 @@ class PrivKV:
 
     Holder of ``x_j``: ``(j, x_j)`` w.p. p1 p2, ``(j, -x_j)`` w.p. p1 (1 - p2), ``(j, 0)`` w.p. 1 - p1; non-holder:
     ``(j, 0)`` w.p. p1, else ``(j, +-1)`` uniformly. Report value code 0 means "key bit 0". ``epsilon_key`` defaults
-    to epsilon/2 [R-L]. Accounted at the loose eps_k + eps_v (§8.3); ``tight_epsilon`` is the exact value.
+    to epsilon/2 [R-L]. Accounted at the loose eps_k + eps_v (§3.3); ``tight_epsilon`` is the exact value.
     """
 
     name: ClassVar[str] = "privkv"
@@ -76,7 +77,7 @@ class PrivKV:
 
     @property
     def tight_epsilon(self) -> float:
-        """``max{eps_v, eps_k + ln(2 p2)}`` (PCKV's observation, §8.3); never above epsilon."""
+        """``max{eps_v, eps_k + ln(2 p2)}`` (PCKV's observation, §3.3); never above epsilon."""
         assert self.epsilon_key is not None
         return max(self.epsilon_value, self.epsilon_key + math.log(2 * self.p2))
 
@@ -126,7 +127,7 @@ class PrivKV:
         return np.bincount(reports["key"] * 3 + reports["value"] + 1, minlength=3 * self.d).reshape(shape)
 
     def weights(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """Weights on (n+, n-) of the group counts of holders of j+ and j- (§8.3 unbiased inversion)."""
+        """Weights on (n+, n-) of the group counts of holders of j+ and j- (§3.3 unbiased inversion)."""
         return sign_weights(1 / (2 * self.p1 - 1), 1 / (self.p1 * (2 * self.p2 - 1)))
 
     def covariance(self, f_plus: np.ndarray, f_minus: np.ndarray, group: np.ndarray,
@@ -134,7 +135,7 @@ class PrivKV:
         """(Var A, Var B, Cov AB) of ``A = f_hat(j+)``, ``B = f_hat(j-)`` given the group sizes ``N_j >= 1``.
 
         Randomization term with the expected group composition, plus the hypergeometric term of drawing the
-        group from the n users (§8.3 [D]).
+        group from the n users (§3.3 [D]).
         """
         wp, wm = self.weights()
         probs, unit = self.class_probabilities(), class_counts(f_plus, f_minus, 1.0)
@@ -173,7 +174,7 @@ class PrivKV:
         return {"d": self.d, "s": self.s, "epsilon": self.epsilon, "epsilon_key": self.epsilon_key}
 
     def decode_counts(self, counts: np.ndarray, n: int) -> KeyValueEstimate:
-        """§8.3 unbiased per-sign inversion within each key group (conditionally unbiased given ``N_j``; 0 and an
+        """§3.3 unbiased per-sign inversion within each key group (conditionally unbiased given ``N_j``; 0 and an
         infinite standard error for a key nobody sampled); paper-faithful PrivKV estimates in ``extras``."""
         n_minus, n_plus = counts[:, 0].astype(np.float64), counts[:, 2].astype(np.float64)
         group = counts.sum(axis=1).astype(np.float64)

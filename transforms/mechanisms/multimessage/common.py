@@ -1,8 +1,8 @@
-"""Shared machinery of the multi-message protocols of seed 004 (``multimessage.py``).
+"""Shared machinery of the multi-message protocols of [MultiMsg] (``multimessage.py``).
 
-Inputs are *sets* of at most ``k_set`` elements of [d] (004 §5.1; one value per client is ``k_set = 1``):
+Inputs are *sets* of at most ``k_set`` elements of [d] ([MultiMsg] §5.1; one value per client is ``k_set = 1``):
 an int64 ``(n, k_set)`` array with ``-1`` in empty slots. Accumulators hold count arrays plus the number of
-clients, which the analyzer cannot infer from anonymous messages: ``add`` requires it (n is public in 004's
+clients, which the analyzer cannot infer from anonymous messages: ``add`` requires it (n is public in [MultiMsg]'s
 analysis and the estimators subtract the expected blanket mass ``n * ...``).
 """
 
@@ -136,7 +136,7 @@ class MessageAccumulator(CountAccumulator):
 
 
 class ShuffleOnlyProtocol:
-    """Mixin of the 004 multi-message protocols (frozen dataclasses with ``d``, ``epsilon``, ``delta``,
+    """Mixin of the [MultiMsg] multi-message protocols (frozen dataclasses with ``d``, ``epsilon``, ``delta``,
     ``n_expected``, ``k_set``, ``calibration`` and an ``encode_sets`` method): parameter checks, pickling, the
     contract's non-LDP properties and the common part of the ledger."""
 

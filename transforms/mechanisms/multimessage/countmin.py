@@ -1,4 +1,4 @@
-"""Public-coin count-min sketch + multi-message randomized response (004 §4.2, Alg. 2; MECHANISMS.md §10.2).
+"""Public-coin count-min sketch + multi-message randomized response ([MultiMsg] §4.2, Alg. 2; docs/mathematics.md §7.2).
 
 Public hash functions ``h_r : [d] -> [s]``, r in [tau] (``hashing.hash_to_buckets`` with a per-row seed
 derived from the public ``hash_seed``). A client sends ``(r, h_r(j))`` for every element j of its set and
@@ -64,7 +64,7 @@ _ROW_SEED_STRIDE = 1 << 20
 
 @dataclass(frozen=True)
 class CountMinMultiRR(ShuffleOnlyProtocol):
-    """004 §4.2: tau data messages per element plus ~tau s gamma blanket messages; O(tau) query time.
+    """[MultiMsg] §4.2: tau data messages per element plus ~tau s gamma blanket messages; O(tau) query time.
 
     Defaults: ``rows = ceil(log2(2 d / beta))``, ``buckets = 2 n_expected k_set``, ``gamma`` the least value
     the numeric accountant certifies for ``(epsilon, delta)`` at ``n_expected`` (``calibration="numeric"``) or
@@ -208,7 +208,7 @@ class CountMinMultiRR(ShuffleOnlyProtocol):
         blanket_expected = self.cells * self.gamma_  # minus a negligible truncated part
         paper_claims = paper_gamma <= self.gamma_  # Lemma 4.10's condition (it ignores our blanket cap)
         return self._ledger(
-            "004 §4.2 count-min + multi-message randomized response", n,
+            "[MultiMsg] §4.2 count-min + multi-message randomized response", n,
             self.k_set * self.rows_ + blanket_expected, self.messages_per_channel, paper_claims,
             paper_rule_gamma=paper_gamma,
             paper_rule_feasible=paper_gamma <= 1.0,

@@ -1,4 +1,4 @@
-"""Private-coin multi-message Hadamard response (004 §4.1, Alg. 1; MECHANISMS.md §10.1).
+"""Private-coin multi-message Hadamard response ([MultiMsg] §4.1, Alg. 1; docs/mathematics.md §7.1).
 
 Order ``B' = 2^ceil(log2(d + k_set + 1))``; item j owns the codeword support
 ``C_j = {u in [B'] : popcount((j + 1) & u) even}`` (row 0 of the Sylvester matrix, all ones, is skipped;
@@ -10,7 +10,7 @@ tau uniform indices: ``k_set + rho`` messages of ``tau log2 B'`` bits, always th
 that flips the parity of ``(j + 1) & u``, a bijection between C_j and its complement.
 
 **Decoding**: the items supported by a message ``(u_1..u_tau)`` are ``{j : (j + 1) . u_r = 0 over GF(2) for
-all r}``, the kernel of a ``tau x log2 B'`` bit matrix (004 Lemma 4.6). We eliminate all messages of a batch
+all r}``, the kernel of a ``tau x log2 B'`` bit matrix ([MultiMsg] Lemma 4.6). We eliminate all messages of a batch
 at once, bit-sliced (64 messages per uint64 word, one vectorised pass per row), and enumerate each kernel
 (``~ B' 2^-tau`` elements, plus the true item), so the analyzer keeps only a count per item.
 ``c_j`` counts the messages supporting j and ``x_hat_j = (c_j - n (k_set + rho) 2^-tau) / (1 - 2^-tau)`` is
@@ -123,7 +123,7 @@ def _kernel_chunk(values: np.ndarray, bits: int, limit: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MultiMessageHadamard(ShuffleOnlyProtocol):
-    """004 §4.1: k_set + rho anonymous messages per client, error O(sqrt(k_set + rho)), independent of d.
+    """[MultiMsg] §4.1: k_set + rho anonymous messages per client, error O(sqrt(k_set + rho)), independent of d.
 
     ``rho`` (blanket messages) defaults to the least value the exact numeric accountant certifies for
     ``(epsilon, delta)`` at ``n_expected`` clients (``calibration="numeric"``) or the paper-style Chernoff rule
@@ -204,7 +204,7 @@ class MultiMessageHadamard(ShuffleOnlyProtocol):
     # -- privacy ------------------------------------------------------------------------------------------
 
     def epsilon_central(self, n: int, delta: float) -> float:
-        """Certified central epsilon of n shuffled clients at ``delta`` (exact accountant, §10.1)."""
+        """Certified central epsilon of n shuffled clients at ``delta`` (exact accountant, §7.1)."""
         return hadamard_epsilon(n, self.rho_, self.tau_, self.k_set, delta) if n >= 2 else float("inf")
 
     def delta_central(self, n: int, epsilon: float) -> float:
@@ -216,7 +216,7 @@ class MultiMessageHadamard(ShuffleOnlyProtocol):
         rho_paper = hadamard_paper_rho(self.epsilon, self.delta, self.k_set)
         paper_claims = self.rho_ >= rho_paper and self.tau_ == hadamard_default_tau(n)
         return self._ledger(
-            "004 §4.1 multi-message Hadamard response", n,
+            "[MultiMsg] §4.1 multi-message Hadamard response", n,
             float(self.messages_per_client), self.messages_per_client, paper_claims,
             paper_rule_rho=rho_paper,
             paper_rule_messages_per_client=self.k_set + rho_paper,
@@ -257,7 +257,7 @@ class MultiMessageHadamard(ShuffleOnlyProtocol):
         return MultiMessageHadamardAccumulator(self)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Exact ``Var[x_hat_j] = (n (k_set + rho) - x_j) 2^-tau / (1 - 2^-tau)`` (§10.1)."""
+        """Exact ``Var[x_hat_j] = (n (k_set + rho) - x_j) 2^-tau / (1 - 2^-tau)`` (§7.1)."""
         p = 2.0**-self.tau_
         return (n * self.messages_per_client - np.asarray(counts, dtype=np.float64)) * p / (1.0 - p)
 
@@ -291,7 +291,7 @@ class MultiMessageHadamard(ShuffleOnlyProtocol):
 
 
 class MultiMessageHadamardAccumulator(MessageAccumulator):
-    """Per-item counts of supporting messages (kernel enumeration on add); decoded by the §10.1 correction."""
+    """Per-item counts of supporting messages (kernel enumeration on add); decoded by the §7.1 correction."""
 
     mechanism: MultiMessageHadamard
 

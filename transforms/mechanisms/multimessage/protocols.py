@@ -1,13 +1,14 @@
-"""Multi-message shuffle protocols of seed 004 (MECHANISMS.md §10.1, §10.2): several anonymous messages per client.
+"""Multi-message shuffle protocols of [MultiMsg] (docs/mathematics.md §7.1, §7.2): several anonymous messages
+per client.
 
-* :class:`MultiMessageHadamard` (004 §4.1, private coin): ``k_set + rho`` messages of tau Hadamard indices;
+* :class:`MultiMessageHadamard` ([MultiMsg] §4.1, private coin): ``k_set + rho`` messages of tau Hadamard indices;
   error O(sqrt(k_set + rho)), decoding by GF(2) kernel enumeration (``multimessage_hadamard``);
-* :class:`CountMinMultiRR` (004 §4.2, public coin): count-min sketch updates plus per-cell Bernoulli blanket
+* :class:`CountMinMultiRR` ([MultiMsg] §4.2, public coin): count-min sketch updates plus per-cell Bernoulli blanket
   messages; O(tau) query time, many more messages (``multimessage_countmin``).
 
 Both follow the multi-message contract of ``base``: ``single_message = False``, ``channels = 1`` (all messages
 of the protocol go to one shuffler), ``messages_per_channel`` = the most messages one client sends,
-``encode_messages(values, rng) -> (reports, owner)`` (``encode_sets`` for set inputs, 004 §5), accumulators
+``encode_messages(values, rng) -> (reports, owner)`` (``encode_sets`` for set inputs, [MultiMsg] §5), accumulators
 whose ``add(reports, clients)`` requires the number of clients, and ``epsilon_central(n, delta)`` /
 ``ledger(n)`` from the numeric accountants of ``transforms.privacy.multimessage`` (a client's message set
 alone is not locally private: ``epsilon_local`` is inf).

@@ -1,7 +1,8 @@
-"""Range counting with 004's matrix mechanism on the multi-message Hadamard protocol (MECHANISMS.md §10.3, §10.1).
+"""Range counting with [MultiMsg]'s matrix mechanism on the multi-message Hadamard protocol
+(docs/mathematics.md §7.3, §7.1).
 
 A client holding leaf x in [0, 2^bits) turns it into its *set* of kept tree nodes -- the root plus its
-ancestors that are left children (``left_children_tree.user_sets``; node ids per §10.3, ``k_set = bits + 1``,
+ancestors that are left children (``left_children_tree.user_sets``; node ids per §7.3, ``k_set = bits + 1``,
 slot l = level l, -1 where the ancestor is a right child) -- and sends the set with the private-coin
 multi-message Hadamard protocol over the ``B = 2^bits`` node ids: ``bits + 1 + rho`` messages of tau indices,
 always the same number, all on one shuffler channel. The analyzer decodes the protocol's unbiased node
@@ -33,7 +34,7 @@ __all__ = ["MultiMessageRange", "MultiMessageRangeAccumulator"]
 
 @dataclass(frozen=True)
 class MultiMessageRange:
-    """004 §5.3 (1-D): leaf -> left-children node set -> multi-message Hadamard over 2^bits node ids.
+    """[MultiMsg] §5.3 (1-D): leaf -> left-children node set -> multi-message Hadamard over 2^bits node ids.
 
     ``values`` for encode are leaf indices in [0, 2^bits) (``ranges.bucketize`` maps numbers to leaves).
     ``rho``/``tau`` default as in :class:`MultiMessageHadamard` with ``k_set = bits + 1`` and are stored resolved.
@@ -121,7 +122,7 @@ class MultiMessageRange:
     def ledger(self, n: int | None = None) -> dict[str, Any]:
         """The protocol's ledger (k_set = bits + 1) plus the range structure."""
         out = self.protocol.ledger(n)
-        out.update(protocol="004 §5.3 range counting (left-children matrix) on §4.1 multi-message Hadamard",
+        out.update(protocol="[MultiMsg] §5.3 range counting (left-children matrix) on §4.1 multi-message Hadamard",
                    structure=LeftChildrenTree.structure, bits=self.bits, k_set=self.k_set,
                    range_terms_max=2 * self.bits)
         return out
@@ -157,7 +158,7 @@ class MultiMessageRange:
         return MultiMessageRangeAccumulator(self)
 
     def variance(self, counts: np.ndarray, n: int) -> np.ndarray:
-        """Marginal variance of node estimates (the protocol's §10.1 closed form)."""
+        """Marginal variance of node estimates (the protocol's §7.1 closed form)."""
         return self.protocol.variance(counts, n)
 
     def variance_constants(self, n: int) -> tuple[float, float]:

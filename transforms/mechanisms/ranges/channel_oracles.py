@@ -1,7 +1,7 @@
 """One frequency oracle per channel, encoded in one vectorised pass: the engine of the dyadic mechanisms.
 
 A range tree (``ranges.py``) and a rectangle grid (``rectangles.py``) run one frequency oracle per
-level (= channel, MECHANISMS.md §10.3), each over its own domain ``[0, 2^bits_j)``. Their messages share
+level (= channel, docs/mathematics.md §5), each over its own domain ``[0, 2^bits_j)``. Their messages share
 one report dtype -- ``channel`` plus the oracle's payload fields -- so that the wire format and the
 shuffler see one mechanism. Clients of one batch report on different channels (a uniformly drawn level in
 "sample" mode), so the encoders below draw for *every* row with shapes that depend only on the batch size
@@ -314,7 +314,7 @@ def central_epsilon_sampled(n: int, channels: int, alpha: float, eps: float, del
     """Central epsilon when each of n clients sends ONE eps-LDP message on a uniformly drawn channel.
 
     The channel draw is independent of the data and each channel is shuffled on its own, so conditionally on
-    the draws the target's message hides among the n_j messages of its channel; the bound of §1.6 is
+    the draws the target's message hides among the n_j messages of its channel; the bound of §1.2 is
     non-increasing in n_j, and joint convexity of the hockey-stick divergence averages over the draws:
     delta = P[n_j < m] + delta_shuffle(m), with m the delta/2 lower quantile of ``1 + Bin(n - 1, 1/channels)``.
     """
@@ -326,7 +326,7 @@ def central_epsilon_sampled(n: int, channels: int, alpha: float, eps: float, del
 
 def central_epsilon_split(n: int, alphas: list[float], eps_message: float, delta: float) -> float:
     """Central epsilon when every client sends one eps_message-LDP message on EACH channel (n per channel):
-    each shuffled channel is (eps_j, delta/J)-DP; basic composition over the J channels (§1.8)."""
+    each shuffled channel is (eps_j, delta/J)-DP; basic composition over the J channels (§1.4)."""
     if n < 2:
         return eps_message * len(alphas)
     per = delta / len(alphas)

@@ -1,4 +1,4 @@
-"""Range counting over [0, 2^bits) by a dyadic tree of frequency oracles (MECHANISMS.md §10.3, §10.5).
+"""Range counting over [0, 2^bits) by a dyadic tree of frequency oracles (docs/mathematics.md §5).
 
 Level j of the tree is a frequency oracle over the 2^{l_j} prefixes of length ``l_j`` (``l_j`` = j * log2
 branching, or an explicit ``prefix_lengths``); the root count is n, public. A client holding leaf x sends:

@@ -1,4 +1,4 @@
-"""Range answers from a frequency oracle on 004's left-children node set (MECHANISMS.md §10.3, §10.5).
+"""Range answers from a frequency oracle on [MultiMsg]'s left-children node set (docs/mathematics.md §7.3, §5).
 
 **Structure** (``B = 2^bits`` leaves). The kept nodes are the root and every left child ``(l, i)``, l >= 1,
 i even, covering leaves ``[i 2^(bits-l), (i+1) 2^(bits-l))``; node ids run top-to-bottom, left-to-right:
@@ -12,7 +12,7 @@ and ``P(B) = n``, public and exact (the root's oracle estimate is kept in the ro
 same linear map (``consistent``: a right child is its parent minus its left sibling, the root is n), so node
 counts, ranges and prefix sums all agree exactly.
 
-**Variance** (private-coin Hadamard oracle, §10.1, exact). Every message not sent for node a lies in
+**Variance** (private-coin Hadamard oracle, §7.1, exact). Every message not sent for node a lies in
 ``C_a^tau`` with probability ``p = 2^-tau``, independently across messages, so
 ``Var x_hat_a = (N - x_a) p/(1-p)`` with N the number of messages. Two supports ``C_a``, ``C_b`` are
 independent under a blanket message or a data message of any item l, EXCEPT when ``(l+1) = (a+1) XOR (b+1)``
@@ -151,7 +151,7 @@ class LeftChildrenTree:
 
     @cached_property
     def _cumulative(self) -> np.ndarray:
-        """P(c) for c = 0..2^bits (equals the left-sibling sums of §10.3 and P(B) = n)."""
+        """P(c) for c = 0..2^bits (equals the left-sibling sums of §7.3 and P(B) = n)."""
         cum = np.concatenate(([0.0], np.cumsum(self.consistent[-1])))
         cum[-1] = self.n  # exactly (no round-off from the cumulative sum)
         return cum

@@ -11,7 +11,7 @@ clients are a uniformly random partition, so for any per-level weights ``phi_j``
 
 (multivariate hypergeometric covariances; ``Var_f`` under the leaf distribution f).
 
-**Consistency** (Hay et al. 2010, MECHANISMS.md §10.3, generalised to per-level variances and fanouts):
+**Consistency** (Hay et al. 2010, docs/mathematics.md §5, generalised to per-level variances and fanouts):
 bottom-up weighted averaging ``z_j = alpha_j x_j + (1 - alpha_j) A z_{j+1}`` with inverse-variance weights,
 then mean consistency top-down from the exactly known root n: ``u_j = z_j + E(u_{j-1} - A z_j)/f_j``. The
 weights use data-independent variances (the node variance under uniform data), so the map raw -> u is a
@@ -20,7 +20,7 @@ exact through its adjoint ``w -> (a_j)``, evaluated with plug-in counts (consist
 
 **Queries.** ``answer(lo, hi)`` sums the consistent leaves of [lo, hi) (= the sum over its dyadic cover,
 ``ranges.dyadic_cover``); its stderr comes from the adjoint, which for an interval is piecewise constant
-(O(levels^2 * fanout) work, ~1 ms at 16 bits). ``quantile(q)`` searches an isotonic fit of the CDF (§10.5)
+(O(levels^2 * fanout) work, ~1 ms at 16 bits). ``quantile(q)`` searches an isotonic fit of the CDF (§5)
 and inverts the band ``CDF -/+ z stderr`` for an interval.
 
 **Rows.** ``to_rows()``/``from_rows()`` carry the raw nodes with the per-level variance model, so a tree
@@ -65,7 +65,7 @@ def _spread(x: np.ndarray, fanout: int) -> np.ndarray:
 @dataclass(frozen=True)
 class QuantileEstimate:
     """q-quantile at leaf resolution: ``leaf`` is the smallest leaf j whose estimated (monotone) CDF
-    P(j+1) = #{x <= j} reaches q n (MECHANISMS.md §10.5; report the bucket's upper edge ``leaf + 1``).
+    P(j+1) = #{x <= j} reaches q n (docs/mathematics.md §5; report the bucket's upper edge ``leaf + 1``).
 
     Error: ``rank_stderr`` is the standard error of the estimated rank at the answer; ``[lower, upper]`` is
     the leaf interval obtained by inverting the band ``P(j+1) -/+ z stderr`` (a ~z-sigma confidence interval
@@ -335,7 +335,7 @@ class RangeTree:
 
     @cached_property
     def monotone_cdf(self) -> np.ndarray:
-        """Isotonic (least-squares nondecreasing) fit of P(j + 1), j = 0..2^bits - 1 (MECHANISMS.md §10.5's
+        """Isotonic (least-squares nondecreasing) fit of P(j + 1), j = 0..2^bits - 1 (docs/mathematics.md §5's
         optional monotonicity step). The consistent CDF is rough at leaf scale, so its FIRST crossing of q n is
         pulled early by the noise maximum over the approach (a first-passage bias of ~1-2 rank stderr); the
         crossing of the isotonic fit is not."""

@@ -1,4 +1,4 @@
-"""2-D range counting: products of dyadic intervals (MECHANISMS.md §10.3, "D-dimensional"; 004 §5.4).
+"""2-D range counting: products of dyadic intervals (docs/mathematics.md §5, "D-dimensional"; [MultiMsg] §5.4).
 
 Each axis has the levels of a 1-D tree plus its root (prefix length 0). Channel (lx, ly) is a frequency
 oracle over the 2^(lx + ly) cells ``(x >> (bits_x - lx), y >> (bits_y - ly))`` for every pair except (0, 0),

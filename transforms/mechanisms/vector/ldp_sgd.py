@@ -1,12 +1,13 @@
-"""LDP-SGD client randomizer and mean-gradient analyzer (001 Alg. 4-5, MECHANISMS.md §7.3) [P*].
+"""LDP-SGD client randomizer and mean-gradient analyzer ([ESA] Alg. 4-5, docs/mathematics.md §4.2) [P*].
 
 Client: clip the gradient to L2 norm ``clip`` = L; ``z = +-L x/|x|`` with P(+) = 1/2 + |x|/(2L) (so E z = x);
 draw v uniform on the unit sphere; report ``z_hat = sgn<z, v> v`` w.p. ``e^eps/(1 + e^eps)``, else its negation.
 Analyzer: ``g = c mean(z_hat)``, ``c = kappa_d L (e^eps + 1)/(e^eps - 1)``, ``kappa_d = sqrt(pi) G((d+1)/2)/G(d/2)``
--- 001 prints kappa without the factor d, which biases g by 1/d (MECHANISMS_NOTES.md E.45); corrected here.
+-- [ESA] prints kappa without the factor d, which biases g by 1/d (checked against the exact E|<u, v>|
+   for d = 1, 2, 3); corrected here.
 ``E[z_hat | x] = x/c`` exactly, so g is unbiased for the mean clipped gradient.
 
-Message: payload ``vector``, the d doubles of ``z_hat`` (001's 129-bit sign + PRG-seed form would need a shared
+Message: payload ``vector``, the d doubles of ``z_hat`` ([ESA]'s 129-bit sign + PRG-seed form would need a shared
 PRG; not implemented). Output density w.r.t. the uniform measure on the sphere is ``2[a p + (1-a)(1-p)]`` on the
 hemisphere ``<u, w> > 0`` and ``2[a(1-p) + (1-a)p]`` on the other (u = x/|x|, a = 1/2 + |x|/(2L)), whence
 eps-LDP (ratio <= p/(1-p)) and the generic mixture alpha (attained by x = -x' at full norm).

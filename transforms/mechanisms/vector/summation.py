@@ -1,10 +1,10 @@
-"""002's single-message shuffle-model vector summation (MECHANISMS.md §9) and its central guarantee;
-LDP-SGD (§7.3) lives in ``ldp_sgd`` and is re-exported here.
+"""[VecSum]'s single-message shuffle-model vector summation (docs/mathematics.md §4.1) and its central guarantee;
+LDP-SGD (§4.2) lives in ``ldp_sgd`` and is re-exported here.
 
-**Input**: float64 ``[n, d]`` in **[0, 1]** (002's range; map [-1, 1] data by ``(1 + x)/2`` first).
-**Client** (002 Alg. 2 with Alg. 1): sample t distinct coordinates, randomly round each value to the grid
+**Input**: float64 ``[n, d]`` in **[0, 1]** ([VecSum]'s range; map [-1, 1] data by ``(1 + x)/2`` first).
+**Client** ([VecSum] Alg. 2 with Alg. 1): sample t distinct coordinates, randomly round each value to the grid
 {0..k_round} (unbiased), then keep the level w.p. 1 - gamma or replace it by a uniform level. gamma is derived
-from the *central* target (epsilon, delta) and the public number of clients n (002 §4.3/§4.5 [P*]), so
+from the *central* target (epsilon, delta) and the public number of clients n ([VecSum] §4.3/§4.5 [P*]), so
 ``epsilon`` here is the shuffle-model epsilon; the local guarantee is
 ``epsilon_local = t ln(1 + (k+1)(1-gamma)/gamma)`` [D].
 **Message**: payload ``coordinates`` -- ``indices`` int64 (t,) ascending, ``values`` float64 (t,) holding the
@@ -41,7 +41,7 @@ __all__ = [
     "k_round_002",
 ]
 
-MAX_EPSILON_002 = 6.0  # 002's analysis covers epsilon < 6
+MAX_EPSILON_002 = 6.0  # [VecSum]'s analysis covers epsilon < 6
 
 
 def _check_002(d: int, n: int, delta: float, t: int) -> None:
@@ -65,17 +65,18 @@ def _constants(d: int, k: float, n: int, delta: float, t: int, low: bool) -> tup
 
 
 def gamma_002(d: int, k_round: int, n: int, epsilon: float, delta: float, t: int = 1) -> float:
-    """002's blanket probability gamma for central (epsilon, delta)-DP with n clients (MECHANISMS.md §9) [P*]."""
+    """[VecSum]'s blanket probability gamma for central (epsilon, delta)-DP with n clients
+    (docs/mathematics.md §4.1) [P*]."""
     _check_002(d, n, delta, t)
     check_epsilon(epsilon)
     if epsilon >= MAX_EPSILON_002:
-        raise ValueError(f"002's analysis covers epsilon < {MAX_EPSILON_002}, got {epsilon!r}")
+        raise ValueError(f"[VecSum]'s analysis covers epsilon < {MAX_EPSILON_002}, got {epsilon!r}")
     a, b = _constants(d, k_round, n, delta, t, epsilon < 1)
     return max(a / epsilon**2, b / epsilon)
 
 
 def k_round_002(d: int, n: int, epsilon: float, delta: float, t: int = 1) -> float:
-    """002's MSE-optimal (continuous) precision k* (MECHANISMS.md §9 "Choosing k_round") [P*]."""
+    """[VecSum]'s MSE-optimal (continuous) precision k* (docs/mathematics.md §4.1 "Choosing k_round") [P*]."""
     _check_002(d, n, delta, t)
     check_epsilon(epsilon)
     low = epsilon < 1
@@ -88,7 +89,7 @@ def k_round_002(d: int, n: int, epsilon: float, delta: float, t: int = 1) -> flo
 
 
 def epsilon_002(d: int, k_round: int, n: int, gamma: float, delta: float, t: int = 1) -> float:
-    """002's central guarantee: the smallest epsilon (< 6) for which ``gamma`` satisfies §9's formula, i.e. the
+    """[VecSum]'s central guarantee: the smallest epsilon (< 6) for which ``gamma`` satisfies §4.1's formula, i.e. the
     shuffled protocol with n clients is (epsilon, delta)-DP. Raises if gamma certifies no epsilon < 6."""
     _check_002(d, n, delta, t)
     if not 0 < gamma <= 1:
@@ -103,15 +104,15 @@ def epsilon_002(d: int, k_round: int, n: int, gamma: float, delta: float, t: int
 
 @dataclass(frozen=True)
 class VectorSummation:
-    """002 vector summation: t sampled coordinates, randomized rounding to k_round levels, (k+1)-ary RR.
+    """[VecSum] vector summation: t sampled coordinates, randomized rounding to k_round levels, (k+1)-ary RR.
 
     ``epsilon``/``delta`` are the *central* target for at least ``n`` shuffled clients; ``k_round`` defaults to
-    002's rule rounded to an integer >= 1. Construction refuses parameters for which gamma >= 1.
+    [VecSum]'s rule rounded to an integer >= 1. Construction refuses parameters for which gamma >= 1.
     """
 
     name: ClassVar[str] = "vector_sum"
     payload_kind: ClassVar[str] = "coordinates"
-    # 002 sums values on [0, 1]: callers map their value range onto it and the estimate back
+    # [VecSum] sums values on [0, 1]: callers map their value range onto it and the estimate back
     input_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     d: int
     epsilon: float
@@ -139,7 +140,7 @@ class VectorSummation:
         if g >= 1:
             n_min = math.floor((self.n - 1) * g) + 2
             raise ValueError(
-                f"infeasible 002 parameters: gamma = {g:.4g} >= 1 (d={self.d}, k_round={k}, t={self.t}, "
+                f"infeasible [VecSum] parameters: gamma = {g:.4g} >= 1 (d={self.d}, k_round={k}, t={self.t}, "
                 f"epsilon={self.epsilon}, delta={self.delta}, n={self.n}); raise n to at least {n_min}, raise "
                 f"epsilon, or lower t / k_round (gamma grows linearly with k_round)"
             )
@@ -168,7 +169,7 @@ class VectorSummation:
         return alpha_generic(self.epsilon_local)
 
     def central_guarantee(self) -> tuple[float, float]:
-        """(epsilon, delta) certified by 002 for >= n shuffled clients (equals the target up to rounding)."""
+        """(epsilon, delta) certified by [VecSum] for >= n shuffled clients (equals the target up to rounding)."""
         assert self.k_round is not None
         return epsilon_002(self.d, self.k_round, self.n, self.gamma, self.delta, self.t), self.delta
 
@@ -228,7 +229,7 @@ class VectorSummation:
         return s1, s2
 
     def report_variance(self, x: np.ndarray) -> np.ndarray:
-        """Exact ``Var[w | x]`` of one report of value x (MECHANISMS.md §9 V(x)) [D✓]."""
+        """Exact ``Var[w | x]`` of one report of value x (docs/mathematics.md §4.1 V(x)) [D✓]."""
         k, g = float(self.k_round), self.gamma  # type: ignore[arg-type]
         xa = np.asarray(x, dtype=np.float64)
         f = xa * k - np.floor(xa * k)
