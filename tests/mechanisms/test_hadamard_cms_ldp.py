@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy.linalg import hadamard
 
+import transforms.mechanisms.frequency.count_mean_sketch as cms_module
 from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
 from transforms.mechanisms.base import FrequencyEstimate
-from transforms.mechanisms.frequency import count_mean_sketch as cms_module
 from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
 from transforms.mechanisms.frequency.hadamard import HadamardResponse, fwht, hadamard_order
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
