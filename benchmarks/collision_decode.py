@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from benchmarks.frequency import median_time  # noqa: E402
-from transforms.mechanisms.collision import CoCo, Collision  # noqa: E402
+from transforms.mechanisms.keyvalue.collision import CoCo, Collision  # noqa: E402
 
 
 def telemetry_items(n: int, d: int, s: int, rng: np.random.Generator) -> np.ndarray:

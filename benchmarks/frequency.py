@@ -2,7 +2,7 @@
 
 Mechanisms: GRR, OUE, OLH, Hadamard response ("hadamard"), count-mean sketch ("cms", ``--cms-k`` x ``--cms-m``)
 and attribute-fragmented k-RAPPOR ("rappor", several messages per client; OUE stands in for the unary family
-if ``transforms.mechanisms.unary`` is missing). pure-ldp equivalents: DE, UE(OUE), LH(OLH),
+if ``transforms.mechanisms.frequency.unary`` is missing). pure-ldp equivalents: DE, UE(OUE), LH(OLH),
 HadamardResponse (for eps > 1 pure-ldp switches to its blocked "general" HR, a different randomizer), CMS
 (Apple, same k and m, its own xxhash family), and UE(SUE) at 2 eps, whose per-bit law is exactly k-RAPPOR's
 keep probability e^eps/(1+e^eps) (sent as one message instead of fragments).
@@ -45,13 +45,13 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from transforms.mechanisms.base import encode_messages, is_single_message  # noqa: E402
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch  # noqa: E402
-from transforms.mechanisms.frequency import GRR, OLH, OUE, make_frequency_mechanism  # noqa: E402
-from transforms.mechanisms.hadamard import HadamardResponse  # noqa: E402
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch  # noqa: E402
+from transforms.mechanisms.frequency.hadamard import HadamardResponse  # noqa: E402
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE, make_frequency_mechanism  # noqa: E402
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_entropy  # noqa: E402
 
 try:  # being written alongside this benchmark; OUE represents the unary family without it
-    from transforms.mechanisms.unary import AttributeFragmentedRappor
+    from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor
 except ImportError:  # pragma: no cover - depends on the checkout
     AttributeFragmentedRappor = None  # type: ignore[assignment,misc]
 

@@ -1,4 +1,4 @@
-"""Top-k heavy hitters: our prefix-tree mechanism (MECHANISMS.md §10.4) against pure-ldp's PEM.
+"""Top-k heavy hitters: our prefix-tree mechanism (docs/mathematics.md §6) against pure-ldp's PEM.
 
 Data: n clients with Zipf(``--zipf``) ranks over ``2^--rank-bits`` ranks, hashed to 32-bit items with
 ``item_hash`` (so the item domain is 2^32 and neither method may enumerate it). Both methods are eps-LDP
@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters, item_hash  # noqa: E402
+from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters, item_hash  # noqa: E402
 from transforms.mechanisms.randomness import seeded_rng  # noqa: E402
 
 ITEM_BITS = 32

@@ -1,19 +1,20 @@
-"""Accuracy comparison of the sparse-vector / key-value mechanisms in 003's setting (MECHANISMS.md §8; 003 §8).
+"""Accuracy comparison of the sparse-vector / key-value mechanisms in [CoCo]'s setting (docs/mathematics.md
+§3; [CoCo] §8).
 
-Mechanisms: Collision, CoCo (003), PrivKV, PCKV-UE, PCKV-GRR (reconstructed baselines, §8.3-8.4); optional
-``pckv-agrr`` (PCKV-GRR at ``eps' = ln(s(e^eps - 1) + 1)``, 003 §3.1). Each user holds exactly s non-zero
-coordinates of d with signs +-1 (``--data uniform``: support uniform, fair signs, 003's data; ``skewed``:
+Mechanisms: Collision, CoCo ([CoCo]), PrivKV, PCKV-UE, PCKV-GRR (reconstructed baselines, §3.3-3.4); optional
+``pckv-agrr`` (PCKV-GRR at ``eps' = ln(s(e^eps - 1) + 1)``, [CoCo] §3.1). Each user holds exactly s non-zero
+coordinates of d with signs +-1 (``--data uniform``: support uniform, fair signs, [CoCo]'s data; ``skewed``:
 Zipf(1.1) key popularity and key-dependent sign bias). For every (n, d, s, eps) and repetition the harness
 encodes all users (in chunks: PCKV-UE draws ``n x d`` uniforms), decodes, and scores item frequencies
 ``f(j_b)`` [2d] and means ``f(j+) - f(j-)`` [d] by TVE (sum of absolute errors) and MAE (max absolute error),
-raw and after the §8.7 projection ``f~ = s * Proj_simplex(f^/s)`` (means re-derived from f~). The same projection
+raw and after the §2.9 projection ``f~ = s * Proj_simplex(f^/s)`` (means re-derived from f~). The same projection
 is applied to every mechanism (``project_simplex``), so the comparison is uniform. Reported: the mean over
 repetitions of ln(metric), as in 003. Data are shared by all mechanisms and budgets of one repetition (common
 random numbers); Collision/CoCo draw a fresh hash family (``hash_seed``) per repetition, so the averages are over
-hash families, like 003's fully random hashing. Collision/CoCo use 003's t rules by default (``--t-rule paper``).
+hash families, like [CoCo]'s fully random hashing. Collision/CoCo use [CoCo]'s t rules by default (``--t-rule paper``).
 
     .venv/bin/python benchmarks/kv_compare.py --quick --out out/kv_quick
-    .venv/bin/python benchmarks/kv_compare.py --reps 1 --jobs 2 --out out/kv_full     # 003's full grid
+    .venv/bin/python benchmarks/kv_compare.py --reps 1 --jobs 2 --out out/kv_full     # [CoCo]'s full grid
     .venv/bin/python benchmarks/kv_compare.py --n 100000 --d 256 --s 16 --eps 0.5,1,2 --mechanisms collision,coco
 """
 
@@ -35,9 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from transforms.mechanisms.coco import CoCo
-from transforms.mechanisms.collision import Collision
-from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
+from transforms.mechanisms.keyvalue.coco import CoCo
+from transforms.mechanisms.keyvalue.collision import Collision
+from transforms.mechanisms.keyvalue.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.postprocess import project_simplex
 
 EPS_003 = (0.001, 0.01, 0.1, 0.2, 0.4, 0.8, 1.0, 1.5, 2.0)
@@ -51,7 +52,7 @@ ENCODE_CHUNK = 8192  # rows per encode call: PCKV-UE's n x d temporaries stay ~ 
 
 
 def agrr_epsilon(s: int, epsilon: float) -> float:
-    """003 §3.1: PCKV-GRR run at ``ln(s (e^eps - 1) + 1)``; sampling one of s pairs brings it back to eps."""
+    """[CoCo] §3.1: PCKV-GRR run at ``ln(s (e^eps - 1) + 1)``; sampling one of s pairs brings it back to eps."""
     return math.log(s * math.expm1(epsilon) + 1.0)
 
 
@@ -94,7 +95,7 @@ def skewed_supports(n: int, d: int, s: int, rng: np.random.Generator, zipf: floa
 
 
 def synthetic_items(n: int, d: int, s: int, rng: np.random.Generator, data: str = "uniform") -> np.ndarray:
-    """Items ``2j + (sign = +1)`` ``[n, s]``: every user has exactly s non-zeros (§8 synthetic data)."""
+    """Items ``2j + (sign = +1)`` ``[n, s]``: every user has exactly s non-zeros (§3 synthetic data)."""
     if data == "uniform":
         keys, plus_prob = uniform_supports(n, d, s, rng), np.full(d, 0.5)
     elif data == "skewed":
@@ -313,9 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n", type=_ints, default=None, help="comma list (default 1e4,1e5)")
     ap.add_argument("--d", type=_ints, default=None, help="comma list (default 256,512)")
     ap.add_argument("--s", type=_ints, default=None, help="comma list (default 4,8,16,32)")
-    ap.add_argument("--eps", type=_floats, default=None, help="comma list (default 003's nine budgets)")
+    ap.add_argument("--eps", type=_floats, default=None, help="comma list (default [CoCo]'s nine budgets)")
     ap.add_argument("--mechanisms", default=",".join(DEFAULT_MECHANISMS), help="comma list (+ pckv-agrr)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per setting (003 used 100)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per setting ([CoCo] used 100)")
     ap.add_argument("--data", default="uniform", help="uniform, skewed or uniform,skewed")
     ap.add_argument("--t-rule", default="paper", choices=("paper", "variance"), help="Collision/CoCo t")
     ap.add_argument("--seed", type=int, default=0)

@@ -35,15 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 from schemas import encode_record
 from transforms.mechanisms.base import is_single_message
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.frequency import GRR, OUE
-from transforms.mechanisms.hadamard import HadamardResponse
-from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters, item_hash
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard
-from transforms.mechanisms.olh import OLH
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse
+from transforms.mechanisms.frequency.olh import OLH
+from transforms.mechanisms.frequency.oracles import GRR, OUE
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
+from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters, item_hash
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.ranges import DyadicRange
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
+from transforms.mechanisms.ranges.dyadic import DyadicRange
 from transforms.records import (
     PRESENCE,
     ReportElement,

@@ -1,4 +1,4 @@
-"""Cost and throughput of the 004 multi-message protocols (MECHANISMS.md §10.1, §10.2).
+"""Cost and throughput of the [MultiMsg] multi-message protocols (docs/mathematics.md §7.1, §7.2).
 
 For each protocol and d in {2^10, 2^16}, n in {1e4, 1e5}, eps in {1, 4} (delta = 1e-6, numeric calibration)
 prints the parameters the accountant chose, messages and bytes per client (packed bits and the Avro payload
@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard  # noqa: E402
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard  # noqa: E402
 
 Mech = MultiMessageHadamard | CountMinMultiRR
 DELTA = 1e-6

@@ -1,4 +1,4 @@
-"""Range-query error of the dyadic range mechanism (MECHANISMS.md §10.3) against ldp-hierarchical-mechanism.
+"""Range-query error of the dyadic range mechanism (docs/mathematics.md §5) against ldp-hierarchical-mechanism.
 
 Data: n clients on a 2^bits-leaf domain (default 2^16), a fixed mixture of two clipped normals and a uniform
 background. Each run answers ``--ranges`` random ranges [lo, hi) (endpoints uniform, so most ranges are wide)
@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from transforms.mechanisms.randomness import seeded_rng  # noqa: E402
-from transforms.mechanisms.ranges import DyadicRange  # noqa: E402
+from transforms.mechanisms.ranges.dyadic import DyadicRange  # noqa: E402
 
 OURS = ("ours-sample", "ours-all")
 BASELINE = "lhm-1level"

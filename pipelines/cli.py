@@ -117,14 +117,26 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
-    query = sub.add_parser("query", help="answer value ranges and quantiles from stored range/quantile estimates")
+    query = sub.add_parser("query", help="answer ranges, quantiles, top items, items, sums and kv keys from stored "
+                                         "estimates")
     query.add_argument("--estimates", required=True,
-                       help="output directory (or URL) holding estimates.parquet, or the file itself")
+                       help="output directory (estimates/ dataset and/or estimates.parquet), the file, or a URL")
     query.add_argument("--range", nargs=2, type=float, action="append", dest="ranges", metavar=("LO", "HI"),
                        help="clients with a value in [LO, HI) (value units; repeatable)")
     query.add_argument("--quantile", type=float, action="append", dest="quantiles", metavar="Q",
                        help="the Q-quantile, 0 < Q <= 1 (repeatable)")
-    query.add_argument("--spec_id", default=None, help="only this analysis (spec_id)")
+    query.add_argument("--top", type=_positive_int, default=None,
+                       help="histogram/heavy hitters: the K largest items (default 10 if nothing else is asked); "
+                            "kv_mean: the K keys of largest share")
+    query.add_argument("--item", action="append", dest="items", metavar="NAME",
+                       help="this item (histogram category, heavy-hitter hash or candidate string, kv_mean key; "
+                            "repeatable)")
+    query.add_argument("--sum", nargs="+", action="append", dest="sums", metavar="ITEM",
+                       help="the sum of these items' frequencies with its stderr under the mechanism's covariance "
+                            "(repeatable)")
+    query.add_argument("--candidates", default=None, metavar="FILE",
+                       help="heavy hitters: strings, one a line, hashed as the encoder does to label the stored hashes")
+    query.add_argument("--spec_id", default=None, help="only this analysis (spec id, or spec name: every version)")
     query.add_argument("--window", default=None, help="only this window (start, epoch ms or ISO 8601)")
     query.add_argument("--crowd", default=None, help="only this crowd id")
     query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
@@ -139,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     priv.add_argument("--delta", type=_positive_float, required=True)
     priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
     priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
-                      help="rappor_fragments: fragment epsilon (default: MECHANISMS.md §7.1 rule)")
+                      help="rappor_fragments: fragment epsilon (default: docs/mathematics.md §2.8 rule)")
     priv.add_argument("--windows", type=_positive_int, default=None,
                       help="compose W windows of the same population (delta is then the total delta)")
     priv.add_argument("--crowd-epsilon", type=_positive_float, default=None,
@@ -192,10 +204,10 @@ def _parse_native(argv: list[str]) -> argparse.Namespace:
 def _simulate(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from pipelines.demo import progress_printer
-    from pipelines.population import synthesize, truth_table
+    from pipelines.demo.population import synthesize, truth_table
+    from pipelines.demo.run import progress_printer
+    from pipelines.demo.simulate import produce_population
     from pipelines.query import parse_time_ms
-    from pipelines.simulate import produce_population
     from transforms.spec import load_spec
 
     spec = load_spec(args.spec)
@@ -206,7 +218,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     enrol_simulated(args.keys_dir, population.client_ids.tolist())
     if args.devices is not None:
-        from pipelines.device_fleet import FleetOutcome, device_messages
+        from pipelines.demo.device_fleet import FleetOutcome, device_messages
         from transforms.kafkaio import ensure_topics, produce_records
 
         outcome, show = FleetOutcome(), progress_printer("devices reported")
@@ -305,9 +317,14 @@ def _privacy(args: argparse.Namespace) -> int:
 
 def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="local parameters meeting a central (eps_c, delta) target (tight bound)")
-    plan.add_argument("--kind", choices=("kv_mean", "vector_mean"), required=True)
-    plan.add_argument("--mechanism", default=None, help="kv_mean: collision, coco, pckv-ue, pckv-grr or privkv")
-    plan.add_argument("--d", type=_positive_int, required=True, help="keys (kv_mean) or coordinates (vector_mean)")
+    plan.add_argument("--kind", choices=("histogram", "kv_mean", "vector_mean"), required=True)
+    plan.add_argument("--mechanism", default=None,
+                      help="kv_mean: collision, coco, pckv-ue, pckv-grr or privkv; histogram: plan only this oracle "
+                           "(default: grr, oue, olh, hadamard, cms, rappor and recommend one)")
+    plan.add_argument("--d", type=_positive_int, required=True,
+                      help="categories (histogram), keys (kv_mean) or coordinates (vector_mean)")
+    plan.add_argument("--target-stderr", type=_positive_float, default=None,
+                      help="histogram: per-item stderr to reach (a frequency), instead of a central target")
     plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
     plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
     plan.add_argument("--epsilon-central", type=_positive_float, default=None, help="per-window target")
@@ -316,7 +333,7 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
     plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
     plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
-    plan.add_argument("--accountant", default=None, help="vector_mean: 002 (the paper's rules, default) or tight")
+    plan.add_argument("--accountant", default=None, help="vector_mean: \"002\" ([VecSum]'s rules, default) or tight")
     plan.add_argument("--windows", type=_positive_int, default=None,
                       help="plan for W windows of the same population (with --epsilon-central-total)")
     plan.add_argument("--epsilon-central-total", type=_positive_float, default=None,
@@ -327,6 +344,10 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from transforms.privacy.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
 
+    if args.kind == "histogram":
+        return _plan_histogram(args)
+    if args.target_stderr is not None:
+        raise ValueError("--target-stderr applies to --kind histogram only")
     if (args.windows is None) != (args.epsilon_central_total is None):
         raise ValueError("--windows and --epsilon-central-total go together")
     if (args.windows is None) == (args.epsilon_central is None):
@@ -343,7 +364,7 @@ def _plan(args: argparse.Namespace) -> int:
         formatter = format_kv_plan
     else:
         if args.mechanism is not None or args.s is not None or args.t_rule is not None:
-            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans 002's mechanism)")
+            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans [VecSum]'s mechanism)")
 
         def make(eps_c: float, delta: float) -> object:
             return plan_vector_mean(args.d, args.n, eps_c, delta, k_round=args.k_round,
@@ -357,6 +378,33 @@ def _plan(args: argparse.Namespace) -> int:
 
         plan = plan_for_windows(make, args.n, args.windows, args.epsilon_central_total, args.delta)
         text = format_windows_plan(plan, formatter(plan.plan))
+    _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
+    return 0
+
+
+def _plan_histogram(args: argparse.Namespace) -> int:
+    from transforms.privacy import planner_histogram as ph
+
+    for flag, value in (("--s", args.s), ("--t", args.t), ("--t-rule", args.t_rule), ("--k-round", args.k_round),
+                        ("--accountant", args.accountant)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply to --kind histogram")
+    mechanisms = ph.HISTOGRAM_MECHANISMS if args.mechanism is None else (args.mechanism,)
+    if args.windows is None:
+        if args.epsilon_central_total is not None:
+            raise ValueError("--epsilon-central-total goes with --windows")
+        plan = ph.plan_histogram(args.d, args.n, args.delta, epsilon_central=args.epsilon_central,
+                                 target_stderr=args.target_stderr, mechanisms=mechanisms)
+        text = ph.format_histogram_plan(plan)
+    else:
+        if args.epsilon_central is not None:
+            raise ValueError("with --windows give --epsilon-central-total (or --target-stderr), not --epsilon-central")
+        if args.mechanism is None:  # RAPPOR's PLD ledger is too slow to recompose at every bisection step
+            mechanisms = tuple(m for m in mechanisms if m != "rappor")
+        plan = ph.plan_histogram_windows(args.d, args.n, args.windows, args.delta,
+                                         epsilon_central_total=args.epsilon_central_total,
+                                         target_stderr=args.target_stderr, mechanisms=mechanisms)
+        text = ph.format_histogram_windows_plan(plan)
     _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
     return 0
 
@@ -408,7 +456,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pipelines.query import query_command
 
         return query_command(args)
-    from pipelines.demo import run_demo
+    from pipelines.demo.run import run_demo
 
     _announce_seed(args.seed, "demo")
     run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,

@@ -33,6 +33,7 @@ from pipelines.options import (
     kafka_client_config,
     local_runner_requested,
 )
+from pipelines.preflight import require_topics
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
 from transforms.spec import AnalysisSpec, load_spec
 from transforms.state.files import StateLock, StateLocked
@@ -47,6 +48,24 @@ def crash_point(name: str) -> None:
     if os.environ.get(CRASH_ENV) == name:
         LOG.warning("fault injection: SIGKILL at %s", name)
         os.kill(os.getpid(), 9)
+
+
+def local_output_dir(location: str) -> Path:
+    """The job's output directory, created now: a one-line error (exit 3) if it cannot be, or if it is a URL.
+
+    The analyzer writes each release's Parquet part with an atomic rename, which object stores such as
+    gs:// do not offer; write to a local or mounted directory and publish with --estimates_topic.
+    """
+    from pipelines.exit_codes import ConfigError
+    from pipelines.paths import output_location
+
+    where = output_location(location)
+    if where.is_url:
+        raise ConfigError(f"--output_dir {location}: the jobs write estimates with atomic renames, which URLs do "
+                          "not support; give a local or mounted directory (and --estimates_topic to publish)")
+    prepared = where.prepare().local
+    assert prepared is not None
+    return prepared
 
 
 def default_state_dir(out_dir: Path) -> Path:
@@ -148,7 +167,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
     return JobConfig(
         bootstrap=kafka.kafka_bootstrap,
         specs=tuple(load_spec(p) for p in esa.spec),
-        out_dir=Path(esa.output_dir),
+        out_dir=local_output_dir(esa.output_dir),
         state_dir=Path(service.state_dir) if service.state_dir else None,
         keys_dir=Path(service.keys_dir) if service.keys_dir else None,
         raw_topic=kafka.raw_topic,
@@ -196,6 +215,7 @@ def plan_run(config: JobConfig, stage: str, topic: str) -> BoundedRun:
     """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
     state_path = config.state / "run_state.json"
     state = RunState.load(state_path)
+    require_topics(config.bootstrap, [topic])  # a typo'd topic is an error naming the closest one, never created
     resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
     if not resume and not config.adopt_group:
         owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config)

@@ -3,7 +3,7 @@
 A range or quantile analysis stores every node of its tree as an Estimate row (item ``"level/index"``,
 ``raw_estimate`` = the unbiased count) and, in the ``parameters`` JSON under ``"readout"``, the per-level
 variance constants and the bucketing (bits, value_range). That is exactly what ``RangeTree.from_rows`` needs
-(``LeftChildrenTree.from_rows`` for 004's multi-message range counting, which stores the root and left children),
+(``LeftChildrenTree.from_rows`` for [MultiMsg]'s multi-message range counting, which stores the root and left children),
 so a stored tree answers any range [LO, HI) or quantile with the same numbers and standard errors as the live
 accumulator. Ranges are asked in value units; the tree only knows whole buckets, so a range is answered over
 the smallest run of buckets covering it, and the output says which value range that is.
@@ -25,12 +25,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.paths import OutputLocation, output_location
-from transforms.mechanisms.left_children_tree import LeftChildrenTree
-from transforms.mechanisms.range_tree import RangeTree
+from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree
+from transforms.mechanisms.ranges.range_tree import RangeTree
 
 Z_95 = 1.96
 # How each tree structure (``readout["structure"]``, the estimate's ``structure``) is rebuilt from its rows:
-# dyadic_range stores every node of its tree, mm_range (004's matrix mechanism) only the root and left children.
+# dyadic_range stores every node of its tree, mm_range ([MultiMsg]'s matrix mechanism) only the root and left children.
 STRUCTURES: dict[str, type[RangeTree] | type[LeftChildrenTree]] = {"dyadic": RangeTree,
                                                                    "left_children": LeftChildrenTree}
 
@@ -126,7 +126,7 @@ def _parse_level_index(items: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree | LeftChildrenTree:
     """Rebuild one crowd's tree from its node rows (``raw_estimate`` per ``"level/index"``) and the per-level
     constants [clients, var_intercept, var_slope, cov_beta] of the ``readout`` parameters, as the structure
-    the analyzer stored (``readout["structure"]``: a full dyadic tree or 004's left-children nodes)."""
+    the analyzer stored (``readout["structure"]``: a full dyadic tree or [MultiMsg]'s left-children nodes)."""
     structure = readout.get("structure", "dyadic")
     if structure not in STRUCTURES:
         raise ValueError(f"unknown range-tree structure {structure!r} in the readout parameters "
@@ -206,33 +206,29 @@ def estimates_file(estimates: str | Path | OutputLocation) -> Path | str:
     return url if url.endswith(".parquet") else location.join("estimates.parquet")
 
 
-def read_estimates_table(estimates: str | Path | OutputLocation) -> tuple[Path | str, pa.Table]:
-    """(where, rows): a local output directory through the estimates store (its per-release parts and any
-    legacy estimates.parquet), else the single Parquet file or URL of ``estimates_file``."""
-    from transforms.state.estimates_store import ESTIMATES_DIR, LEGACY_FILE, read_estimates
-
+def read_table(estimates: str | Path | OutputLocation) -> tuple[pa.Table, str]:
+    """Every stored estimate row and where they came from: a local output directory's dataset parts and
+    legacy ``estimates.parquet`` (``read_estimates``), that file given directly, or a URL's file."""
     location = output_location(estimates)
-    local = location.local
-    if local is not None and local.is_dir():
-        if not (local / ESTIMATES_DIR).is_dir() and not (local / LEGACY_FILE).is_file():
-            raise ValueError(f"no estimates at {local} (give the output directory of esa run/demo/analyze)")
-        try:
-            return local, read_estimates(local)
-        except (OSError, pa.ArrowException) as err:
-            raise ValueError(f"cannot read estimates at {local}: {err}") from None
+    if location.local is not None:
+        from pipelines.readers import load_estimates
+
+        return load_estimates(location.local), str(location.local)
     path = estimates_file(estimates)
     try:
-        return path, pq.read_table(str(path))
+        return pq.read_table(str(path)), str(path)
     except (OSError, pa.ArrowException) as err:
         raise ValueError(f"cannot read estimates at {path}: {err}") from None
 
 
 def read_trees(estimates: str | Path | OutputLocation, spec_id: str | None = None, window: str | int | None = None,
                crowd: str | None = None) -> list[StoredTree]:
-    """The range trees stored under an output directory (or in a Parquet file, or a URL), filtered; ValueError
-    if there are none."""
-    path, table = read_estimates_table(estimates)
-    trees = trees_of(table, spec_id, window, crowd)
+    """The range trees stored under an output directory (dataset parts and a legacy estimates.parquet), that
+    file, or a URL, filtered (``spec_id``: an id or a spec name); ValueError if there are none."""
+    from pipelines.readers import filter_estimates
+
+    table, path = read_table(estimates)
+    trees = trees_of(filter_estimates(table, spec_id, window, crowd))
     if not trees:
         analyses = sorted(set(table["spec_id"].to_pylist())) if table.num_rows else []
         filters = {k: v for k, v in (("spec-id", spec_id), ("window", window), ("crowd", crowd)) if v is not None}
@@ -317,10 +313,38 @@ def format_answers(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def item_questions(args: Any) -> bool:
+    return bool(getattr(args, "top", None) or getattr(args, "items", None) or getattr(args, "sums", None)
+                or getattr(args, "candidates", None))
+
+
 def query_command(args: Any) -> int:
-    """``esa query`` (wired in ``pipelines.cli``): prints answers as text or JSON; ValueError -> exit 2."""
-    results = query(args.estimates, [tuple(r) for r in args.ranges or ()], list(args.quantiles or ()),
-                    spec_id=args.spec_id, window=args.window, crowd=args.crowd,
-                    confidence=getattr(args, "confidence", 0.95))
-    print(json.dumps(results, indent=2) if args.json else format_answers(results), flush=True)
+    """``esa query`` (wired in ``pipelines.cli``): ranges/quantiles on range trees, and top items, named items,
+    sums and kv_mean keys on item analyses (``pipelines.query_items``); prints text or JSON; ValueError -> 2."""
+    from pipelines.query_items import format_item_answers, item_answers, read_candidates
+    from pipelines.readers import filter_estimates
+
+    ranges, quantiles = [tuple(r) for r in args.ranges or ()], list(args.quantiles or ())
+    results: list[dict[str, Any]] = []
+    text = []
+    if ranges or quantiles:
+        results = query(args.estimates, ranges, quantiles, spec_id=args.spec_id, window=args.window,
+                        crowd=args.crowd, confidence=getattr(args, "confidence", 0.95))
+        text.append(format_answers(results))
+    if item_questions(args) or not (ranges or quantiles):
+        table, path = read_table(args.estimates)
+        candidates = read_candidates(args.candidates) if getattr(args, "candidates", None) else None
+        answers = item_answers(filter_estimates(table, args.spec_id, args.window, args.crowd),
+                               top=getattr(args, "top", None), items=list(getattr(args, "items", None) or ()),
+                               sums=[list(g) for g in getattr(args, "sums", None) or ()], candidates=candidates)
+        if not answers:
+            held = sorted(set(table["spec_id"].to_pylist())) if table.num_rows else []
+            raise ValueError("ask something: --range LO HI and/or --quantile Q of a range/quantile analysis, or "
+                             f"--top/--item/--sum of a histogram, heavy-hitter or kv_mean analysis; {path} holds no "
+                             "item analysis" + (" matching the filters" if any((args.spec_id, args.window,
+                                                                                  args.crowd)) else "")
+                             + (f" (it holds: {', '.join(held)})" if held else " (it is empty)"))
+        results += answers
+        text.append(format_item_answers(answers))
+    print(json.dumps(results, indent=2) if args.json else "\n".join(text), flush=True)
     return 0

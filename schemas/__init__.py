@@ -1,4 +1,4 @@
-"""Avro wire formats of esa-telemetry (DESIGN.md §4) and the one place that reads and writes them.
+"""Avro wire formats of esa-telemetry (docs/architecture.md §7) and the one place that reads and writes them.
 
 Every Kafka message is an Avro *single-object encoding*: the 2-byte marker ``C3 01``, the 8-byte
 CRC-64-AVRO fingerprint of the writer schema, then the schemaless binary datum. The fingerprint tells

@@ -87,12 +87,12 @@ class FrequencyCombineFn(beam.CombineFn):
 
 
 def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1) -> float:
-    """Central epsilon of n shuffled clients at total ``delta`` (MECHANISMS.md §1.6; no amplification below 2).
+    """Central epsilon of n shuffled clients at total ``delta`` (docs/mathematics.md §1.2; no amplification below 2).
 
     A mechanism with its own accounting (fragmenting, multi-message protocols) provides
     ``epsilon_central(n, delta)``. Otherwise, with up to k reports per client, a neighbouring dataset
     changes k reports: the single-report bound is computed at delta' = delta / sum_{i<k} e^{i eps_local}
-    and chained over k (§1.8), which keeps the total delta within ``delta`` because the per-report
+    and chained over k (§1.4), which keeps the total delta within ``delta`` because the per-report
     central epsilon never exceeds eps_local.
     """
     k = reports_per_client
@@ -149,7 +149,7 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
     if hasattr(mechanism, "expected_messages"):
         out["expected_messages_per_client"] = float(mechanism.expected_messages)
     removal = getattr(mechanism, "epsilon_central_removal", None)  # privacy ledger (h-privacy): eps_central is
-    if callable(removal) and int(result.n) >= 2:                     # replacement DP; 001's removal value here
+    if callable(removal) and int(result.n) >= 2:                     # replacement DP; [ESA]'s removal value here
         out["eps_central_removal"] = float(removal(int(result.n), spec.delta))
     ledger = getattr(mechanism, "ledger", None)
     if callable(ledger):

@@ -1,4 +1,5 @@
-"""Encode stage: raw TelemetryEvent records -> locally randomized reports (DESIGN.md §1, §6).
+"""Encode stage: raw TelemetryEvent records -> locally randomized reports (docs/architecture.md §2,
+docs/mathematics.md §8).
 
 This is what a device does; the Beam version serves edge collectors and simulation. Events are decoded
 one by one (each Kafka message is one Avro datum), then randomized in numpy batches. Randomness is a

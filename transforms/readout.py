@@ -2,8 +2,8 @@
 
 Every kind becomes rows of (item, index, estimate, stderr, raw): the Estimate record's columns. ``raw`` is
 the unbiased estimate; ``estimate`` is the post-processed one when the spec asks for post-processing
-(``[postprocess] method``), which trades bias for lower error and keeps outputs in range (MECHANISMS.md
-§8.7). ``stderr`` always describes the raw estimate: post-processing is data-dependent and has no
+(``[postprocess] method``), which trades bias for lower error and keeps outputs in range (docs/mathematics.md
+§2.9). ``stderr`` always describes the raw estimate: post-processing is data-dependent and has no
 closed-form standard error.
 """
 
@@ -50,7 +50,7 @@ def histogram_items(spec: AnalysisSpec, result: Any) -> list[Item]:
 def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     """Per key: non-missing frequency, mean (normalised units, a missing key counting as the range middle)
     and conditional mean (value units). ``[postprocess] method = "simplex"`` projects f/s onto the simplex
-    of the 2d items and multiplies back by s (MECHANISMS.md §8.7) before the per-key quantities are formed."""
+    of the 2d items and multiplies back by s (docs/mathematics.md §2.9) before the per-key quantities are formed."""
     from transforms.event_values import kv_encoder
 
     s = spec.domain["s"]

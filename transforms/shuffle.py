@@ -11,7 +11,7 @@ same releases on any runner. Per closed crowd:
    channel than the mechanism sends, is dead-lettered (multi-message mechanisms);
 2. identity is stripped: from here on a set is its sealed messages alone, under sub-keys drawn by a
    keyed PRF of (device, crowd), so no worker holds a whole crowd;
-3. the crowd threshold of 001 Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
+3. the crowd threshold of [ESA] Algorithm 3: n_hat = floor(max(n + DLap(2/eps) - T, 0)) with a discrete
    Laplace; n - n_hat uniformly chosen sets (whole devices) are deleted, allotted to sub-keys by a
    multivariate hypergeometric draw; n_hat below the spec's ``min_clients`` releases nothing, and
    n_hat > n aborts the crowd (never clamped: a clamp would change delta);
@@ -67,7 +67,7 @@ def discrete_laplace(rng: np.random.Generator, epsilon: float) -> int:
 
 
 def noisy_crowd_target(n: int, noise: int, threshold: float) -> int:
-    """001 Algorithm 3: n_hat = floor(max(n + noise - T, 0))."""
+    """[ESA] Algorithm 3: n_hat = floor(max(n + noise - T, 0))."""
     return max(math.floor(n + noise - threshold), 0)
 
 

@@ -1,4 +1,4 @@
-"""Analysis specs: the TOML file that clients, shuffler and analyzer all read (DESIGN.md §3).
+"""Analysis specs: the TOML file that clients, shuffler and analyzer all read (docs/architecture.md).
 
 A spec names one metric: its kind, its domain, the local randomizer and its budget, the window, the
 crowd threshold of the shuffler and the central delta of the ledger. Its hash travels with every report
@@ -48,7 +48,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class CrowdSpec:
-    """Shuffler crowd threshold (001 Algorithm 3): noisy count n + DLap(2/eps) - T, T = 2/eps ln(2/delta)."""
+    """Shuffler crowd threshold ([ESA] Algorithm 3): noisy count n + DLap(2/eps) - T, T = 2/eps ln(2/delta)."""
 
     epsilon: float = 1.0
     delta: float = 1e-6
@@ -57,7 +57,7 @@ class CrowdSpec:
     # only for deployments where the analyst may know it (e.g. the shuffler's operator).
     publish_deletions: bool = False
     # Name of the public attribute (TelemetryEvent.crowd_id, e.g. a software version) whose values split
-    # clients into crowds that are thresholded and analyzed separately (001 §V); None: one crowd.
+    # clients into crowds that are thresholded and analyzed separately ([ESA] §V); None: one crowd.
     partition: str | None = None
     # The smallest release: the shuffler withholds a crowd whose noisy target is below it, and the analyzer
     # refuses any release claiming fewer sets (a forged or truncated small crowd never gets estimates).

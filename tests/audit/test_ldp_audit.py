@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from tests.audit.ldp_audit import epsilon_lower_bound
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.frequency import GRR, OLH, OUE
-from transforms.mechanisms.hadamard import HadamardResponse, _in_support
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse, _in_support
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor
 from transforms.mechanisms.hashing import hash_to_buckets
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.unary import AttributeFragmentedRappor
 
 N = 60_000
 

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.stats import binom
 
 from tests.audit.ldp_audit import epsilon_lower_bound
-from transforms.mechanisms.frequency import GRR
+from transforms.mechanisms.frequency.oracles import GRR
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy.mixture import alpha_grr
 from transforms.privacy.odometer import WindowRelease, cumulative_epsilon

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.demo.population import synthesize
+from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import JobConfig
-from pipelines.population import synthesize
-from pipelines.simulate import produce_population
 from tests.deploy.portable import local_job_service, portable_options, worker_pool
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates

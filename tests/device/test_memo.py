@@ -11,7 +11,7 @@ import pytest
 from tests.device.helpers import T0, client_kwargs, histogram_spec, open_report
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
 from transforms.device import Client, StateError
-from transforms.mechanisms.unary_sampling import pattern_law
+from transforms.mechanisms.frequency.unary_sampling import pattern_law
 
 HOUR_MS = 3_600_000
 

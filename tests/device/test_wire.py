@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from tests.device.helpers import KEY_ID, T0, client_kwargs, histogram_spec, open_report
 from transforms.device import Client
 from transforms.mechanisms.base import is_single_message
-from transforms.mechanisms.frequency import GRR
+from transforms.mechanisms.frequency.oracles import GRR
 from transforms.records import PRESENCE
 from transforms.spec import load_spec
 from transforms.trust.devices import DeviceRegistry, device_id_of

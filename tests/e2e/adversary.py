@@ -19,8 +19,8 @@ import fastavro
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from pipelines.demo.population import avro_value
 from pipelines.job import JobConfig
-from pipelines.population import avro_value
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.device.wire import window_end_ms
 from transforms.event_values import client_inputs, event_value

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from pipelines.demo.population import Population
+from pipelines.demo.simulate import bad_records
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import default_keys_dir
-from pipelines.population import Population
-from pipelines.simulate import bad_records
 from schemas import encode_record  # noqa: F401  (schemas must import before the trust encoders)
 from transforms.device.wire import window_end_ms
 from transforms.spec import AnalysisSpec

@@ -173,8 +173,8 @@ def new_chain(bootstrap: str, base: Path, name: str, *, raw: str | None = None, 
 
 def produce(chain: Chain, population: Any, bad_per_kind: int = 0) -> None:
     """Enrol the population's devices (keys of ``chain.keys``) and produce its events to the raw topic."""
+    from pipelines.demo.simulate import produce_population
     from pipelines.enrolment import enrol_simulated
-    from pipelines.simulate import produce_population
     from transforms.spec import load_spec
 
     enrol_simulated(chain.keys, population.client_ids.tolist())
@@ -212,7 +212,7 @@ def start_cli(chain: Chain, command: str, *extra: str) -> subprocess.Popen:
 
 def subset(population: Any, index: Any) -> Any:
     """The clients ``index`` of a population (same values and event times)."""
-    from pipelines.population import Population
+    from pipelines.demo.population import Population
 
     crowds = population.crowd_ids[index] if population.crowd_ids is not None else None
     return Population(population.client_ids[index], population.values[index], population.event_times_ms[index],

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from pipelines import analyze, encode, shuffle
+from pipelines.demo.population import synthesize
+from pipelines.demo.simulate import produce_population
 from pipelines.enrolment import enrol_simulated
-from pipelines.population import synthesize
-from pipelines.simulate import produce_population
 from tests.e2e.adversary import (
     HOUR_MS,
     Stage,

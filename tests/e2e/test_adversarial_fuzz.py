@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.demo.population import avro_value
 from pipelines.enrolment import enrol_simulated
-from pipelines.population import avro_value
 from schemas import SCHEMA_VERSION, encode_record, load_schema
 from tests.e2e.adversary import HOUR_MS, histogram_spec
 from transforms.analyze_release import DecodeReleaseFn

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from pipelines import analyze, encode, shuffle
+from pipelines.demo.population import Population, avro_value
+from pipelines.demo.simulate import telemetry_messages
 from pipelines.enrolment import enrol_simulated
-from pipelines.population import Population, avro_value
-from pipelines.simulate import telemetry_messages
 from schemas import SCHEMA_VERSION, encode_record
 from tests.e2e.adversary import (
     HOUR_MS,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.demo import DEMO_SPECS, run_demo
-from pipelines.demo_plots import plot_file_name
+from pipelines.demo.plots import plot_file_name
+from pipelines.demo.run import DEMO_SPECS, run_demo
 from pipelines.examples import example_path
 from pipelines.query import answer_quantile, trees_of
 from transforms.spec import load_spec
@@ -76,7 +76,7 @@ def test_demo_kind_end_to_end(case: str, broker: object, tmp_path: Path) -> None
         assert facts["crowds"] == 2  # v1 and v2 estimated separately
 
 
-# Range kinds and heavy hitters are judged on what they are for (pipelines.demo_checks), at small sizes:
+# Range kinds and heavy hitters are judged on what they are for (pipelines.demo.checks), at small sizes:
 # a 10-bit tree (2047 nodes) and 24-bit item hashes in 3 levels, so each case runs in well under 40 s.
 SMALL_RANGE = """
 [analysis]

@@ -14,10 +14,10 @@ import fastavro
 import numpy as np
 import pytest
 
+from pipelines.demo.population import synthesize, truth_table
+from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import run
 from pipelines.job import GroupInUse, JobConfig
-from pipelines.population import synthesize, truth_table
-from pipelines.simulate import produce_population
 from tests.e2e.chain import (
     DUPLICATE_REASON,
     ENCODER_REASONS,

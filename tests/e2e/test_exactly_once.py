@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from pipelines.population import synthesize
+from pipelines.demo.population import synthesize
 from tests.e2e.chain_harness import (
     SPEC_PATH,
     estimate_parts,

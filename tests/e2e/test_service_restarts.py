@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipelines.broker import LocalBroker
-from pipelines.population import synthesize
+from pipelines.demo.population import synthesize
 from tests.e2e.chain_harness import (
     SPEC_PATH,
     estimate_parts,

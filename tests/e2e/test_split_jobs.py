@@ -1,4 +1,4 @@
-"""The three stages as separate jobs linked by Kafka topics (the production layout, DESIGN.md §1).
+"""The three stages as separate jobs linked by Kafka topics (the production layout, docs/architecture.md).
 
 encode (raw -> signed, sealed message sets), shuffle (sets -> signed release batches), analyze (batches
 -> estimates), each with its own state directory and accounting, against a real broker. The shuffled
@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipelines import analyze as analyze_job
 from pipelines import encode as encode_job
 from pipelines import shuffle as shuffle_job
+from pipelines.demo.population import synthesize, truth_table
+from pipelines.demo.simulate import produce_population
 from pipelines.job import JobConfig, default_keys_dir
-from pipelines.population import synthesize, truth_table
-from pipelines.simulate import produce_population
 from tests.e2e.chain import ENCODER_REASONS, SHUFFLER_REASONS, bad_device_sets, enrol
 from transforms.kafkaio import ensure_topics, produce_records, read_topic
 from transforms.spec import spec_from_dict

@@ -1,5 +1,5 @@
-"""Exact LDP of Collision and CoCo by enumeration (MECHANISMS.md §0.4 step 3, §8.1-8.2), the enumeration checked
-against ``encode``, and the mechanisms' surface: parameters, t rules, §11.4/§11.5 constants, input validation,
+"""Exact LDP of Collision and CoCo by enumeration (docs/mathematics.md §3.1-3.2), the enumeration checked
+against ``encode``, and the mechanisms' surface: parameters, t rules, reference constants, input validation,
 reproducibility under KeyedRandom, accumulators."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
-from transforms.mechanisms.coco import coco_paper_t, coco_probabilities, coco_total_variance
-from transforms.mechanisms.collision import CoCo, Collision, collision_paper_t, collision_total_variance
+from transforms.mechanisms.keyvalue.coco import coco_paper_t, coco_probabilities, coco_total_variance
+from transforms.mechanisms.keyvalue.collision import CoCo, Collision, collision_paper_t, collision_total_variance
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
 from transforms.privacy.mixture import alpha_collision
 from transforms.privacy.shuffle_bound import epsilon_central
@@ -45,7 +45,7 @@ def _ids(m: object) -> str:
 def test_exact_ldp_ratio_over_every_input(mech: Mech) -> None:
     table = np.stack([mech.exact_output_distribution(row) for row in all_inputs(mech.d, mech.s)])
     np.testing.assert_allclose(table.sum(axis=1), 1.0, rtol=0, atol=1e-12)
-    # every output probability lies in [1/Omega, e^eps/Omega] / S: the LDP argument of §8.1-8.2, for short rows too
+    # every output probability lies in [1/Omega, e^eps/Omega] / S: the LDP argument of §3.1-3.2, for short rows too
     assert table.min() * mech.seed_family * mech.omega >= 1 - 1e-12
     assert table.max() * mech.seed_family * mech.omega <= math.exp(mech.epsilon) * (1 + 1e-12)
     worst = float(np.max(table.max(axis=0) / table.min(axis=0)))
@@ -88,7 +88,8 @@ def test_spec_constants_11_5() -> None:
         assert float(collision_total_variance(d, s, eps, t)) == pytest.approx(value, abs=0.01)
     p_ow, pt, po, pf = coco_probabilities(8, 0.5, 24)
     assert (p_ow, pt, po, pf) == pytest.approx((0.247795, 0.053729, 0.037012, 1 / 24), abs=1e-6)
-    assert pt + po == pytest.approx((math.exp(0.5) + 1) / 29.189770, rel=1e-6)  # NOTES B.15
+    # not the (e^eps + 1)/(2 Omega) printed in [CoCo]
+    assert pt + po == pytest.approx((math.exp(0.5) + 1) / 29.189770, rel=1e-6)
     assert coco_paper_t(8, 0.5) == 24
     assert coco_total_variance(128, 8, 0.5, 24) == pytest.approx(38_372.28, abs=0.01)
     assert coco_total_variance(128, 8, 0.5, 24, "nonmissing") == pytest.approx(179_059.11, abs=0.01)
@@ -98,11 +99,11 @@ def test_spec_constants_11_5() -> None:
 
 def test_t_rules() -> None:
     assert Collision(256, 16, 1.0, t_rule="paper").t == 74
-    assert Collision(256, 16, 1.0).t == 79  # §8.1: argmin of the exact variance
+    assert Collision(256, 16, 1.0).t == 79  # §3.1: argmin of the exact variance
     var, paper = CoCo(128, 8, 0.5), CoCo(128, 8, 0.5, t_rule="paper")
     assert paper.t == 24 and var.t % 2 == 0 and var.t >= 18
     assert coco_total_variance(128, 8, 0.5, var.cells) <= coco_total_variance(128, 8, 0.5, 24)
-    # CoCo's mean estimator beats Collision's (003: about 15-20 %)
+    # CoCo's mean estimator beats Collision's ([CoCo]: about 15-20 %)
     assert coco_total_variance(128, 8, 0.5, 24) < 0.9 * float(collision_total_variance(128, 8, 0.5, 28))
 
 

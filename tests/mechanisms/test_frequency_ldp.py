@@ -1,4 +1,4 @@
-"""Exact LDP of GRR, OUE and OLH by enumeration (MECHANISMS.md §0.4 step 3), and a check that the
+"""Exact LDP of GRR, OUE and OLH by enumeration (docs/mathematics.md §2.1-2.3), and a check that the
 enumeration describes what ``encode`` really does."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
-from transforms.mechanisms.frequency import GRR, OLH, OUE
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
 
 CASES = [
     *(GRR(d, eps) for d in (2, 3, 5) for eps in (0.5, 2.0)),
@@ -47,7 +47,7 @@ def test_exact_ldp_ratio(mech: GRR | OUE | OLH) -> None:
 
 @pytest.mark.parametrize("mech", CASES, ids=_ids)
 def test_mixture_alpha_bounds_total_variation(mech: GRR | OUE | OLH) -> None:
-    # MECHANISMS.md §1.6: alpha = max TV(R(x), R(x')) / (e^eps - 1) is a valid mixture parameter.
+    # docs/mathematics.md §1.2: alpha = max TV(R(x), R(x')) / (e^eps - 1) is a valid mixture parameter.
     table = _table(mech)
     tv = max(0.5 * np.abs(table[x] - table[x2]).sum() for x in range(mech.d) for x2 in range(mech.d))
     alpha = tv / math.expm1(mech.epsilon)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transforms.mechanisms.base import FrequencyEstimate
-from transforms.mechanisms.frequency import (
+from transforms.mechanisms.frequency.oracles import (
     FREQUENCY_MECHANISMS,
     GRR,
     OLH,

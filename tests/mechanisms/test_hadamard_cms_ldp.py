@@ -1,4 +1,4 @@
-"""Exact LDP of Hadamard response and the count-mean sketch by enumeration (MECHANISMS.md §0.4 step 3, §5, §6),
+"""Exact LDP of Hadamard response and the count-mean sketch by enumeration (docs/mathematics.md §2.5, §2.6),
 checks that the enumeration describes what ``encode`` does, and the report surface (validate, keyed
 reproducibility, large domains)."""
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy.linalg import hadamard
 
+import transforms.mechanisms.frequency.count_mean_sketch as cms_module
 from tests.mechanisms.ldp_helpers import assert_encode_matches_table, assert_exact_ldp
-from transforms.mechanisms import count_mean_sketch as cms_module
 from transforms.mechanisms.base import FrequencyEstimate
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.hadamard import HadamardResponse, fwht, hadamard_order
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse, fwht, hadamard_order
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
 
 Mech = HadamardResponse | CountMeanSketch
@@ -63,7 +63,7 @@ def test_exact_ldp_ratio(mech: Mech) -> None:
 
 @pytest.mark.parametrize("mech", HR_CASES + CMS_CASES, ids=_ids)
 def test_mixture_alpha_bounds_total_variation(mech: Mech) -> None:
-    # MECHANISMS.md §1.6 / §5: alpha = max TV(R(x), R(x')) / (e^eps - 1); HR: exactly 1/(2(e^eps + 1)).
+    # docs/mathematics.md §1.2, §2.5: alpha = max TV(R(x), R(x')) / (e^eps - 1); HR: exactly 1/(2(e^eps + 1)).
     table = _table(mech)
     tv = np.array([[0.5 * np.abs(table[x] - table[x2]).sum() for x2 in range(mech.d)] for x in range(mech.d)])
     alpha = tv.max() / math.expm1(mech.epsilon)

@@ -1,4 +1,4 @@
-"""Prefix-tree heavy hitters (MECHANISMS.md §10.4): exact LDP of the message set, item hashing, candidate
+"""Prefix-tree heavy hitters (docs/mathematics.md §6): exact LDP of the message set, item hashing, candidate
 decoding, the count-min style query, and the contract: Zipf(1.1) over 2^32 items, 1e5 clients, eps 6."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law, assert_exact_ldp
-from transforms.mechanisms.channel_oracles import central_epsilon_sampled, lower_level_clients
 from transforms.mechanisms.hashing import hash_to_buckets
-from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters, item_hash
+from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters, item_hash
 from transforms.mechanisms.randomness import KeyedRandom, seeded_rng
+from transforms.mechanisms.ranges.channel_oracles import central_epsilon_sampled, lower_level_clients
 from transforms.privacy.mixture import alpha_olh
 from transforms.privacy.shuffle_bound import epsilon_central
 

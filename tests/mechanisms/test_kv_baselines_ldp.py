@@ -1,5 +1,5 @@
-"""Exact LDP of PrivKV, PCKV-UE and PCKV-GRR by enumerating every key-value set of tiny (d, s) (MECHANISMS.md
-§0.4 step 3), the mixture alphas against the enumerated total variation, and a check that the enumeration
+"""Exact LDP of PrivKV, PCKV-UE and PCKV-GRR by enumerating every key-value set of tiny (d, s) (docs/mathematics.md
+§3.3-3.4), the mixture alphas against the enumerated total variation, and a check that the enumeration
 describes what ``encode`` really does. Also the input/report validation of the three mechanisms."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
-from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
+from transforms.mechanisms.keyvalue.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy import kv_formulas
 
@@ -76,7 +76,7 @@ def test_privkv_loose_accounting_is_above_the_tight_value() -> None:
 
 @pytest.mark.parametrize("mech", CASES, ids=repr)
 def test_mixture_alpha_bounds_total_variation(mech: Mech) -> None:
-    """alpha = max TV / (e^eps - 1) is valid (MECHANISMS.md §1.6); the stated alpha may not be smaller."""
+    """alpha = max TV / (e^eps - 1) is valid (docs/mathematics.md §1.2); the stated alpha may not be smaller."""
     tab = table(mech)
     tv = float(np.max(0.5 * np.abs(tab[:, None, :] - tab[None, :, :]).sum(axis=2)))
     alpha = tv / math.expm1(mech.epsilon_local)

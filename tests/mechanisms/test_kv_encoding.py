@@ -1,4 +1,4 @@
-"""The key-value client encoder (``transforms.mechanisms.kv_encoding``): domain errors (dead-letter reasons),
+"""The key-value client encoder (``transforms.mechanisms.keyvalue.kv_encoding``): domain errors (dead-letter reasons),
 unbiased stochastic discretisation with variance 1 - u^2, padding, and uniform key sampling with keep
 probability s/max_keys (the estimator's correction factor; end-to-end checks in test_collision_stats.py)."""
 
@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from transforms.mechanisms.collision import Collision
-from transforms.mechanisms.collision_common import check_sparse_items
-from transforms.mechanisms.kv_encoding import KeyValueEncoder, discretisation_variance_bound, discretise
+from transforms.mechanisms.keyvalue.collision import Collision
+from transforms.mechanisms.keyvalue.collision_common import check_sparse_items
+from transforms.mechanisms.keyvalue.kv_encoding import KeyValueEncoder, discretisation_variance_bound, discretise
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
 
 KEYS = ("cpu", "mem", "disk", "net", "gpu")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law, assert_exact_ldp
-from transforms.mechanisms.linear_hashing import (
+from transforms.mechanisms.frequency.linear_hashing import (
     LinearLocalHashing,
     fwht,
     linear_hash,

@@ -1,4 +1,4 @@
-"""Range counting on the multi-message Hadamard protocol (MECHANISMS.md §10.3, §10.1): the matrix (user sets,
+"""Range counting on the multi-message Hadamard protocol (docs/mathematics.md §7.3, §7.1): the matrix (user sets,
 node ids, prefix/range coefficients) by brute force, the exact covariance of node estimates by enumeration,
 the shuffled privacy guarantee exactly on tiny instances, and the mechanism/accumulator/rows surface.
 
@@ -17,11 +17,17 @@ import pickle
 import numpy as np
 import pytest
 
-from transforms.mechanisms.left_children_tree import LeftChildrenTree, node_id, prefix_terms, range_terms, user_sets
-from transforms.mechanisms.multimessage_hadamard import MultiMessageHadamard
-from transforms.mechanisms.multimessage_range import MultiMessageRange
+from transforms.mechanisms.multimessage.hadamard import MultiMessageHadamard
+from transforms.mechanisms.multimessage.range import MultiMessageRange
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
-from transforms.mechanisms.range_tree import ROW_DTYPE, RangeTree
+from transforms.mechanisms.ranges.left_children_tree import (
+    LeftChildrenTree,
+    node_id,
+    prefix_terms,
+    range_terms,
+    user_sets,
+)
+from transforms.mechanisms.ranges.range_tree import ROW_DTYPE, RangeTree
 from transforms.privacy.multimessage import hadamard_delta
 
 Dist = dict[tuple, float]
@@ -31,7 +37,7 @@ Dist = dict[tuple, float]
 
 
 def kept_nodes(bits: int) -> list[tuple[int, int]]:
-    """Root then the left children, top-to-bottom, left-to-right (the enumeration order of §10.3's ids)."""
+    """Root then the left children, top-to-bottom, left-to-right (the enumeration order of §7.3's ids)."""
     return [(0, 0)] + [(level, i) for level in range(1, bits + 1) for i in range(0, 1 << level, 2)]
 
 
@@ -82,7 +88,7 @@ def test_exact_node_counts_give_exact_answers(bits: int) -> None:
     tree = LeftChildrenTree(bits=bits, n=n, estimates=x, var_intercept=1.0, cov_beta=0.01)
     prefix = np.concatenate(([0], np.cumsum(np.bincount(leaves, minlength=size))))
     ids = {v: i for i, v in enumerate(kept_nodes(bits))}
-    for c in range(size):  # §10.3: P(c) = sum of the left siblings along the root -> c path
+    for c in range(size):  # §7.3: P(c) = sum of the left siblings along the root -> c path
         siblings = [ids[(level, (c >> (bits - level)) - 1)] for level in range(1, bits + 1)
                     if (c >> (bits - level)) & 1]
         assert x[siblings].sum() == prefix[c]

@@ -1,4 +1,4 @@
-"""Exact privacy of the 004 multi-message protocols by enumeration (MECHANISMS.md §0.4 step 3, §10.1, §10.2).
+"""Exact privacy of the [MultiMsg] multi-message protocols by enumeration (docs/mathematics.md §7.1, §7.2).
 
 1. One client's whole message set: we enumerate its multiset distribution for every input and compute the
    local epsilon. It is infinite for both protocols (the data messages are sent in the clear), so:
@@ -17,8 +17,8 @@ import math
 import numpy as np
 import pytest
 
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard
-from transforms.mechanisms.multimessage_common import parity
+from transforms.mechanisms.multimessage.common import parity
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy.multimessage import hadamard_swap_divergence
 
@@ -119,7 +119,7 @@ def test_hadamard_shuffled_guarantee_exact(mech: MultiMessageHadamard, n: int) -
 
 @pytest.mark.parametrize("mech", TINY_HR, ids=repr)
 def test_hadamard_accountant_equals_enumerated_adversary_view(mech: MultiMessageHadamard) -> None:
-    # 004 Lemma 4.4's view: all n*rho blanket messages plus the target's one message, as a multiset.
+    # [MultiMsg] Lemma 4.4's view: all n*rho blanket messages plus the target's one message, as a multiset.
     n = 2
     tuples = list(itertools.product(range(mech.order), repeat=mech.tau_))
     blanket = {(t,): 1.0 / len(tuples) for t in tuples}

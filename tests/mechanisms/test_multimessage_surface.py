@@ -1,4 +1,4 @@
-"""The multi-message contract of base.py for the 004 protocols: parameters, draws, messages, accumulators."""
+"""The multi-message contract of base.py for the [MultiMsg] protocols: parameters, draws, messages, accumulators."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from transforms.mechanisms.base import channel_count, encode_messages, is_single_message, messages_per_channel
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard, kernel_items
-from transforms.mechanisms.multimessage_common import check_sets, parity
+from transforms.mechanisms.multimessage.common import check_sets, parity
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard, kernel_items
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
 
 HR = MultiMessageHadamard(100, 1.0, 1e-6, n_expected=5000)

@@ -1,4 +1,4 @@
-"""Post-processing (MECHANISMS.md §8.7): simplex projection against its KKT conditions, an exact active-set
+"""Post-processing (docs/mathematics.md §2.9): simplex projection against its KKT conditions, an exact active-set
 brute force and a generic QP solver; clipping; the name dispatcher."""
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.range_tree import ROW_DTYPE, RangeTree
-from transforms.mechanisms.ranges import DyadicRange, bucket_bounds, bucketize, dyadic_cover
+from transforms.mechanisms.ranges.dyadic import DyadicRange, bucket_bounds, bucketize, dyadic_cover
+from transforms.mechanisms.ranges.range_tree import ROW_DTYPE, RangeTree
 
 CONFIGS = [
     dict(bits=8, epsilon=2.0, oracle="llh", levels="sample"),
@@ -167,8 +167,8 @@ def test_accumulator_needs_every_level() -> None:
 def test_mechanisms_rebuild_from_parameters_and_pickle() -> None:
     import pickle
 
-    from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters
-    from transforms.mechanisms.rectangles import DyadicRectangle
+    from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters
+    from transforms.mechanisms.ranges.rectangles import DyadicRectangle
 
     for m in (DyadicRange(8, 2.0, branching=4), DyadicRange(6, 1.0, oracle="olh", prefix_lengths=(3, 6)),
               DyadicRectangle(3, 4, 2.0, oracle="grr"), PrefixHeavyHitters(3.0, levels="all")):

@@ -1,5 +1,5 @@
-"""Exact LDP of a client's WHOLE message set in the dyadic range and rectangle mechanisms (MECHANISMS.md §0.4
-step 3), checked against encode; the per-message mixture alpha; KeyedRandom reproducibility; validation."""
+"""Exact LDP of a client's WHOLE message set in the dyadic range and rectangle mechanisms (docs/mathematics.md
+§5), checked against encode; the per-message mixture alpha; KeyedRandom reproducibility; validation."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
-from transforms.mechanisms.linear_hashing import linear_hash
+from transforms.mechanisms.frequency.linear_hashing import linear_hash
 from transforms.mechanisms.randomness import KeyedRandom, seeded_rng
-from transforms.mechanisms.ranges import DyadicRange
-from transforms.mechanisms.rectangles import DyadicRectangle
+from transforms.mechanisms.ranges.dyadic import DyadicRange
+from transforms.mechanisms.ranges.rectangles import DyadicRectangle
 
 SEEDS = np.array([3, 2**40 + 17, 2**61 + 5, 123456789], dtype=np.int64)  # llh: data-independent seed set
 CASES = [

@@ -1,4 +1,4 @@
-"""Exact removal/replacement LDP of the fragmented unary encodings (MECHANISMS.md §0.3, §3.2, §7.1) by
+"""Exact removal/replacement LDP of the fragmented unary encodings (docs/mathematics.md §1.1, §2.7, §2.8) by
 enumeration, a check that the enumeration is what ``encode_messages`` does, keyed determinism, and the
 mechanism surface (validation, accumulators, parameters)."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
 from transforms.mechanisms.base import FrequencyEstimate, encode_messages
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
+from transforms.mechanisms.frequency.unary_sampling import OVERFLOW_TAIL, ones_cap
 from transforms.mechanisms.randomness import KeyedRandom, seeded_rng
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
-from transforms.mechanisms.unary_sampling import OVERFLOW_TAIL, ones_cap
 from transforms.privacy.binomial import binom_sf
 from transforms.privacy.composition import fragment_epsilon
 
@@ -146,7 +146,7 @@ def test_fragments_exact_ratios_for_every_exposure(mech: ReportFragmentedRappor)
             law = _marginal(full, mech, kept)
             values, ref = law[:-1], law[-1]
             removal = max(max(_worst_ratio(row, ref), _worst_ratio(ref, row)) for row in values)
-            _assert_bound(removal, mech.epsilon_exposed(t))  # 001 Thm IV.1, tight for binary RR o binary RR
+            _assert_bound(removal, mech.epsilon_exposed(t))  # [ESA] Thm IV.1, tight for binary RR o binary RR
             replacement = max(_worst_ratio(values[x], values[y]) for x in range(mech.d) for y in range(mech.d))
             _assert_bound(replacement, 2 * mech.epsilon_exposed(t))
     assert mech.epsilon_local == mech.epsilon_exposed(mech.fragments) <= mech.epsilon_backstop
@@ -207,7 +207,7 @@ def test_keyed_randomness_is_independent_of_batch_boundaries(mech) -> None:
 def test_caps_and_overflow_probabilities() -> None:
     horse = AttributeFragmentedRappor(87_680, 8.55)
     assert horse.cap < 100 and 0 < horse.overflow_probability < OVERFLOW_TAIL
-    assert horse.expected_messages == pytest.approx(17.97, abs=0.005)  # MECHANISMS.md §11.1
+    assert horse.expected_messages == pytest.approx(17.97, abs=0.005)  # [ESA]'s Horse experiment
     # ones_cap is the smallest K with P(Bin(d - 1, q) >= K) < tail: brute force on a small case
     d, q, tail = 40, 0.2, 1e-9
     tails = binom_sf(np.arange(-1, d - 1), d - 1, q)  # tails[k] = P(Bin >= k)

@@ -1,4 +1,4 @@
-"""Exact LDP of 002's vector-summation randomizer and of the LDP-SGD client (MECHANISMS.md §0.4 step 3, §7.3, §9).
+"""Exact LDP of [VecSum]'s vector-summation randomizer and of the LDP-SGD client (docs/mathematics.md §4.2, §4.1).
 
 Vector summation: on tiny (d, t, k) every message (sorted coordinate set, levels) is enumerated for a grid of
 inputs that includes the extreme corners; inputs are continuous, but the output law is a mixture over the two
@@ -17,9 +17,9 @@ import math
 import numpy as np
 import pytest
 
-from transforms.mechanisms.ldp_sgd import LdpSgdRandomizer
 from transforms.mechanisms.randomness import KeyedRandom, job_key_from_seed, seeded_rng
-from transforms.mechanisms.vector import VectorSummation
+from transforms.mechanisms.vector.ldp_sgd import LdpSgdRandomizer
+from transforms.mechanisms.vector.summation import VectorSummation
 
 VS_CASES = [
     VectorSummation(2, 0.9, 1e-3, 10**6, t=1, k_round=1),

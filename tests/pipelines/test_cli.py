@@ -19,7 +19,8 @@ from transforms.state.estimates_store import read_estimates
 
 ESA = [sys.executable, "-m", "pipelines.cli"]
 
-# MECHANISMS.md §11.4 rows the CLI can express: (mechanism, domain, epsilon, n, delta, eps_central).
+# Regression values of the tight bound (docs/mathematics.md §1.2) the CLI can express:
+# (mechanism, domain, epsilon, n, delta, eps_central).
 SPEC_11_4 = [
     ("grr", 10, 2.0, 10_000, 1e-4, 0.049966),
     ("grr", 100, 4.0, 100_000, 1e-6, 0.068430),

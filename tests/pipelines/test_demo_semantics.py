@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import transforms.mechanisms.randomness as randomness
-from pipelines.demo import epsilon_is_central_target, ledger_lines
-from pipelines.demo_plots import ledger_title
-from pipelines.population import recent_windows_start, synthesize
-from pipelines.simulate import bad_records
-from pipelines.value_laws import l2_shrink
+from pipelines.demo.plots import ledger_title
+from pipelines.demo.population import recent_windows_start, synthesize
+from pipelines.demo.run import epsilon_is_central_target, ledger_lines
+from pipelines.demo.simulate import bad_records
+from pipelines.demo.value_laws import l2_shrink
 from transforms.spec import load_spec, spec_from_dict
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

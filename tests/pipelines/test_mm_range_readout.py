@@ -1,4 +1,4 @@
-"""004's multi-message range counting (``mm_range``) from an accumulator to stored rows and back.
+"""[MultiMsg]'s multi-message range counting (``mm_range``) from an accumulator to stored rows and back.
 
 The analyzer stores only the root and the left children of its tree; the demo's truth, its comparison and
 ``esa query`` used to assume a full dyadic tree (``prefix_lengths`` on the mechanism, one row per index of
@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
-from pipelines.demo import JOIN_ON, compare
-from pipelines.demo_checks import kind_checks
-from pipelines.population import synthesize, truth_table
+from pipelines.demo.checks import kind_checks
+from pipelines.demo.population import synthesize, truth_table
+from pipelines.demo.run import JOIN_ON, compare
+from pipelines.demo.value_laws import leaves_of
 from pipelines.query import answer_quantile, answer_range, trees_of
-from pipelines.value_laws import leaves_of
 from transforms.analyze import CrowdAccumulator, estimate_rows
-from transforms.mechanisms.left_children_tree import LeftChildrenTree
 from transforms.mechanisms.randomness import seeded_rng
+from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree
 from transforms.spec import load_spec
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "latency_range_multimessage.toml"

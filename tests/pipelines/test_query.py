@@ -14,8 +14,8 @@ import pytest
 from scipy.stats import norm
 
 from pipelines.cli import main
-from pipelines.demo import run_demo
-from transforms.mechanisms.range_tree import ROW_DTYPE, RangeTree
+from pipelines.demo.run import run_demo
+from transforms.mechanisms.ranges.range_tree import ROW_DTYPE, RangeTree
 from transforms.state.estimates_store import read_estimates
 
 BITS, LO, HI = 10, 0.0, 2000.0

@@ -1,10 +1,10 @@
-"""Reference values of MECHANISMS.md §11 used by more than one privacy test."""
+"""Reference values (docs/mathematics.md §1) used by more than one privacy test."""
 
 from __future__ import annotations
 
 __all__ = ["TABLE_11_2"]
 
-# §11.2: (eps_b, eps_f, t, eps(t)) of fragment composition.
+# [ESA] Theorem IV.1: (eps_b, eps_f, t, eps(t)) of fragment composition.
 TABLE_11_2 = [
     (2.94, 1.5897, 1, 1.369979),
     (2.94, 1.5897, 4, 2.907865),

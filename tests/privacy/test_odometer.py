@@ -79,7 +79,7 @@ def test_bounds_and_monotonicity() -> None:
 
 
 def _exact_pair(n: int, alpha: float, eps0: float) -> tuple[np.ndarray, np.ndarray]:
-    """P and Q of §1.6 over every outcome (m, x), built from scipy.stats (not from the module under test)."""
+    """P and Q of docs/mathematics.md §1.2 over every outcome (m, x), from scipy.stats (not from the module tested)."""
     e_a = math.exp(eps0) * alpha
     rest = 1.0 - alpha - e_a
     p_out, q_out = [], []

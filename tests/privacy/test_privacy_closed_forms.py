@@ -1,4 +1,5 @@
-"""Closed forms (MECHANISMS.md §1.1-§1.7) against §11.1/§11.4, and their refusals outside validity."""
+"""Closed forms (docs/mathematics.md §1.3) against [ESA]'s tables and regression values, and their refusals
+outside validity."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from transforms.privacy.closed_forms import (
 from transforms.privacy.mixture import alpha_generic, alpha_grr
 from transforms.privacy.shuffle_bound import epsilon_central
 
-# §11.1: (n, delta, eps, Lemma II.6 eps_c, Thm III.1 eps_c); 001's tables, reproduced by Lemma II.6.
+# (n, delta, eps, Lemma II.6 eps_c, Thm III.1 eps_c); [ESA]'s tables, reproduced by Lemma II.6.
 TABLE_11_1 = [
     (1_914_589, 5e-8, 2.94, 0.04992, 0.10727),
     (1_914_589, 5e-8, 8.55, 1.00177, 1.77283),

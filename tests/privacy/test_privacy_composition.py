@@ -1,4 +1,5 @@
-"""Composition tools (MECHANISMS.md §1.8) and post-processing composition (§1.9, §7.1, §11.2)."""
+"""Composition tools (docs/mathematics.md §1.4) and post-processing composition (§1.4, §2.8, [ESA] Theorem IV.1
+values)."""
 
 from __future__ import annotations
 

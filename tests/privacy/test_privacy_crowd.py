@@ -1,4 +1,5 @@
-"""Crowd thresholding numbers (MECHANISMS.md §7.2) against §11.5, and the discrete Laplace by summation."""
+"""Crowd thresholding numbers (docs/mathematics.md §1.5) against reference values, and the discrete Laplace by
+summation."""
 
 from __future__ import annotations
 

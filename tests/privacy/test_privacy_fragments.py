@@ -1,5 +1,5 @@
-"""Accounting of 001's fragmented unary encodings: MECHANISMS.md §11.1 (Lemma II.6 / Thm III.1 tables),
-§11.2 (Thm IV.1), Thm IV.2 as printed and its recomputation, the tight bounds checked against exact
+"""Accounting of [ESA]'s fragmented unary encodings: [ESA]'s tables (Lemma II.6 / Thm III.1),
+[ESA] Thm IV.1 values, Thm IV.2 as printed and its recomputation, the tight bounds checked against exact
 shuffled-count divergences, and the ``esa privacy`` JSON contract for rappor / rappor_fragments."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from scipy.stats import binom
 
 from pipelines.cli import main
 from tests.privacy.spec_tables import TABLE_11_2
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 from transforms.privacy.closed_forms import lemma_ii6, lemma_ii6_rappor, theorem_iii1
 from transforms.privacy.composition import bun_steinke_composition, fragment_epsilon
 from transforms.privacy.fragment_report import fragmented_privacy_report
@@ -31,7 +31,7 @@ from transforms.privacy.fragments import (
 from transforms.privacy.report import build_privacy_report, format_privacy_report, privacy_report
 from transforms.privacy.shuffle_bound import epsilon_central
 
-# §11.1: (dataset, n, delta, eps, table eps_c, Lemma II.6 eps_c, Thm III.1 eps_c)
+# [ESA]'s tables: (dataset, n, delta, eps, table eps_c, Lemma II.6 eps_c, Thm III.1 eps_c)
 TABLE_11_1 = [
     ("Horse", 1_914_589, 5e-8, 2.94, 0.05, 0.04992, 0.10727),
     ("Horse", 1_914_589, 5e-8, 8.55, 1.0, 1.00177, 1.77283),
@@ -41,13 +41,13 @@ TABLE_11_1 = [
     ("Heavy-hitter", 203_950_512, 5e-10, 1.78, 0.0025, 0.00251, 0.00651),
     ("Heavy-hitter", 203_950_512, 5e-10, 12.99, 1.0, 1.00093, 1.77037),
 ]
-PRINTED = 6e-6  # the §11.1 columns are printed with 5 decimals
+PRINTED = 6e-6  # the table columns are printed with 5 decimals
 
 
 @pytest.mark.parametrize(("name", "n", "delta", "eps", "table", "lemma", "thm"), TABLE_11_1)
 def test_table_11_1(name: str, n: int, delta: float, eps: float, table: float, lemma: float, thm: float) -> None:
     value = lemma_ii6_rappor(n, eps, delta).epsilon
-    assert value == pytest.approx(table, rel=0.01)  # 001's published table (LDP eps printed to 2-3 decimals)
+    assert value == pytest.approx(table, rel=0.01)  # [ESA]'s published table (LDP eps printed to 2-3 decimals)
     assert value == pytest.approx(lemma, abs=PRINTED)
     assert theorem_iii1(n, eps, delta).epsilon == pytest.approx(thm, abs=PRINTED)
     if n < 10**8:  # the report also runs the tight bound, which takes seconds at n ~ 2e8 and low eps
@@ -96,7 +96,7 @@ def test_default_fragment_epsilon_solves_the_variance_rule(eps_b: float, tau: in
 
 def test_default_fragment_epsilon_landmarks() -> None:
     assert default_fragment_epsilon(2.5, 1) == pytest.approx(2.5, rel=1e-14)
-    # close to (not exactly) 001's published pair (8.55, 7.163) for tau = 4; 2.94 -> 1.805, not 1.5897 (NOTES A.8)
+    # close to (not exactly) [ESA]'s published pair (8.55, 7.163) for tau = 4; 2.94 -> 1.805, not 1.5897
     assert default_fragment_epsilon(8.55, 4) == pytest.approx(7.163, abs=0.005)
     assert default_fragment_epsilon(2.94, 4) == pytest.approx(1.8046, abs=1e-4)
 
@@ -270,7 +270,7 @@ def test_cli_default_fragment_epsilon_and_text(capsys: pytest.CaptureFixture[str
     assert "fragments tau    16" in text and "theorem_iv2" in text and "removal DP" in text
     code, text, _ = _cli(capsys, "--mechanism", "rappor", "--domain", "1000", "--epsilon", "4", "--n", "100000",
                          "--delta", "1e-6")
-    assert code == 0 and "lemma_ii6" in text and "tight §1.6" in text
+    assert code == 0 and "lemma_ii6" in text and "tight bound" in text
 
 
 def test_cli_rejects_fragment_options_elsewhere(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
-"""Closed forms shared by the planner and the mechanisms (``kv_formulas``, ``vector_formulas``): §11.5 constants,
+"""Closed forms shared by the planner and the mechanisms (``kv_formulas``, ``vector_formulas``): reference constants,
 t optimisers against brute force, alphas against exact output tables, and the PCKV / PrivKV variances against
-independent Monte-Carlo re-implementations of §8.3-§8.4 (fixed seeds; 4.5 standard errors).
+independent Monte-Carlo re-implementations of docs/mathematics.md §3.3-3.4 (fixed seeds; 4.5 standard errors).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_spec_11_5_collision_constants(d: int, s: int, eps: float, t: int, expec
     assert collision_t_paper(eps, s) == t
     error = collision_error(d, s, eps, t)
     assert error.frequency == pytest.approx(expected, abs=0.01)
-    assert error.mean == error.frequency  # no factor 2 (MECHANISMS_NOTES.md B.12)
+    assert error.mean == error.frequency  # no factor 2 (the papers' bound has one)
 
 
 @pytest.mark.parametrize(("d", "s", "eps"), [(256, 16, 1.0), (128, 8, 0.5), (4, 4, 0.3), (1000, 1, 5.0),
@@ -72,7 +72,7 @@ def test_best_t_matches_brute_force(d: int, s: int, eps: float) -> None:
 
 
 def test_best_t_spec_example_and_large_budgets() -> None:
-    assert collision_best_t(256, 16, 1.0) == 79  # §8.1: t* = 74, argmin 79
+    assert collision_best_t(256, 16, 1.0) == 79  # §3.1: t* = 74, argmin 79
     # for eps = 30 the optimum ~ sqrt(2 d s e^eps) is far beyond any arange; the zooming search still finds
     # a point no integer neighbour improves on
     t = collision_best_t(100, 16, 30.0)
@@ -120,7 +120,7 @@ def test_pckv_ue_alpha_by_enumeration(eps: float) -> None:
     for x, y in itertools.permutations(cells, 2):
         ratio = laws[x] / laws[y]
         assert ratio.max() <= math.exp(eps) * (1 + 1e-12)  # eps-LDP with the default allocation
-        # mixture condition of §1.6 for every third input: R(x_i) >= |R(x1) - R(x1')|/(e^eps - 1)
+        # mixture condition of §1.2 for every third input: R(x_i) >= |R(x1) - R(x1')|/(e^eps - 1)
         gap = np.abs(laws[x] - laws[y]) / math.expm1(eps)
         for z in cells:
             assert (laws[z] - gap).min() >= -1e-15
@@ -214,7 +214,7 @@ def test_kv_variances_against_monte_carlo(mechanism: str, eps: float, runs: int)
         assert abs(mean - expected) < 4.5 * se, (column, mean, expected, se)
 
 
-# --- vector (002) -----------------------------------------------------------------------------------------
+# --- vector ([VecSum]) -----------------------------------------------------------------------------------------
 
 
 def _exact_report_variance(x: float, k: int, gamma: float) -> float:

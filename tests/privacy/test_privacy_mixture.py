@@ -123,7 +123,7 @@ def test_alpha_collision_is_the_worst_hash_tv(eps: float, s: int, t: int) -> Non
 
 
 def test_alpha_collision_reference_values() -> None:
-    # MECHANISMS.md §11.4 prints these alphas (and Omega = 23.873127 for the first).
+    # The tight-bound regression rows use these alphas (and Omega = 23.873127 for the first).
     assert 4.0 / alpha_collision(1.0, 4, 17) == pytest.approx(23.873127, abs=1e-6)
     assert alpha_collision(1.0, 4, 17) == pytest.approx(0.16755241, abs=1e-8)
     assert alpha_collision(2.0, 4, 36) == pytest.approx(0.06498124, abs=1e-8)

@@ -1,5 +1,5 @@
-"""Accountants of the 004 multi-message protocols (transforms.privacy.multimessage) against the formulas and
-reference values of MECHANISMS.md §10.1, §10.2, §11.5 and against independent brute-force computations."""
+"""Accountants of the [MultiMsg] multi-message protocols (transforms.privacy.multimessage) against the formulas and
+reference values of docs/mathematics.md §7.1, §7.2 and against independent brute-force computations."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from transforms.privacy.multimessage import (
 
 
 def test_hadamard_paper_rule_reference_values() -> None:
-    # §11.5: eps=1, delta=1e-6, k_set=1 -> 534 with delta' = delta/(k e^eps); the plain 36 ln(1/delta)/eps^2 -> 498
+    # eps=1, delta=1e-6, k_set=1 -> 534 with delta' = delta/(k e^eps); the plain 36 ln(1/delta)/eps^2 -> 498
     assert hadamard_paper_rho(1.0, 1e-6, 1) == 534
     assert math.ceil(36 * math.log(1e6)) == 498
     assert hadamard_paper_rho(1.0, 1e-6, 2) == math.ceil(36 * (math.log(1e6) + math.log(2) + 1) / 0.25)
@@ -39,7 +39,7 @@ def test_hadamard_paper_rule_reference_values() -> None:
 
 
 def brute_hadamard(n: int, rho: int, tau: int, eps: float) -> float:
-    """Direct multinomial sum over (both, only-j, only-j') blanket counts and the Bernoulli of §10.1."""
+    """Direct multinomial sum over (both, only-j, only-j') blanket counts and the Bernoulli of §7.1."""
     trials = n * rho
     p_in = 2.0**-tau
     p2, p1 = p_in * p_in, p_in - p_in * p_in
@@ -79,8 +79,8 @@ def test_hadamard_tight_rho_is_minimal_and_far_below_the_paper_rule() -> None:
         tau = hadamard_default_tau(n)
         rho = hadamard_min_rho(n, tau, 1, 1.0, 1e-6)
         assert hadamard_delta(n, rho, tau, 1, 1.0) <= 1e-6 < hadamard_delta(n, rho - 1, tau, 1, 1.0)
-        assert rho < hadamard_paper_rho(1.0, 1e-6) / 10  # §10.1: the Chernoff rule is very conservative
-    # §10.1: at eps' = 1 the paper-scale rho = 249 leaves a negligible delta
+        assert rho < hadamard_paper_rho(1.0, 1e-6) / 10  # §7.1: the Chernoff rule is very conservative
+    # §7.1: at eps' = 1 the paper-scale rho = 249 leaves a negligible delta
     assert hadamard_swap_divergence(10**4, 249, 13, 1.0) < 1e-25
     assert hadamard_min_rho(10**4, 13, 1, 1.0, 1e-6) == 35  # regression value
 
@@ -125,7 +125,7 @@ def test_countmin_loss_large_n_matches_gaussian_limit() -> None:
 def test_countmin_paper_rules() -> None:
     assert countmin_paper_rows(2**20, 0.01) == math.ceil(math.log2(2 * 2**20 / 0.01)) == 28
     assert countmin_paper_buckets(10**5, 2) == 4 * 10**5
-    # §10.2: n = 1e5, B = 2^20, beta = 0.01, eps = 1, delta = 1e-6 -> gamma ~ 12.6 (k = 1 form, infeasible)
+    # §7.2: n = 1e5, B = 2^20, beta = 0.01, eps = 1, delta = 1e-6 -> gamma ~ 12.6 (k = 1 form, infeasible)
     tau = countmin_paper_rows(2**20, 0.01)
     assert countmin_paper_gamma(10**5, tau, 1, 1.0, 1e-6) == pytest.approx(
         90 * tau**2 * math.log(2 * tau / 1e-6) / 1e5, rel=1e-12)

@@ -1,5 +1,6 @@
-"""The accounting planner (MECHANISMS.md §1.6 "Inverse", §8, §9) and ``esa plan``: §11.4 in both directions,
-maximality, monotonicity, 000's closed form (§8.1 sanity example), 002's rules (§11.5), CLI text / JSON / errors.
+"""The accounting planner (docs/mathematics.md §1.2, §3, §4.1) and ``esa plan``: regression values in both
+directions, maximality, monotonicity, [Collision]'s closed form (sanity example), [VecSum]'s rules,
+CLI text / JSON / errors.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from transforms.privacy.plan_search import FeasibilityOracle, largest_feasible_e
 from transforms.privacy.planner import KV_MECHANISMS, kv_alpha, plan_kv_mean, plan_vector_mean
 from transforms.privacy.shuffle_bound import epsilon_central, hockey_stick
 
-# §11.4 rows as (mechanism, d, s, t, eps_local, n, delta, eps_central). A k-RR row over k values is PCKV-GRR with
+# Regression rows as (mechanism, d, s, t, eps_local, n, delta, eps_central). A k-RR row over k values is PCKV-GRR with
 # s = 1 and 2(d + 1) = k; a generic row is PrivKV (generic alpha); the CoCo row reuses Collision's alpha.
 SPEC_11_4 = [
     ("collision", 256, 4, 17, 1.0, 10**4, 1e-4, 0.019295),
@@ -47,7 +48,7 @@ def test_plan_inverts_spec_11_4(mechanism, d, s, t, eps, n, delta, eps_c) -> Non
 
 @pytest.mark.parametrize("row", [row for row in SPEC_11_4 if row[0] == "collision"])
 def test_paper_rule_recovers_spec_11_4_t(row) -> None:
-    # §11.4's t are 003's floor(s e^eps + 2s - 1). The rule makes t jump by one where s e^eps crosses an
+    # The rows' t are [CoCo]'s floor(s e^eps + 2s - 1). The rule makes t jump by one where s e^eps crosses an
     # integer, and alpha jumps down with it, so near a jump the feasible set is not an interval: for the s=16
     # row (eps=2 sits 0.03 above a jump) the bisection lands on the boundary just below, t=148, eps 1e-3 lower.
     mechanism, d, s, t, eps, n, delta, eps_c = row
@@ -143,14 +144,14 @@ def test_feasibility_oracle_counts_and_short_circuits() -> None:
 
 
 def test_000_closed_form_sanity_example() -> None:
-    # §8.1: n = 1e5, eps_c = 0.5, delta = 1/n, s = 16 -> Omega ~ 146.3, t ~ 65.7, eps ~ 1.80
+    # §3.1: n = 1e5, eps_c = 0.5, delta = 1/n, s = 16 -> Omega ~ 146.3, t ~ 65.7, eps ~ 1.80
     n, s, d = 10**5, 16, 256
     form = plan_kv_mean("collision", d, s, n, 0.5, 1.0 / n, t_rule="min-variance").closed_form
     assert form["valid"] and form["reason"] is None
     assert form["omega"] == pytest.approx(146.3, abs=0.05)
     assert form["t"] == pytest.approx(65.7, abs=0.05)
     assert form["eps_local"] == pytest.approx(1.80, abs=0.005)
-    # 000 §5's variance at fixed Omega ([P*], squared denominator), typed independently
+    # [Collision] §5's variance at fixed Omega ([P*], squared denominator), typed independently
     omega, t = form["omega"], form["t"]
     top = (2 * d - s) * (t - 1) / t**2 + (omega + s - t) * (omega * (s - 1) - s + t) / (omega**2 * s)
     assert form["mse_frequency"] == pytest.approx(top / ((omega + s - t) / (omega * s) - 1 / t) ** 2 / n, rel=1e-12)
@@ -219,7 +220,7 @@ def test_plans_for_a_million_users_are_fast() -> None:
     assert timings["joint"] < 6.0
 
 
-# --- vector_mean (002, §9, §11.5) -------------------------------------------------------------------------
+# --- vector_mean ([VecSum], docs/mathematics.md §4.1) -------------------------------------------------------
 
 
 def test_vector_plan_reproduces_002_rules() -> None:
@@ -274,7 +275,7 @@ def test_cli_kv_text(capsys) -> None:
     out = capsys.readouterr().out
     assert "kv_mean with collision" in out
     assert "output size t" in out and "[min-variance]" in out
-    assert "000 blanket" in out and "omega 146.296" in out
+    assert "[Collision] blanket" in out and "omega 146.296" in out
 
 
 def test_cli_kv_json(capsys) -> None:
@@ -292,7 +293,7 @@ def test_cli_vector_text_and_json(capsys) -> None:
             "--delta", "0.5", "--k-round", "3"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "vector_mean (002)" in out and "gamma            0.17053" in out
+    assert "vector_mean ([VecSum])" in out and "gamma            0.17053" in out
     assert main([*args, "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["kind"] == "vector_mean" and plan["k_round"] == 3 and plan["accountant"] == "002"

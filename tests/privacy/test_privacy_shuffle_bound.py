@@ -1,4 +1,5 @@
-"""Tight shuffle bound (MECHANISMS.md §1.6) against §11.3/§11.4 and an independent brute-force enumeration."""
+"""Tight shuffle bound (docs/mathematics.md §1.2) against reference values and an independent brute-force
+enumeration."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from transforms.privacy.mixture import alpha_collision, alpha_generic, alpha_grr
 from transforms.privacy.shuffle_bound import ShuffleDivergence, epsilon_central, hockey_stick
 
-# §11.3: (n, alpha, eps_local, eps_central, D_{e^eps_c}(P || Q)), brute-force verified in the spec.
+# Hockey-stick values: (n, alpha, eps_local, eps_central, D_{e^eps_c}(P || Q)), brute-force verified.
 HOCKEY_STICK_VECTORS = [
     (30, 0.05, 2.0, 0.5, 0.015512975449754588),
     (50, 0.1, 1.0, 0.3, 7.657218778662201e-05),
@@ -22,7 +23,7 @@ HOCKEY_STICK_VECTORS = [
     (1000, 0.01, 2.0, 0.2, 1.2768247987997714e-14),
 ]
 
-# §11.4: (label, n, alpha, eps_local, delta, eps_central) with 60 bisection steps.
+# Regression values: (label, n, alpha, eps_local, delta, eps_central) with 60 bisection steps.
 EPSILON_CENTRAL_VECTORS = [
     ("collision s=4 eps=1 t=17", 10**4, alpha_collision(1.0, 4, 17), 1.0, 1e-4, 0.019295),
     ("collision s=4 eps=2 t=36", 10**4, alpha_collision(2.0, 4, 36), 2.0, 1e-4, 0.051825),

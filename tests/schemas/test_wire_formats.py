@@ -1,4 +1,4 @@
-"""Avro wire formats (DESIGN.md §4): round trips of every schema and every refusal of ``decode_record``.
+"""Avro wire formats (docs/architecture.md §7): round trips of every schema and every refusal of ``decode_record``.
 
 Every Kafka message is an Avro single-object encoding (``C3 01``, 8-byte little-endian CRC-64-AVRO
 fingerprint, schemaless datum). These tests pin the byte layout against an independent CRC-64-AVRO so

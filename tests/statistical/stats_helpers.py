@@ -1,4 +1,5 @@
-"""Monte-Carlo checks shared by the statistical tests (MECHANISMS.md §0.4 steps 1-2).
+"""Monte-Carlo checks shared by the statistical tests (Monte-Carlo mean and variance against the closed
+forms of docs/mathematics.md).
 
 R independent runs give an ``[R, k]`` array of estimates. Two checks against closed forms:
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import zipf_counts
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.frequency import GRR, OLH, OUE
-from transforms.mechanisms.hadamard import HadamardResponse
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.unary import AttributeFragmentedRappor
 
 pytestmark = pytest.mark.slow
 

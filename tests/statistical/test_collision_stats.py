@@ -1,4 +1,4 @@
-"""Unbiasedness and closed-form variance of Collision and CoCo (MECHANISMS.md §0.4 steps 1-2, §8.1-8.2), the
+"""Unbiasedness and closed-form variance of Collision and CoCo (Monte-Carlo, docs/mathematics.md §3.1-3.2), the
 finite seed family's bias term (``collision_common``), and the key-value encoder end to end (sampling correction).
 
 Fixed seeds throughout. "Exact expectation under the family": the decoders are linear in the counts, so decoding
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance
-from transforms.mechanisms.collision import CoCo, Collision
-from transforms.mechanisms.kv_encoding import KeyValueEncoder
+from transforms.mechanisms.keyvalue.collision import CoCo, Collision
+from transforms.mechanisms.keyvalue.kv_encoding import KeyValueEncoder
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Unbiasedness and closed-form variance of GRR, OUE and OLH (MECHANISMS.md §0.4 steps 1-2).
+"""Unbiasedness and closed-form variance of GRR, OUE and OLH (Monte-Carlo, docs/mathematics.md §2.1-2.3).
 
 R independent runs on a fixed Zipf-like dataset, each encoded, accumulated and estimated through the
 real Mechanism/Accumulator surface, with a fixed seed (a failure is reproducible, not flaky by design).
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.frequency import GRR, OLH, OUE
+from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

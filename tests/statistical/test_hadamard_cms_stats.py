@@ -1,13 +1,14 @@
-"""Unbiasedness and closed-form variance of Hadamard response and the count-mean sketch (MECHANISMS.md §0.4).
+"""Unbiasedness and closed-form variance of Hadamard response and the count-mean sketch (Monte-Carlo,
+docs/mathematics.md §2.5, §2.6).
 
 R independent runs through the real encode/accumulate/estimate surface, fixed seeds. The count-mean sketch
-is unbiased only over the hash family (§6), so it is tested twice:
+is unbiased only over the hash family (§2.6), so it is tested twice:
 
 * **conditional on one family** (fixed ``hash_seed``): mean against the exact conditional expectation
   ``(m/(m-1))(P c - n/m)`` and variance against the exact conditional variance (both derived in
   ``count_mean_sketch``); a power check shows the bias ``conditional_mean - c`` is detectable here;
 * **averaged over families** (run r uses ``hash_seed = r``): mean against the truth and summed variance
-  against the [D✓] formula of §6 with its ``c_u^2`` term, with a power check against the naive formula.
+  against the [D✓] formula of §2.6 with its ``c_u^2`` term, with a power check against the naive formula.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import SE_MAX, Z_MAX, assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.count_mean_sketch import CountMeanSketch
-from transforms.mechanisms.hadamard import HadamardResponse
+from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
+from transforms.mechanisms.frequency.hadamard import HadamardResponse
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,7 @@ def test_cms_conditional_on_a_fixed_hash_family() -> None:
 
 
 def test_cms_over_hash_families_matches_corrected_variance() -> None:
-    """Averaged over hash_seed: unbiased, and the variance has the c_u^2/(k(m-1)) term of §6 [D✓]."""
+    """Averaged over hash_seed: unbiased, and the variance has the c_u^2/(k(m-1)) term of §2.6 [D✓]."""
     d, n, runs, k, m = 12, 600, 3000, 4, 8
     mechs = [CountMeanSketch(d, 2.0, k=k, m=m, hash_seed=r) for r in range(runs)]
     counts = zipf_counts(d, n, s=2.0)  # a heavy head makes the c_u^2 term a large share of the variance

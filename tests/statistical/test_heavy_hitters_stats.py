@@ -1,12 +1,12 @@
 """Heavy-hitter estimates are unbiased and their stated stderr (oracle + level sampling) matches the empirical
-spread (MECHANISMS.md §0.4 steps 1-2, §10.4), checked on the queried items of a planted dataset."""
+spread (Monte-Carlo, docs/mathematics.md §6), checked on the queried items of a planted dataset."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from transforms.mechanisms.heavy_hitters import PrefixHeavyHitters
+from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Unbiasedness and closed-form variances of PrivKV, PCKV-UE and PCKV-GRR (MECHANISMS.md §0.4 steps 1-2, §8.3-8.4).
+"""Unbiasedness and closed-form variances of PrivKV, PCKV-UE and PCKV-GRR (Monte-Carlo, docs/mathematics.md §3.3-3.4).
 
 R independent runs on one fixed, deliberately skewed key-value data set (Zipf-like key popularity, key-dependent
 sign bias), each encoded, accumulated (in two merged halves) and estimated through the real Mechanism/Accumulator
@@ -13,7 +13,7 @@ import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean_and_variance
 from transforms.mechanisms.base import KeyValueEstimate
-from transforms.mechanisms.kv_baselines import PCKVGRR, PCKVUE, PrivKV
+from transforms.mechanisms.keyvalue.kv_baselines import PCKVGRR, PCKVUE, PrivKV
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.privacy import kv_formulas
 
@@ -123,7 +123,7 @@ def test_privkv_key_nobody_sampled() -> None:
 
 @pytest.mark.parametrize(("d", "s", "eps"), [(32, 4, 1.5), (128, 8, 0.5), (16, 16, 2.0)])
 def test_variances_agree_with_the_planner(d: int, s: int, eps: float) -> None:
-    """kv_formulas (planner, independent code) gives n * sum Var on §8's uniform workload (f = s/(2d))."""
+    """kv_formulas (planner, independent code) gives n * sum Var on §3's uniform workload (f = s/(2d))."""
     n = 100_000
     f = np.full(2 * d, s / (2 * d))
     for mech, variant in ((PCKVUE(d, s, eps), "ue"), (PCKVGRR(d, s, eps), "grr")):

@@ -1,5 +1,5 @@
 """LLH is exactly unbiased, its closed-form variance is exact, and distinct items' estimates are uncorrelated
-(MECHANISMS.md §0.4 steps 1-2; the claims of ``linear_hashing``'s docstring)."""
+(Monte-Carlo against docs/mathematics.md §2.4; the claims of ``linear_hashing``'s docstring)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import SE_MAX, assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.linear_hashing import LinearLocalHashing
+from transforms.mechanisms.frequency.linear_hashing import LinearLocalHashing
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Range counting on the multi-message Hadamard protocol (MECHANISMS.md §10.3, §10.5): unbiased range answers,
+"""Range counting on the multi-message Hadamard protocol (docs/mathematics.md §7.3, §5): unbiased range answers,
 the exact (covariance-aware) variance against the empirical spread, the reported stderr, and quantiles.
 
 R independent runs on a fixed dataset through encode -> accumulate -> estimate (merging is covered by
@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transforms.mechanisms.left_children_tree import LeftChildrenTree, range_terms
-from transforms.mechanisms.multimessage_range import MultiMessageRange
+from transforms.mechanisms.multimessage.range import MultiMessageRange
 from transforms.mechanisms.randomness import seeded_rng
+from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree, range_terms
 
 pytestmark = pytest.mark.slow
 

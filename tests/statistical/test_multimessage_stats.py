@@ -1,7 +1,7 @@
-"""Unbiasedness and variance of the 004 multi-message protocols (MECHANISMS.md §0.4 steps 1-2, §10.1, §10.2).
+"""Unbiasedness and variance of the [MultiMsg] multi-message protocols (Monte-Carlo, docs/mathematics.md §7.1, §7.2).
 
 R independent runs on a fixed dataset through the real encode -> accumulate(clients) -> estimate surface,
-with fixed seeds. Hadamard: the §10.1 estimator is exactly unbiased with a closed-form variance. Count-min:
+with fixed seeds. Hadamard: the §7.1 estimator is exactly unbiased with a closed-form variance. Count-min:
 the estimate's exact mean and variance given the public hashes and the data (collisions included) come from
 ``P[min_r (a_r + N_r) >= m] = prod_r P[N >= m - a_r]`` (``exact_moments``); for collision-free items they
 reduce to the closed form the estimator reports (``variance``), which we test separately.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import assert_mean, assert_summed_variance, zipf_counts
-from transforms.mechanisms.multimessage import CountMinMultiRR, MultiMessageHadamard
+from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def test_hadamard_single_values() -> None:
 
 
 def test_hadamard_sets() -> None:
-    # MECHANISMS.md §12: n = 256, B' = 16, k_set = 2, rho = 4; sets of 1 or 2 elements (dummies pad them).
+    # n = 256, B' = 16, k_set = 2, rho = 4; sets of 1 or 2 elements (dummies pad them).
     mech = MultiMessageHadamard(13, 1.0, 1e-6, n_expected=256, k_set=2, rho=4)
     assert mech.order == 16
     rng = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""Quantiles from the range tree (MECHANISMS.md §10.5): rank error centred on zero, spread within the stated
+"""Quantiles from the range tree (docs/mathematics.md §5): rank error centred on zero, spread within the stated
 rank stderr, and intervals that cover the true quantile (replicated runs, fixed seeds)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from tests.statistical.stats_helpers import lumpy_leaves
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.ranges import DyadicRange
+from transforms.mechanisms.ranges.dyadic import DyadicRange
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""Range answers are unbiased and their stated standard errors match the empirical spread (MECHANISMS.md §0.4
-steps 1-2, §10.3, §10.5), plus the contract: 1e5 clients on [0, 2^16), median and random ranges.
+"""Range answers are unbiased and their stated standard errors match the empirical spread (Monte-Carlo,
+docs/mathematics.md §5), plus the contract: 1e5 clients on [0, 2^16), median and random ranges.
 
 Every configuration is replicated R times on a fixed dataset with fixed seeds; the stated stderr is a plug-in,
 so we compare the mean squared error with the mean stated variance (summed over a set of queries, whose
@@ -13,8 +13,8 @@ import pytest
 
 from tests.statistical.stats_helpers import lumpy_leaves
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.ranges import DyadicRange, bucketize
-from transforms.mechanisms.rectangles import DyadicRectangle
+from transforms.mechanisms.ranges.dyadic import DyadicRange, bucketize
+from transforms.mechanisms.ranges.rectangles import DyadicRectangle
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""Unbiasedness, closed-form variance and message counts of the fragmented unary encodings (MECHANISMS.md
-§0.4 steps 1-2, §3.2, §7.1), through the real encode_messages / accumulator / estimate surface, fixed seeds."""
+"""Unbiasedness, closed-form variance and message counts of the fragmented unary encodings (Monte-Carlo,
+docs/mathematics.md §2.7, §2.8), through the real encode_messages / accumulator / estimate surface, fixed seeds."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean, assert_summed_variance, zipf_counts
+from transforms.mechanisms.frequency.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.unary import AttributeFragmentedRappor, ReportFragmentedRappor
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def _unary_message_variance(d: int, p: float, q: float) -> float:
 ATTRIBUTE_CASES = [
     (AttributeFragmentedRappor(16, 1.0), 2000, 400),  # cap = d: no truncation possible
     (AttributeFragmentedRappor(48, 3.0), 2000, 400),  # cap < d: the geometric-skipping path
-    (AttributeFragmentedRappor(64, 8.55), 3000, 400),  # 001's high-epsilon regime
+    (AttributeFragmentedRappor(64, 8.55), 3000, 400),  # [ESA]'s high-epsilon regime
 ]
 
 
@@ -77,13 +77,13 @@ def test_attribute_unbiased_variance_and_messages(mech: AttributeFragmentedRappo
     est, sent = run_estimates(mech, counts, runs, seed=11)
     assert_unbiased(mech, counts, est)
     assert_variance(mech, counts, est)
-    # §3.2 [D✓]: Var[h_j] = e^eps / (n (e^eps - 1)^2), the same for every item
+    # §2.7 [D✓]: Var[h_j] = e^eps / (n (e^eps - 1)^2), the same for every item
     np.testing.assert_allclose(mech.variance(counts, n), n * math.exp(mech.epsilon) / math.expm1(mech.epsilon) ** 2)
     assert_messages(mech, sent, _unary_message_variance(mech.d, mech.p, mech.q))
 
 
 def test_attribute_messages_on_large_domains() -> None:
-    """O(#ones) encoding on 001's Horse domain (d = 87,680, eps = 8.55: 17.97 messages per client) and on a
+    """O(#ones) encoding on [ESA]'s Horse domain (d = 87,680, eps = 8.55: 17.97 messages per client) and on a
     65,536-cell grid at eps = 6: message counts, their spread and the estimate of a heavy item."""
     for mech, heavy in ((AttributeFragmentedRappor(87_680, 8.55), 0.3), (AttributeFragmentedRappor(65_536, 6.0), 0.2)):
         n = 30_000
@@ -103,7 +103,7 @@ def test_attribute_messages_on_large_domains() -> None:
 
 
 FRAGMENT_CASES = [
-    (ReportFragmentedRappor(16, 2.0, 1.0, fragments=4), 2000, 200),  # MECHANISMS.md §12: var 2.889e-4
+    (ReportFragmentedRappor(16, 2.0, 1.0, fragments=4), 2000, 200),  # independent Monte-Carlo: var 2.889e-4
     (ReportFragmentedRappor(40, 4.0, fragments=3), 1000, 200),  # default eps_f; caps < d
 ]
 

@@ -1,5 +1,5 @@
-"""002 vector summation and LDP-SGD: unbiasedness, exact variances, published standard errors (MECHANISMS.md
-§0.4, §7.3, §9), the gamma >= 1 refusal, 002's central guarantee, and the §11.5 reference values."""
+"""[VecSum] vector summation and LDP-SGD: unbiasedness, exact variances, published standard errors (Monte-Carlo,
+docs/mathematics.md §4.2, §4.1), the gamma >= 1 refusal, [VecSum]'s central guarantee, and reference values."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from tests.statistical.stats_helpers import Z_MAX, assert_mean_and_variance
-from transforms.mechanisms.ldp_sgd import LdpSgdRandomizer, kappa
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.mechanisms.vector import VectorSummation, epsilon_002, gamma_002, k_round_002
+from transforms.mechanisms.vector.ldp_sgd import LdpSgdRandomizer, kappa
+from transforms.mechanisms.vector.summation import VectorSummation, epsilon_002, gamma_002, k_round_002
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +27,9 @@ def data(n: int, d: int, seed: int) -> np.ndarray:
 
 
 VS_CASES = [
-    (VectorSummation(12, 0.95, 0.5, 3000, t=1, k_round=3), 3000, 400),  # gamma ~0.29, as in 002's experiments
+    (VectorSummation(12, 0.95, 0.5, 3000, t=1, k_round=3), 3000, 400),  # gamma ~0.29, as in [VecSum]'s experiments
     (VectorSummation(8, 0.9, 1e-3, 10**6, t=2, k_round=2), 2000, 400),
-    (VectorSummation(5, 2.0, 1e-4, 10**7, t=1), 2000, 400),  # k_round from 002's rule
+    (VectorSummation(5, 2.0, 1e-4, 10**7, t=1), 2000, 400),  # k_round from [VecSum]'s rule
 ]
 
 
@@ -58,7 +58,7 @@ def test_vector_sum_unbiased_with_exact_variance(mech: VectorSummation, n: int, 
 
 
 def test_report_variance_matches_monte_carlo() -> None:
-    """§9's V(x) for single reports, including off-grid values and the endpoints (gamma ~0.43: every term of V
+    """§4.1's V(x) for single reports, including off-grid values and the endpoints (gamma ~0.43: every term of V
     matters)."""
     mech = VectorSummation(1, 0.95, 0.5, 200, t=1, k_round=3)
     assert 0.4 < mech.gamma < 0.5
@@ -72,7 +72,7 @@ def test_report_variance_matches_monte_carlo() -> None:
 
 
 def test_infeasible_gamma_is_refused_with_what_to_change() -> None:
-    """§11.5: d=100, k=3, n=50,000, eps=0.5, delta=1e-5 gives gamma = 4.10 -> must raise."""
+    """Reference value: d=100, k=3, n=50,000, eps=0.5, delta=1e-5 gives gamma = 4.10 -> must raise."""
     with pytest.raises(ValueError, match=r"gamma = 4\.10\d* >= 1") as info:
         VectorSummation(100, 0.5, 1e-5, 50_000, k_round=3)
     message = str(info.value)
@@ -99,7 +99,7 @@ def test_reference_values_11_5() -> None:
 
 @pytest.mark.parametrize(("eps", "t"), [(0.3, 1), (0.95, 1), (1.0, 1), (2.5, 1), (5.9, 1), (0.5, 3), (3.0, 2)])
 def test_central_guarantee_inverts_gamma(eps: float, t: int) -> None:
-    """The certified epsilon is the smallest one whose 002 gamma is <= ours: the target itself below 1; at or
+    """The certified epsilon is the smallest one whose [VecSum] gamma is <= ours: the target itself below 1; at or
     above 1 it can be smaller, because the eps >= 1 constants (80/36, 2016) jump above the eps < 1 ones."""
     mech = VectorSummation(20, eps, 1e-6, 10**9, t=t, k_round=4)
     eps_c, delta = mech.central_guarantee()
@@ -146,7 +146,7 @@ def test_ldp_sgd_unbiased_with_exact_variance(mech: LdpSgdRandomizer, n: int, ru
 
 
 def test_ldp_sgd_uncorrected_kappa_would_be_biased() -> None:
-    """001 prints kappa without the factor d; the estimator would then be off by 1/d (here d=4: 75 % low)."""
+    """[ESA] prints kappa without the factor d; the estimator would then be off by 1/d (here d=4: 75 % low)."""
     mech = LdpSgdRandomizer(4, 1.0)
     printed = math.sqrt(math.pi) / 2 * math.exp(math.lgamma(2.5) - math.lgamma(3.0))
     assert kappa(4) == pytest.approx(4 * printed, rel=1e-12)

@@ -32,7 +32,7 @@ from transforms.analyze import CrowdAccumulator, central_epsilon, estimate_rows
 from transforms.analyze_release import AssembleReleaseFn, DecodeReleaseFn
 from transforms.ingress import PriorRuns
 from transforms.kafkaio import KafkaRecord
-from transforms.mechanisms.frequency import GRR
+from transforms.mechanisms.frequency.oracles import GRR
 from transforms.privacy.composition import chain_composition
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.records import SourceRef, count_clients, dead_letter

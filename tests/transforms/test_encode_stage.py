@@ -168,7 +168,7 @@ def test_encode_counters_account_for_every_record(encode_run: tuple[PipelineRun,
     assert run.counters["dead_lettered"] == len(bad)
 
 
-# --- reproducibility (DESIGN.md §6): payload = PRF(job key, topic/partition/offset), whatever the batching ---
+# --- reproducibility (docs/mathematics.md §8): payload = PRF(job key, topic/partition/offset), any batching ---
 
 REPRO_EVENTS = [kafka(offset, event_bytes(SPECS[offset % 3].metric, offset % 8, f"c{offset}"), partition=offset % 3)
                 for offset in range(300)]

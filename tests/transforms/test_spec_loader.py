@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from transforms.mechanisms.frequency import OLH
+from transforms.mechanisms.frequency.oracles import OLH
 from transforms.spec import DEFAULT_SPEC, AnalysisSpec, SpecError, load_spec, spec_from_dict
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "app_language.toml"

@@ -22,7 +22,7 @@ Usage (the key id and public key come from the analyzer's ``keys/public/`` direc
 
 What persists in ``state_dir`` (``state.py``): the device key, the budget of the current epoch across every
 spec the device reports on (``budget.py``, cost rules in ``accounting.py``), and permanent randomization
-such as 001's backstop, drawn once per (spec, value) and reused by every later report (``memo.py``).
+such as [ESA]'s backstop, drawn once per (spec, value) and reused by every later report (``memo.py``).
 """
 
 from transforms.device.accounting import ReportCost, report_cost

@@ -1,16 +1,16 @@
 """What one report costs a device's budget, given what the device has already reported this epoch.
 
 * **Single-randomization mechanisms** (grr, olh, oue, ...): the mechanism's ``epsilon_local``, every time
-  (in the mechanism's own neighbouring relation: replacement for most, removal for 001's unary encodings).
+  (in the mechanism's own neighbouring relation: replacement for most, removal for [ESA]'s unary encodings).
 * **Permanent randomization** (``rappor_fragments``): the device memoizes one backstop per value and sends
   tau fresh fragments of it per report. k reports of one value are k*tau independent eps_f-RR views of the
-  same backstop, together eps(k tau) = ``fragment_epsilon(eps_b, eps_f, k tau)``-LDP (001 Thm IV.1; at most
+  same backstop, together eps(k tau) = ``fragment_epsilon(eps_b, eps_f, k tau)``-LDP ([ESA] Thm IV.1; at most
   eps_b however large k). The k-th report of a value in an epoch therefore costs
   ``eps(k tau) - eps((k - 1) tau)``: the epoch's charges for that value sum to exactly the loss of the
   epoch's reports. Epochs share the backstop, so they do not compose as independent mechanisms; but all
   reports of a value together are eps(K tau)-LDP, and eps(s) = ln((e^(eps_b+s) + 1)/(e^eps_b + e^s)) is
   concave in s = t eps_f with eps(0) = 0, hence subadditive: the sum of every epoch's charges bounds them.
-* **Shuffle-only protocols** (004's multi-message protocols: ``epsilon_local`` is infinite): no local
+* **Shuffle-only protocols** ([MultiMsg]'s multi-message protocols: ``epsilon_local`` is infinite): no local
   guarantee exists, so a report is charged the per-window *central* target epsilon of its spec -- the loss
   it causes once shuffled with its crowd, which assumes the shuffler is honest.
 """
@@ -44,7 +44,7 @@ def report_cost(mechanism: Any, spec_id: str, value_key: str | None, earlier: in
         k = earlier + 1
         cost = fragment_epsilon(eps_b, eps_f, k * tau) - fragment_epsilon(eps_b, eps_f, (k - 1) * tau)
         rule = (f"report {k} of this value this epoch, {tau} fresh fragments of its permanent backstop: "
-                f"eps({k * tau}) - eps({(k - 1) * tau}) with eps_b={eps_b:g}, eps_f={eps_f:g} (001 Thm IV.1)")
+                f"eps({k * tau}) - eps({(k - 1) * tau}) with eps_b={eps_b:g}, eps_f={eps_f:g} ([ESA] Thm IV.1)")
         return ReportCost(max(0.0, cost), rule, f"{spec_id}|{value_key}")
     local = float(mechanism.epsilon_local)
     if math.isinf(local):

@@ -1,6 +1,6 @@
 """Permanent randomization, memoized once per (device, spec, value) and reused by every later report.
 
-001's report fragmenting protects a value in the long run only if its backstop ``RR(x; eps_b)`` is drawn
+[ESA]'s report fragmenting protects a value in the long run only if its backstop ``RR(x; eps_b)`` is drawn
 once and kept: fresh backstops per window compose, and eps_b stops capping the loss. A mechanism opts in
 by providing ``backstop_bits(values, rng)`` (the permanent draw, (n, cap) padded with d) and
 ``fragments_from_backstop(backstop, rng)`` (one report's messages from stored backstops), as

@@ -1,4 +1,4 @@
-"""The one abstraction of esa-telemetry: a local randomizer with its analyzer (DESIGN.md §3).
+"""The one abstraction of esa-telemetry: a local randomizer with its analyzer (docs/architecture.md §2, §4).
 
 Every mechanism is a frozen dataclass of its *public* parameters -- what clients, the shuffler and the
 analyzer share -- and exposes the same small surface, so the Beam layer (encode, shuffle, analyze) is
@@ -9,7 +9,7 @@ written once:
 * ``validate(reports)`` says which rows are in the mechanism's output domain (the shuffler dead-letters
   the others instead of letting a malformed report poison an estimate);
 * ``new_accumulator()`` returns sufficient statistics as count arrays (memory O(state), never O(n));
-* ``variance(counts, n)`` is the closed form of MECHANISMS.md, used for standard errors and tests;
+* ``variance(counts, n)`` is the closed form of docs/mathematics.md, used for standard errors and tests;
 * ``epsilon_local``, ``mixture_alpha`` (for the tight shuffle bound), ``message_bits``.
 
 **Several messages per client** (attribute or report fragmenting, multi-message protocols, dyadic levels).
@@ -180,7 +180,7 @@ def encode_messages(mechanism: Any, values: Any, rng: Randomness) -> tuple[np.nd
 
 @dataclass(frozen=True)
 class KeyValueEstimate:
-    """Key-value / sparse-vector estimate (MECHANISMS.md §8): per item ``2j + (b = +1)`` and per key.
+    """Key-value / sparse-vector estimate (docs/mathematics.md §3): per item ``2j + (b = +1)`` and per key.
 
     ``frequency`` [2d] = f(j_-), f(j_+) interleaved; ``mean`` [d] = f(j_+) - f(j_-); ``nonmissing`` [d] =
     f(j_+) + f(j_-); ``conditional_mean`` [d] = mean / nonmissing (NaN where undefined). All are fractions of the
@@ -207,7 +207,7 @@ class KeyValueEstimate:
 
 @dataclass(frozen=True)
 class VectorEstimate:
-    """Mean of real vectors (MECHANISMS.md §7.3, §9): per-coordinate ``mean`` [d] with its ``stderr`` over the ``n``
+    """Mean of real vectors (docs/mathematics.md §4): per-coordinate ``mean`` [d] with its ``stderr`` over the ``n``
     clients analyzed; ``extras`` carries mechanism-specific arrays (sums, per-coordinate report counts, ...)."""
 
     mean: np.ndarray

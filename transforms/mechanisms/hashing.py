@@ -4,7 +4,7 @@
 of a full-avalanche bijection, with the seed entering both. It is *public*: the seed travels in the clear
 in every report, so privacy never depends on the hash quality (the seed is drawn independently of the
 data and the randomizer is epsilon-LDP for every fixed hash function). Hash quality only affects
-variance, and the OLH decoder (``transforms.mechanisms.olh``) corrects the finite family's collision
+variance, and the OLH decoder (``transforms.mechanisms.frequency.olh``) corrects the finite family's collision
 pattern exactly, so the estimator is unbiased whatever this function's statistical defects.
 """
 

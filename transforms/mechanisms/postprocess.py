@@ -1,4 +1,4 @@
-"""Post-processing of frequency estimates (MECHANISMS.md §8.7): free for privacy, trades bias for error.
+"""Post-processing of frequency estimates (docs/mathematics.md §2.9): free for privacy, trades bias for error.
 
 The unbiased estimators return negative frequencies and totals off by noise. Any function of the released
 estimate keeps its DP guarantee, so an analyst may ask for

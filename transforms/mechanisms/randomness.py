@@ -1,4 +1,4 @@
-"""Where randomness comes from (DESIGN.md §6).
+"""Where randomness comes from (docs/mathematics.md §8).
 
 Production randomizers draw from OS entropy (:func:`os_entropy_rng`). Seeds exist for tests and
 simulations only and say so loudly in the log. Where Beam may re-run a DoFn, randomness must be a

@@ -1,4 +1,4 @@
-"""Privacy accounting for shuffled reports (MECHANISMS.md §1, §7): pure numpy/scipy, no Beam/Kafka/Avro.
+"""Privacy accounting for shuffled reports (docs/mathematics.md §1): pure numpy/scipy, no Beam/Kafka/Avro.
 
 * ``shuffle_bound`` — the tight numerical amplification bound (the accountant the pipeline reports);
 * ``mixture`` — mixture parameters alpha of each local randomizer (input of the tight bound);

@@ -1,9 +1,9 @@
-"""Closed-form amplification-by-shuffling bounds (MECHANISMS.md §1.1-§1.5, §1.7), for comparison only.
+"""Closed-form amplification-by-shuffling bounds (docs/mathematics.md §1.3), for comparison only.
 
 Each bound holds only under its own conditions. Outside them a number would be an extrapolation that looks
 like a guarantee, so every function returns a ``ClosedForm`` whose ``epsilon`` is None and whose ``reason``
 says which condition failed. The pipeline's own accountant is the tight bound of ``shuffle_bound``.
-Composition tools (§1.8, §1.9, §7.1) live in ``composition`` and are re-exported here.
+Composition tools (§1.4, §1.4, §2.8) live in ``composition`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def _refuse(name: str, reason: str) -> ClosedForm:
 
 
 def efmrtt19(n: int, eps0: float, delta: float) -> ClosedForm:
-    """EFMRTT19 (SODA'19) §1.1: ``12 eps0 sqrt(ln(1/delta)/n)`` for any eps0-LDP randomizer, valid only for
-    eps0 < 1/2, n >= 1000, delta < 1/100 (reconstructed conditions, MECHANISMS_NOTES.md A.4)."""
+    """EFMRTT19 (SODA'19) §1.3: ``12 eps0 sqrt(ln(1/delta)/n)`` for any eps0-LDP randomizer, valid only for
+    eps0 < 1/2, n >= 1000, delta < 1/100 (the conditions of Erlingsson et al. SODA 2019)."""
     n = check_int("n", n, 2)
     eps0 = check_epsilon("eps0", eps0)
     delta = check_delta("delta", delta)
@@ -63,7 +63,7 @@ def efmrtt19(n: int, eps0: float, delta: float) -> ClosedForm:
 
 
 def blanket_omega(n: int, omega: float, delta: float, name: str = "blanket") -> ClosedForm:
-    """Privacy blanket (Balle et al. CRYPTO'19) §1.2 in terms of Omega (= e^eps0 + k - 1 for k-RR):
+    """Privacy blanket (Balle et al. CRYPTO'19) §1.3 in terms of Omega (= e^eps0 + k - 1 for k-RR):
     ``sqrt(14 ln(2/delta) Omega/(n-1))``, valid only if that is <= 1 and n - 1 >= 27 Omega / eps_c."""
     n = check_int("n", n, 2)
     omega = check_real("omega", omega)
@@ -86,8 +86,8 @@ def blanket_krr(n: int, eps0: float, k: int, delta: float) -> ClosedForm:
 
 
 def blanket_collision(n: int, eps: float, s: int, t: int, delta: float) -> ClosedForm:
-    """000 Thm 3: the blanket bound applied to Collision with Omega = s e^eps + t - s (sqrt over everything
-    and the validity n >= 27 Omega/eps_c + 1, MECHANISMS_NOTES.md A.2-A.3)."""
+    """[Collision] Thm 3: the blanket bound applied to Collision with Omega = s e^eps + t - s (sqrt over everything
+    and the validity n >= 27 Omega/eps_c + 1; [Collision] prints the k-RR case s = 1 of both)."""
     eps = check_epsilon("eps", eps)
     s = check_int("s", s, 1)
     t = check_int("t", t, s + 1)
@@ -108,7 +108,7 @@ def blanket_min_gamma(n: int, k: int, eps_c: float, delta: float) -> float:
 
 
 def lemma_ii5(n: int, eps0: float, delta: float) -> ClosedForm:
-    """001 Lemma II.5 (Balle et al. Cor. 5.3.1) is O((e^eps0 - 1) sqrt(ln(1/delta)/n)) without a constant, so
+    """[ESA] Lemma II.5 (Balle et al. Cor. 5.3.1) is O((e^eps0 - 1) sqrt(ln(1/delta)/n)) without a constant, so
     no number can be derived from it; arguments are still validated so that misuse fails loudly."""
     check_int("n", n, 2)
     check_epsilon("eps0", eps0)
@@ -118,7 +118,7 @@ def lemma_ii5(n: int, eps0: float, delta: float) -> ClosedForm:
 
 def rappor_flip_lambda(n: int, eps: float) -> float:
     """lambda = 2n/(1 + e^eps): the expected number of flipped bits, times two, when each of n bits is flipped
-    with probability 1/(1 + e^eps) (attribute-fragmented k-RAPPOR, §3.2); written 2n e^-eps/(1 + e^-eps)."""
+    with probability 1/(1 + e^eps) (attribute-fragmented k-RAPPOR, §2.7); written 2n e^-eps/(1 + e^-eps)."""
     n = check_int("n", n, 2)
     eps = check_epsilon("eps", eps)
     tail = math.exp(-eps)
@@ -126,10 +126,10 @@ def rappor_flip_lambda(n: int, eps: float) -> float:
 
 
 def lemma_ii6(n: int, lam: float, delta: float) -> ClosedForm:
-    """001 Lemma II.6 (Cheu et al. Cor. 17) for n bits each flipped w.p. lambda/(2n):
+    """[ESA] Lemma II.6 (Cheu et al. Cor. 17) for n bits each flipped w.p. lambda/(2n):
     ``lambda' = lambda - sqrt(2 lambda ln(2/delta))``,
     ``eps_c = sqrt(32 ln(4/delta)/lambda') (1 - lambda'/n)``, valid for lambda in [14 ln(4/delta), n].
-    This exact form, not Thm III.1, reproduces 001's tables (§11.1)."""
+    This exact form, not Thm III.1, reproduces [ESA]'s tables."""
     n = check_int("n", n, 2)
     lam = check_real("lam", lam)
     delta = check_delta("delta", delta)
@@ -150,7 +150,7 @@ def lemma_ii6_rappor(n: int, eps: float, delta: float) -> ClosedForm:
 
 
 def theorem_iii1(n: int, eps: float, delta: float) -> ClosedForm:
-    """001 Thm III.1: ``sqrt(64 e^eps ln(4/delta)/n)``, a ~2x looser simplification of Lemma II.6, valid for
+    """[ESA] Thm III.1: ``sqrt(64 e^eps ln(4/delta)/n)``, a ~2x looser simplification of Lemma II.6, valid for
     eps in [1, ln n - ln(14 ln(4/delta))] and delta >= n^(-ln n)."""
     n = check_int("n", n, 2)
     eps = check_epsilon("eps", eps)
@@ -167,7 +167,7 @@ def theorem_iii1(n: int, eps: float, delta: float) -> ClosedForm:
 
 
 def fmt21_clones(n: int, eps0: float, delta: float) -> ClosedForm:
-    """Feldman-McMillan-Talwar FOCS'21 "hiding among the clones" closed form (§1.7), any eps0-LDP randomizer,
+    """Feldman-McMillan-Talwar FOCS'21 "hiding among the clones" closed form (§1.3), any eps0-LDP randomizer,
     valid for eps0 <= ln(n/(16 ln(4/delta))). A comparison baseline; looser than the tight bound."""
     n = check_int("n", n, 2)
     eps0 = check_epsilon("eps0", eps0)

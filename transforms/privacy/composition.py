@@ -1,4 +1,4 @@
-"""Composition tools (MECHANISMS.md §1.8) and post-processing composition of two randomizers (§1.9, §7.1).
+"""Composition tools (docs/mathematics.md §1.4) and post-processing composition of two randomizers (§1.4, §2.8).
 
 Budgets are returned as ``(epsilon, delta)`` tuples. The post-processing formula is evaluated without ever
 forming e^eps, because report fragmenting legitimately produces t * eps_f in the hundreds.
@@ -17,7 +17,7 @@ _DIRECT_FORM_LIMIT = 30.0
 
 
 def compose_post_processing(eps1: float, eps2: float) -> float:
-    """Local epsilon of R2 o R1 for an eps1-DP R1 and an eps2-DP R2 (001 Thm IV.1 / Cor. 2).
+    """Local epsilon of R2 o R1 for an eps1-DP R1 and an eps2-DP R2 ([ESA] Thm IV.1 / Cor. 2).
 
     ``ln((e^{eps1+eps2} + 1)/(e^{eps1} + e^{eps2}))`` <= min(eps1, eps2), tight for binary RR o binary RR.
     Small budgets use the identity ratio = 1 + (e^a - 1)(e^b - 1)/(e^a + e^b), scaled by e^-a (a >= b), which
@@ -39,7 +39,7 @@ def _logaddexp(x: float, y: float) -> float:
 
 
 def fragment_epsilon(eps_b: float, eps_f: float, t: int) -> float:
-    """Local epsilon against an adversary holding t fragments of report fragmenting (001 Thm IV.1, §7.1).
+    """Local epsilon against an adversary holding t fragments of report fragmenting ([ESA] Thm IV.1, §2.8).
 
     The t fragments are t independent eps_f-RR views of the same backstop output, together at most t*eps_f-DP
     as a post-processing of it, hence ``compose_post_processing(eps_b, t * eps_f)``; t = 0 gives 0.
@@ -60,7 +60,7 @@ def basic_composition(budgets: Iterable[tuple[float, float]]) -> tuple[float, fl
 
 
 def advanced_composition_drv(eps: float, delta: float, r: int, delta_slack: float) -> tuple[float, float]:
-    """r-fold composition of (eps, delta) mechanisms, Dwork-Rothblum-Vadhan (used in 002 Thm 4.2):
+    """r-fold composition of (eps, delta) mechanisms, Dwork-Rothblum-Vadhan (used in [VecSum] Thm 4.2):
     ``(sqrt(2 r ln(1/slack)) eps + r eps (e^eps - 1), r delta + slack)``; beats basic composition when
     eps is small and r large, at the price of the extra slack delta."""
     eps = check_epsilon("eps", eps)
@@ -73,17 +73,17 @@ def advanced_composition_drv(eps: float, delta: float, r: int, delta_slack: floa
 
 def drv_step_epsilon(eps_total: float, r: int, delta_slack: float) -> float:
     """Per-step epsilon ``eps_total / (2 sqrt(2 r ln(1/slack)))`` that keeps r-fold DRV composition within
-    eps_total (002 Cor. 4.3); the corollary needs eps_total < 1, so larger targets are refused."""
+    eps_total ([VecSum] Cor. 4.3); the corollary needs eps_total < 1, so larger targets are refused."""
     eps_total = check_epsilon("eps_total", eps_total)
     if eps_total >= 1.0:
-        raise ValueError(f"eps_total must be < 1 for 002 Cor. 4.3, got {eps_total!r}")
+        raise ValueError(f"eps_total must be < 1 for [VecSum] Cor. 4.3, got {eps_total!r}")
     r = check_int("r", r, 1)
     slack = check_delta("delta_slack", delta_slack)
     return eps_total / (2.0 * math.sqrt(2.0 * r * math.log(1.0 / slack)))
 
 
 def bun_steinke_composition(eps: float, delta: float, k: int, delta_prime: float) -> tuple[float, float]:
-    """k-fold adaptive composition, Bun-Steinke form quoted as 001 Thm II.7:
+    """k-fold adaptive composition, Bun-Steinke form quoted as [ESA] Thm II.7:
     ``(k eps^2/2 + sqrt(k) eps sqrt(2 ln(sqrt(k pi/2) eps / delta')), delta' + k delta)``.
 
     The logarithm must be positive (sqrt(k pi/2) eps > delta'); otherwise the stated bound is undefined and
@@ -104,7 +104,7 @@ def bun_steinke_composition(eps: float, delta: float, k: int, delta_prime: float
 
 
 def chain_composition(eps: float, delta: float, k: int) -> tuple[float, float]:
-    """A change that decomposes into k elementary (eps, delta) changes (group privacy style, §1.8 [D]):
+    """A change that decomposes into k elementary (eps, delta) changes (group privacy style, §1.4 [D]):
     ``(k eps, delta * sum_{i<k} e^{i eps})``. A delta of 1 or more is vacuous and is reported as 1.0."""
     eps = check_nonnegative("eps", eps)
     delta = check_nonnegative("delta", delta)

@@ -1,4 +1,4 @@
-"""Crowd thresholding with randomized report deletion (001 Alg. 3, Thm V.1, V.2; MECHANISMS.md §7.2).
+"""Crowd thresholding with randomized report deletion ([ESA] Alg. 3, Thm V.1, V.2; docs/mathematics.md §1.5).
 
 The shuffler releases crowd i with ``n_hat = max(n_i + L - T, 0)`` reports, L a Laplace-like noise of scale
 2/eps_cr and T the threshold below, and aborts the release if n_hat > n_i. Replacing one user changes two
@@ -53,7 +53,7 @@ def discrete_laplace_scale(eps_cr: float) -> float:
     (Pr[G = k] = (1 - q) q^k), so Pr[L = k] = (1 - q)/(1 + q) q^|k|. Shifting a count by one changes any
     Pr[L = k] by a factor at most 1/q = e^{eps_cr/2}, hence the noisy size of a sensitivity-1 count is
     eps_cr/2-DP: exactly the per-crowd budget Thm V.1 needs (two crowds change per replacement). Integer noise
-    avoids the floating-point Laplace attacks on the low-order bits (DESIGN.md §5). Its upper tail
+    avoids the floating-point Laplace attacks on the low-order bits (docs/mathematics.md §1.5). Its upper tail
     Pr[L >= T] <= q^T/(1 + q) = delta_cr/(2(1 + q)) < delta_cr/2 keeps the delta side of Thm V.1 as well.
     """
     eps_cr = check_epsilon("eps_cr", eps_cr)

@@ -1,13 +1,13 @@
-"""``esa privacy`` reports of the fragmented unary encodings of 001: attribute-fragmented k-RAPPOR (``rappor``)
+"""``esa privacy`` reports of the fragmented unary encodings of [ESA]: attribute-fragmented k-RAPPOR (``rappor``)
 and report fragmenting with a privacy backstop (``rappor_fragments``).
 
 ``eps_central`` is the ledger value and is **replacement** DP, like every other mechanism's and exactly what
 the analyzer writes into estimates (the mechanism's ``epsilon_central``): the two channels a replacement
-changes, composed tightly (``fragments.replacement_tight``). 001 accounts in the **removal** model; its values
-are beside, labelled: ``eps_central_removal`` is 001 Lemma II.6 (Cheu et al.) on the bit channel that
+changes, composed tightly (``fragments.replacement_tight``). [ESA] accounts in the **removal** model; its values
+are beside, labelled: ``eps_central_removal`` is [ESA] Lemma II.6 (Cheu et al.) on the bit channel that
 protects the user's value (attribute channel for ``rappor``, backstop for ``rappor_fragments``), which
-reproduces 001's tables (MECHANISMS.md §11.1), falling back to the tight bound where Lemma II.6's validity
-window (lambda >= 14 ln(4/delta)) excludes the parameters; ``eps_central_removal_tight`` is the tight §1.6
+reproduces [ESA]'s tables (docs/mathematics.md §1.3), falling back to the tight bound where Lemma II.6's validity
+window (lambda >= 14 ln(4/delta)) excludes the parameters; ``eps_central_removal_tight`` is the tight §1.2
 removal bound (what ``epsilon_central_removal`` puts in the estimates' ``parameters``).
 """
 
@@ -40,13 +40,14 @@ def _forms(*forms: ClosedForm) -> dict[str, dict[str, Any]]:
 
 
 def _ledger(lemma: ClosedForm, tight: float, channel: str) -> tuple[float, str]:
-    """001's removal value: Lemma II.6 where it applies, else the tight removal bound."""
+    """[ESA]'s removal value: Lemma II.6 where it applies, else the tight removal bound."""
     if lemma.epsilon is not None:
         return lemma.epsilon, (
-            f"lemma_ii6: 001 Lemma II.6 on the {channel} channel, lambda = 2n/(1 + e^eps); removal central DP of "
-            "the whole report (a removal changes one channel); the published accountant of 001's tables"
+            f"lemma_ii6: [ESA] Lemma II.6 on the {channel} channel, lambda = 2n/(1 + e^eps); removal central DP of "
+            "the whole report (a removal changes one channel); the published accountant of [ESA]'s tables"
         )
-    return tight, f"tight: Lemma II.6 does not apply ({lemma.reason}); tight §1.6 bound of the {channel} channel"
+    return tight, (f"tight: Lemma II.6 does not apply ({lemma.reason}); tight bound (docs/mathematics.md §1.2) "
+                   f"of the {channel} channel")
 
 
 _REPLACEMENT_RULE = ("replacement DP (the estimates' eps_central): the two changed {what} composed tightly by "
@@ -142,7 +143,7 @@ def fragmented_privacy_report(
 ) -> dict[str, Any]:
     """Replacement (eps_c, delta) of n users (removal values beside) of ``rappor`` (epsilon = attribute
     budget) or ``rappor_fragments``
-    (epsilon = backstop budget, ``fragments`` = tau, ``epsilon_fragment`` = eps_f or None for the §7.1 default).
+    (epsilon = backstop budget, ``fragments`` = tau, ``epsilon_fragment`` = eps_f or None for the §2.8 default).
 
     A JSON-serialisable dict; see the module docstring for which number is ``eps_central`` and why.
     """
@@ -167,7 +168,7 @@ def _value(form: dict[str, Any]) -> str:
 
 def format_fragmented_report(report: dict[str, Any]) -> str:
     """Human-readable rendering of ``fragmented_privacy_report``'s dict."""
-    lines = [f"mechanism        {report['mechanism']} (domain {report['domain']}; 001 budgets are removal DP)"]
+    lines = [f"mechanism        {report['mechanism']} (domain {report['domain']}; [ESA] budgets are removal DP)"]
     if report["mechanism"] == "rappor_fragments":
         exposed = report["epsilon_exposed"]
         lines += [
@@ -189,7 +190,7 @@ def format_fragmented_report(report: dict[str, Any]) -> str:
         f"  basic (2 x removal) {report['eps_central_replacement_basic']['epsilon']:.6g} at delta "
         f"{report['eps_central_replacement_basic']['delta']:g}",
         f"removal epsilon  {report['eps_central_removal']:.6g}  [{report['eps_central_removal_rule']}]",
-        f"  tight §1.6     {report['eps_central_removal_tight']:.6g}  (alpha {report['alpha']:.6g}: "
+        f"  tight bound    {report['eps_central_removal_tight']:.6g}  (alpha {report['alpha']:.6g}: "
         f"{report['alpha_rule']})",
         "closed forms (comparison only):",
     ]

@@ -1,21 +1,21 @@
-"""Central accounting of 001's fragmented unary encodings (MECHANISMS.md §1.4-§1.6, §1.9, §3.2, §7.1).
+"""Central accounting of [ESA]'s fragmented unary encodings (docs/mathematics.md §1.2-1.3, §1.4, §2.7, §2.8).
 
 The ledger's ``eps_central`` is **replacement** DP, as for every other mechanism: ``replacement_tight``
 composes the two changed channels by privacy loss distributions. The other bounds here are **removal**
-central DP of the whole report, the neighbouring relation 001 uses: a user's
+central DP of the whole report, the neighbouring relation [ESA] uses: a user's
 one-hot vector is replaced by the all-zero reference, which changes the randomized bits of exactly one
 attribute channel (bit v). Replacement central DP changes two channels, hence basic composition
 ``(2 eps_c, 2 delta)`` (``replacement_central``).
 
-* Attribute fragmenting (k-RAPPOR, §3.2): every channel carries binary RR with flip probability
-  1/(1+e^eps), so 001 Lemma II.6 (``closed_forms.lemma_ii6_rappor``), its simplification Thm III.1 and the tight
-  §1.6 bound with alpha = 1/(e^eps+1) (``rappor_tight``) all certify the report.
-* Report fragmenting with a backstop (§7.1): the shuffled fragments of bit j are a post-processing of the
+* Attribute fragmenting (k-RAPPOR, §2.7): every channel carries binary RR with flip probability
+  1/(1+e^eps), so [ESA] Lemma II.6 (``closed_forms.lemma_ii6_rappor``), its simplification Thm III.1 and the tight
+  §1.2 bound with alpha = 1/(e^eps+1) (``rappor_tight``) all certify the report.
+* Report fragmenting with a backstop (§2.8): the shuffled fragments of bit j are a post-processing of the
   shuffled backstop bits of channel j (given their count, each fragment row is Bin(m, p_f) + Bin(n-m, q_f)), so
   every rappor bound at eps_b holds. The tau fragments of one bit, taken together, are a binary-input
-  randomizer with LDP eps(tau) (001 Thm IV.1), and separately shuffled rows are a post-processing of jointly
+  randomizer with LDP eps(tau) ([ESA] Thm IV.1), and separately shuffled rows are a post-processing of jointly
   shuffled per-user tuples, so the tight bound at (eps(tau), 1/(e^eps(tau)+1)) holds too (``fragments_tight``).
-  001 Thm IV.2 as printed (``theorem_iv2``) and the row-composition recomputation of MECHANISMS.md §7.1
+  [ESA] Thm IV.2 as printed (``theorem_iv2``) and the row-composition recomputation of docs/mathematics.md §2.8
   (``fragment_rows_bound``) are reported for comparison only (see their docstrings for why).
 """
 
@@ -42,12 +42,12 @@ __all__ = [
 
 
 def default_fragment_epsilon(eps_b: float, tau: int) -> float:
-    """Fragment budget eps_f of MECHANISMS.md §7.1's default rule [D]: the fragment-stage variance term
+    """Fragment budget eps_f of docs/mathematics.md §2.8's default rule [D]: the fragment-stage variance term
     ``e^eps_f/(tau (e^eps_f - 1)^2)`` equals the backstop's ``e^eps_b/(e^eps_b - 1)^2``.
 
     With ``e^x/(e^x - 1)^2 = 1/(4 sinh^2(x/2))`` the equation is ``sinh(eps_f/2) = sinh(eps_b/2)/sqrt(tau)``,
     solved here in closed form (the tests check it against a numerical root). tau = 1 gives eps_f = eps_b.
-    001 does not publish its own rule; its (eps_b, eps_f) pairs are not reproduced by this one (NOTES A.8).
+    [ESA] does not publish its own rule; its (eps_b, eps_f) pairs are not reproduced by this one.
     """
     eps_b = check_epsilon("eps_b", eps_b)
     tau = check_int("tau", tau, 1)
@@ -61,24 +61,24 @@ def fragment_alpha(eps_b: float, eps_f: float, tau: int) -> float:
 
 
 def rappor_tight(n: int, eps: float, delta: float) -> float:
-    """Tight §1.6 removal central epsilon of attribute-fragmented k-RAPPOR: one channel, n binary RRs with
+    """Tight §1.2 removal central epsilon of attribute-fragmented k-RAPPOR: one channel, n binary RRs with
     alpha = 1/(e^eps + 1). Valid for any eps (no validity window, unlike Lemma II.6)."""
     eps = check_epsilon("eps", eps)
     return epsilon_central(n, alpha_binary_rr(eps), eps, delta)
 
 
 def fragments_tight(n: int, eps_b: float, eps_f: float, tau: int, delta: float) -> float:
-    """Tight §1.6 removal central epsilon of report fragmenting, from the per-bit fragment tuple
+    """Tight §1.2 removal central epsilon of report fragmenting, from the per-bit fragment tuple
     (LDP eps(tau), alpha = 1/(e^eps(tau) + 1)); never worse than the tight bound of the backstop alone."""
     eps_tuple = fragment_epsilon(check_epsilon("eps_b", eps_b), check_epsilon("eps_f", eps_f), check_int("tau", tau, 1))
     return epsilon_central(n, alpha_binary_rr(eps_tuple), eps_tuple, delta)
 
 
 def theorem_iv2(n: int, eps_b: float, eps_f: float, tau: int, delta: float) -> ClosedForm:
-    """001 Thm IV.2 exactly as printed (ln for log):
+    """[ESA] Thm IV.2 exactly as printed (ln for log):
     ``min{ sqrt(8 tau eps_f ln^2(tau eps_f/delta)/n), sqrt(64 e^eps_b ln(4/delta)/n) }`` for eps_f > 1, delta < 1/2.
 
-    Comparison only (MECHANISMS_NOTES.md A.7): the first term is linear in eps_f where amplification bounds
+    Comparison only: the first term is linear in eps_f where amplification bounds
     scale with e^eps_f, and its proof composes rows that share the backstop; the second is Thm III.1 applied to
     the backstop without that theorem's eps window. ``fragment_rows_bound`` is the recomputation.
     """
@@ -98,12 +98,12 @@ def theorem_iv2(n: int, eps_b: float, eps_f: float, tau: int, delta: float) -> C
 
 
 def fragment_rows_bound(n: int, eps_b: float, eps_f: float, tau: int, delta: float) -> ClosedForm:
-    """MECHANISMS.md §7.1's recomputation of Thm IV.2's first term [D]: each fragment row is binary RR with
+    """docs/mathematics.md §2.8's recomputation of Thm IV.2's first term [D]: each fragment row is binary RR with
     the composite budget eps(1), so Lemma II.6 with lambda = 2n/(1 + e^eps(1)) and delta/(2 tau) per row; then
-    tau-fold composition with slack delta/2 (Bun-Steinke = 001 Thm II.7, or basic if smaller / if Bun-Steinke's
+    tau-fold composition with slack delta/2 (Bun-Steinke = [ESA] Thm II.7, or basic if smaller / if Bun-Steinke's
     logarithm is undefined). tau = 1 is Lemma II.6 at delta.
 
-    Comparison only: like 001's proof it treats the rows as an adaptive composition, but the rows share each
+    Comparison only: like [ESA]'s proof it treats the rows as an adaptive composition, but the rows share each
     user's backstop, so the conditional law of one row given the others is not the per-row RR the
     composition theorem needs. Not used as a ledger value.
     """
@@ -137,7 +137,7 @@ def replacement_tight(n: int, alpha: float, eps: float, delta: float) -> float:
 
     Replacing value v by v' changes two channels: bit v goes 1 -> 0 and bit v' goes 0 -> 1. Channels are
     independent populations of binary-input randomizers (the per-channel pair of ``rappor_tight`` /
-    ``fragments_tight``), so the two changes are a product of two copies of the symmetric §1.6 pair and the
+    ``fragments_tight``), so the two changes are a product of two copies of the symmetric §1.2 pair and the
     exact replacement curve is its two-fold composition, computed by PLDs (``odometer``). It is smaller
     than ``replacement_central``'s (2 eps_c, 2 delta) at the same delta. (The message cap's overflow, below
     2^-64 per client, is not included, as in the removal bounds.)

@@ -1,9 +1,9 @@
-"""Closed forms of the key-value / sparse-vector mechanisms (MECHANISMS.md §8.1-§8.4, §8.6): output-size rules,
+"""Closed forms of the key-value / sparse-vector mechanisms (docs/mathematics.md §3.1-3.4, §1.2): output-size rules,
 mixture parameters alpha and expected squared errors.
 
 They live in the privacy layer so that the planner (which must not import mechanisms) and the mechanisms
 (which must agree with the planner) share one copy. Data model: every user holds exactly s of the d keys,
-each with a value +-1 (the set ``Y_x`` of §8); "items" are the 2d pairs ``j_+ / j_-``.
+each with a value +-1 (the set ``Y_x`` of §3); "items" are the 2d pairs ``j_+ / j_-``.
 
 Every variance is returned as ``n * sum Var`` (the n-free constant) through ``KVError``; divide by n for the
 expected sum of squared errors of n users. Sums over items are exact (not bounds) for Collision, CoCo (over
@@ -63,19 +63,19 @@ def _check(d: int, s: int, eps: float) -> tuple[int, int, float]:
     return d, s, check_epsilon("eps", eps)
 
 
-# --- Collision (§8.1) -------------------------------------------------------------------------------------
+# --- Collision (§3.1) -------------------------------------------------------------------------------------
 
 
 def collision_t_paper(eps: float, s: int) -> int:
-    """003's output size ``t* = floor(s e^eps + 2s - 1)`` (at least s + 1)."""
+    """[CoCo]'s output size ``t* = floor(s e^eps + 2s - 1)`` (at least s + 1)."""
     eps, s = check_epsilon("eps", eps), check_int("s", s, 1)
     return max(s + 1, math.floor(s * math.exp(eps) + 2 * s - 1))
 
 
 def collision_item_variance(d: int, s: int, eps: float, t: float | np.ndarray) -> float | np.ndarray:
     """``n * sum_y Var[f̂(y)] = [s p(1-p) + (2d - s) q(1-q)] / (p - q)^2`` with p = e^eps/Omega, q = 1/t:
-    exact under fully random hashing (no factor 2, MECHANISMS_NOTES.md B.12). ``t`` may be an array or a
-    non-integer (000's continuous optimum)."""
+    exact under fully random hashing (no factor 2, unlike the papers' bound). ``t`` may be an array or a
+    non-integer ([Collision]'s continuous optimum)."""
     e = math.exp(eps)
     t = np.asarray(t, dtype=float)
     p = e / (s * e + t - s)
@@ -86,7 +86,7 @@ def collision_item_variance(d: int, s: int, eps: float, t: float | np.ndarray) -
 
 def collision_error(d: int, s: int, eps: float, t: int) -> KVError:
     """Collision: the mean estimator's summed variance equals the item total (the indicators of j_+ and j_-
-    in one report are uncorrelated, §8.1)."""
+    in one report are uncorrelated, §3.1)."""
     d, s, eps = _check(d, s, eps)
     t = check_int("t", t, s + 1)
     total = collision_item_variance(d, s, eps, t)
@@ -108,7 +108,7 @@ def _argmin_int(f, lo: int, hi: int) -> int:
 
 
 def _t_search_top(s: int, eps: float, d: int) -> int:
-    """Upper end of the t search, far beyond the optimum ~ s (e^eps + 2) (§8.1) and the 50 s of the spec."""
+    """Upper end of the t search, far beyond the optimum ~ s (e^eps + 2) (§3.1) and the 50 s of the spec."""
     return max(50 * s, math.ceil(8 * s * (math.exp(eps) + 3) + 4 * d))
 
 
@@ -118,18 +118,18 @@ def collision_best_t(d: int, s: int, eps: float) -> int:
     return _argmin_int(lambda ts: collision_item_variance(d, s, eps, ts), s + 1, _t_search_top(s, eps, d))
 
 
-# --- CoCo (§8.2) ------------------------------------------------------------------------------------------
+# --- CoCo (§3.2) ------------------------------------------------------------------------------------------
 
 
 def coco_t_mean_rule(eps: float, s: int) -> int:
-    """003 Thm 7 rule for the mean estimator, ``ceil(e^eps s + s + 2)``, rounded up to even and >= 2s + 2."""
+    """[CoCo] Thm 7 rule for the mean estimator, ``ceil(e^eps s + s + 2)``, rounded up to even and >= 2s + 2."""
     eps, s = check_epsilon("eps", eps), check_int("s", s, 1)
     t = max(2 * s + 2, math.ceil(math.exp(eps) * s + s + 2))
     return t + (t % 2)
 
 
 def coco_rates(s: int, eps: float | np.ndarray, t: float | np.ndarray) -> tuple[np.ndarray, ...]:
-    """(P_ow, P_t, P_o, P_f) of §8.2; vectorised over eps and t."""
+    """(P_ow, P_t, P_o, P_f) of §3.2; vectorised over eps and t."""
     t = np.asarray(t, dtype=float)
     e = np.exp(eps)
     omega = s * e + t - s
@@ -141,7 +141,7 @@ def coco_rates(s: int, eps: float | np.ndarray, t: float | np.ndarray) -> tuple[
 
 
 def _coco_sums(d: int, s: int, eps: float | np.ndarray, t: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """n * sum_j Var of (mean, non-missing), 003 Lemma 3 divided by n (MECHANISMS_NOTES.md B.18)."""
+    """n * sum_j Var of (mean, non-missing), [CoCo] Lemma 3 divided by n (the lemma is stated per user)."""
     _, p_true, p_other, p_f = coco_rates(s, eps, t)
     plus, minus = p_true + p_other, p_true - p_other
     mean = (s * (plus - minus**2) + (d - s) * 2.0 * p_f) / minus**2
@@ -167,7 +167,7 @@ def coco_best_t(d: int, s: int, eps: float) -> int:
     return 2 * half
 
 
-# --- PCKV (§8.4) ------------------------------------------------------------------------------------------
+# --- PCKV (§3.4) ------------------------------------------------------------------------------------------
 
 
 def pckv_allocation(eps: float) -> tuple[float, float]:
@@ -240,7 +240,7 @@ def _pair_error(s: int, d: int, holder: tuple[float, float], other: float, c_sum
 
 
 def pckv_error(variant: str, d: int, s: int, eps: float) -> KVError:
-    """PCKV-UE / PCKV-GRR with ell = s and the unbiased linear inversion of §8.4 (exact: pair sampling and
+    """PCKV-UE / PCKV-GRR with ell = s and the unbiased linear inversion of §3.4 (exact: pair sampling and
     perturbation are independent across users). ``variant`` is "ue" or "grr"."""
     d, s, eps = _check(d, s, eps)
     if variant == "ue":
@@ -254,7 +254,7 @@ def pckv_error(variant: str, d: int, s: int, eps: float) -> KVError:
     return _pair_error(s, d, holder, b / 2.0, s / (a - b), s / (a * (2.0 * p - 1.0)))
 
 
-# --- PrivKV (§8.3) ----------------------------------------------------------------------------------------
+# --- PrivKV (§3.3) ----------------------------------------------------------------------------------------
 
 
 def privkv_probabilities(eps: float, key_share: float = 0.5) -> tuple[float, float]:
@@ -272,12 +272,12 @@ def alpha_privkv(eps: float) -> float:
 
 
 def privkv_error(d: int, s: int, eps: float, n: int, key_share: float = 0.5) -> KVError:
-    """PrivKV with the unbiased per-sign estimator of §8.3, under two stated approximations.
+    """PrivKV with the unbiased per-sign estimator of §3.3, under two stated approximations.
 
     Each key is sampled by N_j ~ Bin(n, 1/d) users; N_j is replaced by its mean n/d (relative error O(d/n)).
     The sampling term f(1 - f)(n - N_j)/(N_j (n - 1)) depends on the data; it is taken at its maximum over all
     data with s keys per user, reached by uniform supports with random signs (f = s/(2d) for every item; for
-    the means f(j_+) = f(j_-)), which is also §8's synthetic workload.
+    the means f(j_+) = f(j_-)), which is also §3's synthetic workload.
     """
     d, s, eps = _check(d, s, eps)
     n = check_int("n", n, 2)

@@ -1,8 +1,8 @@
-"""Mixture parameters alpha of local randomizers, the input of the tight shuffle bound (MECHANISMS.md §1.6).
+"""Mixture parameters alpha of local randomizers, the input of the tight shuffle bound (docs/mathematics.md §1.2).
 
 A randomizer has mixture parameters (eps, alpha) when any two of its output distributions share the
-decomposition of §1.6. For every eps-LDP randomizer ``alpha = max TV(R(x), R(x')) / (e^eps - 1)`` is valid
-(MECHANISMS_NOTES.md A.1, A.11b), so each function below is that ratio for one randomizer. A smaller alpha
+decomposition of §1.2. For every eps-LDP randomizer ``alpha = max TV(R(x), R(x')) / (e^eps - 1)`` is valid
+(docs/mathematics.md §1.2), so each function below is that ratio for one randomizer. A smaller alpha
 means the two output distributions differ on less mass (a smaller total variation for the same eps), so it
 certifies *more* amplification: the shuffle bound's central epsilon grows with alpha. Hence each alpha here
 must be the true worst-case ratio or an *upper* bound on it; none may be replaced by a smaller guess, and the
@@ -87,11 +87,11 @@ def alpha_oue(eps: float) -> float:
 
 
 def alpha_collision(eps: float, s: int, t: int) -> float:
-    """s/Omega with Omega = s e^eps + t - s, for Collision and CoCo (003's printed value is a TV, see
-    MECHANISMS_NOTES.md A.1); it matches the lower-bound construction of 003 Thm 6, so it is also tight.
+    """s/Omega with Omega = s e^eps + t - s, for Collision and CoCo ([CoCo]'s printed value is a TV, see
+    docs/mathematics.md §1.2); it matches the lower-bound construction of [CoCo] Thm 6, so it is also tight.
 
     For t < 2s, s/Omega exceeds 1/(e^eps + 1) and breaks the mixture condition (1 + e^eps) alpha <= 1 of
-    §1.6; the generic value, valid for every eps-LDP randomizer, is used there instead."""
+    §1.2; the generic value, valid for every eps-LDP randomizer, is used there instead."""
     eps = check_epsilon("eps", eps)
     s = check_int("s", s, 1)
     t = check_int("t", t, s + 1)

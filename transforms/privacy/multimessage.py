@@ -1,11 +1,11 @@
-"""Privacy accounting of the multi-message shuffle protocols of seed 004 (MECHANISMS.md §10.1, §10.2).
+"""Privacy accounting of the multi-message shuffle protocols of [MultiMsg] (docs/mathematics.md §7.1, §7.2).
 
 Neither protocol is locally private: one client's message set always contains its data message(s), which
 the blanket messages of *all* clients hide only after shuffling. Both accountants below therefore bound the
 central (shuffled) guarantee of one **element swap** (one client replaces one element j of its set by j')
-and chain k_set swaps for whole sets (§1.8 chain: ``(k eps', delta' sum_{i<k} e^{i eps'})``).
+and chain k_set swaps for whole sets (§1.4 chain: ``(k eps', delta' sum_{i<k} e^{i eps'})``).
 
-**Hadamard (§10.1).** 004 Lemma 4.4 gives the adversary every data message except the target's message for
+**Hadamard (§7.1).** [MultiMsg] Lemma 4.4 gives the adversary every data message except the target's message for
 j/j', and the multiset W of that message plus all ``n rho`` blanket messages. The likelihood of W is
 proportional to ``N_j(W)`` (messages of W inside ``C_j^tau``), so the privacy loss is ``ln(N_j / N_j')`` with
 (only-C_j, only-C_j', both) blanket counts ~ Multinomial(n rho; p1, p1, p2), ``p2 = 4^-tau``,
@@ -13,7 +13,7 @@ proportional to ``N_j(W)`` (messages of W inside ``C_j^tau``), so the privacy lo
 ``E[(1 - e^eps N_j'/N_j)_+]`` is summed exactly (binomial cdfs in closed form; only tail mass beyond 40 sd is
 bounded by adding it). The Chernoff rule of the paper is very conservative next to it.
 
-**Count-min (§10.2).** The analyzer's view is the table of per-cell message counts; each cell carries
+**Count-min (§7.2).** The analyzer's view is the table of per-cell message counts; each cell carries
 independent Bin(n, gamma) blanket noise. A swap moves <= tau cells by +1 and <= tau cells by -1, so the loss is
 a sum of <= 2 tau independent single-cell losses ``ln p(X)/p(X+1)`` and ``ln p(Y)/p(Y-1)`` (infinite where
 the shifted pmf vanishes). We compose the 2 tau losses by FFT on a grid after rounding every loss *up* to the
@@ -96,16 +96,16 @@ def _bisect_epsilon(delta_of: Callable[[float], float], delta: float, steps: int
 
 
 def _chain(delta_of_swap: Callable[[float], float], eps: float, k_set: int) -> float:
-    """delta of a whole-set change: k element swaps at eps/k each, chained (§1.8)."""
+    """delta of a whole-set change: k element swaps at eps/k each, chained (§1.4)."""
     step = eps / k_set
     return chain_composition(step, min(1.0, delta_of_swap(step)), k_set)[1]
 
 
-# -- Hadamard response (§10.1) ----------------------------------------------------------------------------
+# -- Hadamard response (§7.1) ----------------------------------------------------------------------------
 
 
 def hadamard_default_tau(n: int) -> int:
-    """tau = floor(log2 n), so that 2^tau <= n and the blanket mean n rho 2^-tau is at least rho (NOTES D.34)."""
+    """tau = floor(log2 n), so that 2^tau <= n and the blanket mean n rho 2^-tau is at least rho."""
     return check_int("n", n, 2).bit_length() - 1
 
 
@@ -211,7 +211,7 @@ def hadamard_min_rho(n: int, tau: int, k_set: int, epsilon: float, delta: float)
     return high
 
 
-# -- Count-min + multi-message randomized response (§10.2) ------------------------------------------------
+# -- Count-min + multi-message randomized response (§7.2) ------------------------------------------------
 
 
 def countmin_paper_rows(d: int, beta: float) -> int:

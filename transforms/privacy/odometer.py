@@ -111,7 +111,7 @@ def quantize_clients(n: int) -> int:
 
 
 def _local_pld(alpha: float, eps_local: float, interval: float) -> pld_lib.PrivacyLossDistribution:
-    """A lone report (n = 1): the victim's three outcomes of the §1.6 decomposition, no blanket."""
+    """A lone report (n = 1): the victim's three outcomes of the docs/mathematics.md §1.2 decomposition, no blanket."""
     e_alpha = math.exp(eps_local) * alpha
     rest = max(0.0, 1.0 - alpha - e_alpha)
     upper = {"one": math.log(e_alpha), "two": math.log(alpha)}

@@ -1,8 +1,9 @@
-"""000's closed-form plans "given a central target" (MECHANISMS.md §1.2, §8.1), shown beside the tight plan.
+"""[Collision]'s closed-form plans "given a central target" (docs/mathematics.md §1.3, §3.1), shown beside the
+tight plan.
 
 The privacy blanket gives ``Omega = eps_c^2 (n - 1)/(14 ln(2/delta))`` directly from the target, valid only
 for eps_c <= 1 and n - 1 >= 27 Omega/eps_c (the latter is 14 ln(2/delta) >= 27 eps_c). It is stated for k-ary
-randomized response; 000 Thm 3 applies it to Collision with Omega = s e^eps + t - s, and with PCKV-GRR being
+randomized response; [Collision] Thm 3 applies it to Collision with Omega = s e^eps + t - s, and with PCKV-GRR being
 k-RR over 2d' outputs (``kv_formulas.alpha_pckv_grr``) it applies there with Omega = e^eps + 2d' - 1.
 Every plan is returned as a JSON-ready dict; ``tight_eps_central`` certifies it with the tight bound.
 """
@@ -34,7 +35,7 @@ def blanket_omega_for_target(n: int, eps_c: float, delta: float) -> tuple[float,
 
 
 def collision_closed_form_t(omega: float, s: int) -> float:
-    """000 §5: the variance-optimal continuous t at fixed Omega."""
+    """[Collision] §5: the variance-optimal continuous t at fixed Omega."""
     root = math.sqrt(omega**2 + 2.0 * omega * (7 * s - 8) + s * s - 16 * s + 16)
     return (4.0 + omega + s + root) / 6.0
 
@@ -53,11 +54,11 @@ def _plan(name: str, omega: float, t: float | None, eps: float, error: tuple[flo
 
 
 def kv_closed_form(mechanism: str, d: int, s: int, n: int, eps_c: float, delta: float) -> dict[str, Any]:
-    """000's plan for ``mechanism`` (see the module docstring), or the reason it has none."""
-    name = {"collision": "000 blanket (Thm 3 + §5 t rule)", "coco": "blanket Omega + t minimising Lemma 3",
+    """[Collision]'s plan for ``mechanism`` (see the module docstring), or the reason it has none."""
+    name = {"collision": "[Collision] blanket (Thm 3 + §5 t rule)", "coco": "blanket Omega + t minimising Lemma 3",
             "pckv-grr": "blanket k-RR over 2d' outputs"}.get(mechanism, "blanket")
     if mechanism not in ("collision", "coco", "pckv-grr"):
-        return _refuse(name, "the privacy blanket (§1.2) covers k-RR-type randomizers only "
+        return _refuse(name, "the privacy blanket (§1.3) covers k-RR-type randomizers only "
                              "(collision, coco, pckv-grr)")
     omega, reason = blanket_omega_for_target(n, eps_c, delta)
     if reason is not None:
@@ -78,7 +79,7 @@ def kv_closed_form(mechanism: str, d: int, s: int, n: int, eps_c: float, delta: 
                                  "raise n or eps_c", omega)
         eps = math.log((omega - t + s) / s)
         total = collision_item_variance(d, s, eps, t)
-        # certify the integer t nearest to 000's continuous one, at the same Omega
+        # certify the integer t nearest to [Collision]'s continuous one, at the same Omega
         t_int = max(s + 1, round(t))
         eps_int = math.log((omega - t_int + s) / s) if t_int < omega else None
         tight = (epsilon_central(n, min(alpha_collision(eps_int, s, t_int), alpha_generic(eps_int)), eps_int, delta)

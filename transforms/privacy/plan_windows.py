@@ -50,6 +50,9 @@ class WindowsPlan:
 
 
 def _release(plan: Any, n: int, delta_window: float) -> WindowRelease:
+    own = getattr(plan, "window_release", None)  # a plan that knows its own window (histogram oracles)
+    if callable(own):
+        return own(n, delta_window)
     messages = getattr(plan, "t", None) if hasattr(plan, "eps_local_message") else 1
     if messages in (None, 1):
         eps = plan.eps_local_message if hasattr(plan, "eps_local_message") else plan.eps_local

@@ -1,10 +1,10 @@
 """The accounting planner behind ``esa plan``: from a central target (eps_c, delta) and n users to the local
-parameters of a mechanism (MECHANISMS.md §1.6 "Inverse", §8, §9).
+parameters of a mechanism (docs/mathematics.md §1.2, §3, §4.1).
 
-``plan_kv_mean`` returns the largest local epsilon whose TIGHT shuffle bound (§1.6, with the mechanism's
+``plan_kv_mean`` returns the largest local epsilon whose TIGHT shuffle bound (§1.2, with the mechanism's
 alpha) meets the target, the output size t where the mechanism has one, the expected squared errors from the
-closed-form variances, and 000's closed-form plan (privacy blanket "given a central target", §8.1) beside it.
-``plan_vector_mean`` (002, §9) lives in ``planner_vector`` and is re-exported here.
+closed-form variances, and [Collision]'s closed-form plan (privacy blanket "given a central target", §1.3) beside it.
+``plan_vector_mean`` ([VecSum], §4.1) lives in ``planner_vector`` and is re-exported here.
 
 Choosing t (Collision, CoCo). A larger t lowers alpha = s/(s e^eps + t - s) and so buys privacy, which allows
 a larger eps; at a fixed eps it changes the variance. Three rules:
@@ -14,8 +14,8 @@ a larger eps; at a fixed eps it changes the variance. Three rules:
   so minimise V(eps_max(t), t) over integer t by golden-section (V is unimodal in t in every case we looked
   at; a non-unimodal V would only cost optimality, never privacy). This is the real optimum of the problem.
 * ``"min-variance"``: t(eps) minimises the variance at each candidate eps, then bisection on eps. It ignores
-  that t also moves alpha, so it can be ~20 % worse than "joint" for small n (the §1.6 "Inverse" recipe).
-* ``"paper"``: 003's rules (Collision ``floor(s e^eps + 2s - 1)``, CoCo mean rule ``ceil(e^eps s + s + 2)``).
+  that t also moves alpha, so it can be ~20 % worse than "joint" for small n (the textbook inversion of the bound).
+* ``"paper"``: [CoCo]'s rules (Collision ``floor(s e^eps + 2s - 1)``, CoCo mean rule ``ceil(e^eps s + s + 2)``).
 
 Whatever the rule, the returned eps_local has been verified feasible (``plan_search``), and
 ``eps_central`` is recomputed with ``shuffle_bound.epsilon_central`` at the returned parameters.
@@ -110,7 +110,7 @@ class _Model:
     t_step: int = 1
 
 
-_EXACT = "exact closed-form variances (§8), fully random hashing"
+_EXACT = "exact closed-form variances (§3), fully random hashing"
 
 
 def _model(mechanism: str, d: int, s: int, n: int) -> _Model:
@@ -119,7 +119,7 @@ def _model(mechanism: str, d: int, s: int, n: int) -> _Model:
             # below t = 2s the value s/Omega breaks (1 + e^eps) alpha <= 1: fall back to the generic alpha
             alpha=lambda eps, t: min(alpha_collision(eps, s, t), alpha_generic(eps)),
             error=lambda eps, t: collision_error(d, s, eps, t),
-            alpha_rule="s/Omega, Omega = s e^eps + t - s (MECHANISMS_NOTES.md A.1)",
+            alpha_rule="s/Omega, Omega = s e^eps + t - s (docs/mathematics.md §1.2)",
             mse_note=_EXACT, parameters=lambda eps: {},
             t_rules={"min-variance": lambda eps: collision_best_t(d, s, eps),
                      "paper": lambda eps: collision_t_paper(eps, s)},
@@ -129,8 +129,8 @@ def _model(mechanism: str, d: int, s: int, n: int) -> _Model:
         return _Model(
             alpha=lambda eps, t: alpha_collision(eps, s, t),
             error=lambda eps, t: coco_error(d, s, eps, t),
-            alpha_rule="s/Omega, Omega = s e^eps + t - s (as Collision, §8.2)",
-            mse_note="003 Lemma 3 (expectation over hashing); items = (non-missing +- mean)/2",
+            alpha_rule="s/Omega, Omega = s e^eps + t - s (as Collision, §3.2)",
+            mse_note="[CoCo] Lemma 3 (expectation over hashing); items = (non-missing +- mean)/2",
             parameters=lambda eps: {},
             t_rules={"min-variance": lambda eps: coco_best_t(d, s, eps),
                      "paper": lambda eps: coco_t_mean_rule(eps, s)},
@@ -143,14 +143,14 @@ def _model(mechanism: str, d: int, s: int, n: int) -> _Model:
         alpha = (lambda eps, t: alpha_pckv_ue(eps)) if variant == "ue" else (lambda eps, t: alpha_pckv_grr(eps, d, s))
         return _Model(
             alpha=alpha, error=lambda eps, t: pckv_error(variant, d, s, eps), alpha_rule=rule,
-            mse_note="exact closed form (§8.4, ell = s, unbiased linear inversion)",
+            mse_note="exact closed form (§3.4, ell = s, unbiased linear inversion)",
             parameters=lambda eps: dict(zip(("eps1", "eps2"), pckv_allocation(eps), strict=True)),
         )
     if mechanism == "privkv":
         return _Model(
             alpha=lambda eps, t: alpha_privkv(eps), error=lambda eps, t: privkv_error(d, s, eps, n),
             alpha_rule="generic 1/(e^eps + 1), eps = eps_k + eps_v (§8.6)",
-            mse_note="§8.3 unbiased estimator; N_j ~ n/d; sampling term at its worst case (uniform data)",
+            mse_note="§3.3 unbiased estimator; N_j ~ n/d; sampling term at its worst case (uniform data)",
             parameters=lambda eps: {"eps_k": eps / 2.0, "eps_v": eps / 2.0},
         )
     raise ValueError(f"mechanism must be one of {', '.join(KV_MECHANISMS)}; got {mechanism!r}")
@@ -260,7 +260,7 @@ def format_kv_plan(plan: KVMeanPlan) -> str:
     lines += [f"{name:<17}{_number(value)}" for name, value in plan.parameters.items()]
     lines += [
         f"mixture alpha    {plan.alpha:.6g}  [{plan.alpha_rule}]",
-        f"central epsilon  {plan.eps_central:.6g}  (tight bound, MECHANISMS.md §1.6, at these parameters)",
+        f"central epsilon  {plan.eps_central:.6g}  (tight bound, docs/mathematics.md §1.2, at these parameters)",
         f"expected MSE     frequencies {plan.mse_frequency:.6g} (sum over 2d items), "
         f"means {plan.mse_mean:.6g} (sum over d keys)  [{plan.mse_note}]",
     ]

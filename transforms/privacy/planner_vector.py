@@ -1,11 +1,11 @@
-"""The vector_mean plan (002, MECHANISMS.md §9): blanket probability gamma and precision k_round from a central
-target, refused with what to raise when 002's rule is infeasible (gamma >= 1).
+"""The vector_mean plan ([VecSum], docs/mathematics.md §4.1): blanket probability gamma and precision k_round from a
+central target, refused with what to raise when [VecSum]'s rule is infeasible (gamma >= 1).
 
 Two accountants:
 
-* ``"002"`` (default): 002's rules (§4.5 for t = 1, Thm 4.1 with advanced composition for t > 1). For t = 1
+* ``"002"`` (default): [VecSum]'s rules (§4.5 for t = 1, Thm 4.1 with advanced composition for t > 1). For t = 1
   the tight bound of the resulting gamma is reported too, which shows how conservative the rule is.
-* ``"tight"``: the largest per-report budget eps0 whose tight bound (§1.6) meets the target, i.e. the smallest
+* ``"tight"``: the largest per-report budget eps0 whose tight bound (§1.2) meets the target, i.e. the smallest
   gamma; with no k_round given, k is chosen to minimise the per-report variance bound at each k's own smallest
   gamma. For t = 1 the alpha is k-RR's 1/(e^eps0 + k) (``vector_formulas.alpha_vector``). For t > 1 a user's
   t messages are treated as one report of budget t eps0 with the generic alpha 1/(e^(t eps0) + 1): shuffling
@@ -14,10 +14,10 @@ Two accountants:
 
 Whatever the accountant, ``eps_central`` is the tight bound of the final parameters with that alpha.
 
-MSEs are on the [0, 1] scale of §9 (multiply by 4 for data mapped from [-1, 1]), for the Horvitz-Thompson
+MSEs are on the [0, 1] scale of §4.1 (multiply by 4 for data mapped from [-1, 1]), for the Horvitz-Thompson
 mean estimator (d/(t n)) DeBias(z_l), summed over the d coordinates: ``mse_mean_noise`` = d^2/(t n) x the
-per-report bound (002's "normalized MSE"), ``mse_mean_sampling`` = d(d - t)/(t n), the worst case (x^2 <= 1)
-of the coordinate-sampling term 002 leaves out.
+per-report bound ([VecSum]'s "normalized MSE"), ``mse_mean_sampling`` = d(d - t)/(t n), the worst case (x^2 <= 1)
+of the coordinate-sampling term [VecSum] leaves out.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ class VectorMeanPlan:
 
 
 def _rule_002(d: int, n: int, eps_c: float, delta: float, t: int, k_round: int | None) -> dict[str, Any]:
-    """002's plan as a dict; ``valid`` False with a ``reason`` saying what to raise when it is infeasible."""
-    name = "002 §4.5 (t = 1)" if t == 1 else "002 Thm 4.1 (advanced composition)"
+    """[VecSum]'s plan as a dict; ``valid`` False with a ``reason`` saying what to raise when it is infeasible."""
+    name = "[VecSum] §4.5 (t = 1)" if t == 1 else "[VecSum] Thm 4.1 (advanced composition)"
     out: dict[str, Any] = {"name": name, "valid": False, "reason": None, "k_star": None, "k_round": k_round,
                            "gamma": None, "normalized_mse_bound": None}
     try:
@@ -92,7 +92,7 @@ def _rule_002(d: int, n: int, eps_c: float, delta: float, t: int, k_round: int |
     out.update(k_star=k_star, k_round=k, gamma=gamma)
     if gamma >= 1.0:
         needed = math.floor(1 + (n - 1) * gamma) + 1  # gamma is proportional to 1/(n - 1)
-        out["reason"] = (f"002's rule needs gamma = {gamma:.6g} >= 1 (d={d}, k_round={k}, n={n}, eps_c={eps_c:g}, "
+        out["reason"] = (f"[VecSum]'s rule needs gamma = {gamma:.6g} >= 1 (d={d}, k_round={k}, n={n}, eps_c={eps_c:g}, "
                          f"delta={delta:g}): raise n to at least {needed}, or raise epsilon_central, or lower "
                          f"{'k_round or d' if k > 1 else 'd'}; or use the tight accountant")
         return out
@@ -122,7 +122,7 @@ def plan_vector_mean(
     *,
     accountant: str = "002",
 ) -> VectorMeanPlan:
-    """Parameters of 002's vector summation meeting (epsilon_central, delta) for n users (module docstring)."""
+    """Parameters of [VecSum]'s vector summation meeting (epsilon_central, delta) for n users (module docstring)."""
     d, n = check_int("d", d, 1), check_int("n", n, 2)
     t = check_int("t", t, 1)
     if t > d:
@@ -140,7 +140,7 @@ def plan_vector_mean(
         if not rule["valid"]:
             raise ValueError(rule["reason"])
         k, gamma = rule["k_round"], rule["gamma"]
-        k_rule = "given" if k_round is not None else f"002 rule, k* = {rule['k_star']:.4g} rounded"
+        k_rule = "given" if k_round is not None else f"[VecSum] rule, k* = {rule['k_star']:.4g} rounded"
         eps0 = eps0_from_gamma(gamma, k)
     else:
         if k_round is not None:
@@ -172,7 +172,7 @@ def plan_vector_mean(
 def format_vector_plan(plan: VectorMeanPlan) -> str:
     """Human-readable rendering of a ``VectorMeanPlan``."""
     lines = [
-        f"plan             vector_mean (002), d={plan.d} coordinates, t={plan.t} per user, n={plan.n}",
+        f"plan             vector_mean ([VecSum]), d={plan.d} coordinates, t={plan.t} per user, n={plan.n}",
         f"central target   eps_c={plan.eps_central_target:g}, delta={plan.delta:g} (replacement DP)",
         f"accountant       {plan.accountant}",
         f"k_round          {plan.k_round}  [{plan.k_rule}]",
@@ -182,7 +182,7 @@ def format_vector_plan(plan: VectorMeanPlan) -> str:
     rule = "k-RR over k+1 values: gamma/(k+1)" if plan.t == 1 else "generic 1/(e^(t eps0) + 1) for t reports"
     lines += [
         f"mixture alpha    {plan.alpha:.6g}  [{rule}]",
-        f"central epsilon  {plan.eps_central:.6g}  (tight bound, MECHANISMS.md §1.6, at this gamma)",
+        f"central epsilon  {plan.eps_central:.6g}  (tight bound, docs/mathematics.md §1.2, at this gamma)",
         f"expected MSE     {plan.mse_mean:.6g} = noise {plan.mse_mean_noise:.6g} + coordinate sampling "
         f"<= {plan.mse_mean_sampling:.6g}  (sum over d means, [0, 1] scale)",
     ]

@@ -5,7 +5,7 @@ The report is a plain JSON-serialisable dict (str, int, float, None) so the CLI 
 text (``format_privacy_report``) without a second code path.
 
 ``privacy_report`` covers the single-message oracles (replacement DP, tight bound as ``eps_central``); the
-multi-message fragmented encodings of 001 (removal DP, Lemma II.6 as ``eps_central``) have their own report in
+multi-message fragmented encodings of [ESA] (removal DP, Lemma II.6 as ``eps_central``) have their own report in
 ``fragment_report``. ``build_privacy_report`` dispatches between the two (it is what ``esa privacy`` calls)
 and ``format_privacy_report`` renders either.
 """
@@ -127,7 +127,7 @@ def format_privacy_report(report: dict[str, Any]) -> str:
         f"users n          {report['n']}",
         f"delta            {report['delta']:g}",
         f"mixture alpha    {report['alpha']:.6g}  [{report['alpha_rule']}]",
-        f"central epsilon  {report['eps_central']:.6g}  (tight numerical bound, MECHANISMS.md §1.6)",
+        f"central epsilon  {report['eps_central']:.6g}  (tight numerical bound, docs/mathematics.md §1.2)",
         "closed forms (comparison only):",
     ]
     width = max(len(name) for name in report["closed_forms"])

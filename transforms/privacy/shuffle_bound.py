@@ -1,9 +1,9 @@
-"""Tight numerical amplification-by-shuffling bound (MECHANISMS.md §1.6: 003 Thm 1 & 5, FMT SODA'23).
+"""Tight numerical amplification-by-shuffling bound (docs/mathematics.md §1.2: [CoCo] Thm 1 & 5, FMT SODA'23).
 
 Shuffling n reports of a randomizer with mixture parameters (eps, alpha) is at least as private as the pair
 ``(P_alpha, Q_alpha)`` of two-dimensional counts, so the central epsilon is the smallest eps_c with
 ``D_{e^eps_c}(P_alpha || Q_alpha) <= delta``. This module evaluates that hockey-stick divergence exactly in
-O(n) (§1.6 algorithm) and inverts it by bisection. It is the accountant the pipeline reports; the closed
+O(n) (§1.2 algorithm) and inverts it by bisection. It is the accountant the pipeline reports; the closed
 forms of ``closed_forms`` are only for comparison.
 
 For large n nearly all the mass of ``C ~ Bin(n-1, 2 alpha)`` sits within a few standard deviations of its
@@ -38,7 +38,7 @@ FAST_WINDOW_SDS = 12.0
 
 
 def check_mixture_alpha(alpha: object, eps_local: float) -> float:
-    """Validate ``0 < alpha`` and ``(1 + e^eps) alpha <= 1`` (up to 1e-12): the (0, 0) branch of §1.6 has
+    """Validate ``0 < alpha`` and ``(1 + e^eps) alpha <= 1`` (up to 1e-12): the (0, 0) branch of §1.2 has
     probability ``1 - alpha - e^eps alpha`` and must exist."""
     eps_local = check_epsilon("eps_local", eps_local)
     a = check_real("alpha", alpha)

@@ -7,8 +7,8 @@ throws away the shape of each window's privacy curve; composing privacy loss dis
 to the discretisation, which is rounded pessimistically so the result stays an upper bound.
 
 Shuffled reports. The tight shuffle bound (``shuffle_bound``) certifies that n shuffled reports of an
-(eps0, alpha)-mixture randomizer are at least as private as the pair (P_alpha, Q_alpha) of MECHANISMS.md
-§1.6: the victim outputs 1 / 2 / 0 with probabilities e^eps0 alpha / alpha / rest under P (1 and 2 swapped
+(eps0, alpha)-mixture randomizer are at least as private as the pair (P_alpha, Q_alpha) of docs/mathematics.md
+§1.2: the victim outputs 1 / 2 / 0 with probabilities e^eps0 alpha / alpha / rest under P (1 and 2 swapped
 under Q) and each of the n - 1 others outputs 1 or 2 with probability alpha each. The observation is
 (m, x): m non-zero outputs of which x are ones. With C ~ Bin(n-1, 2 alpha), b_m = Pr[C = m] and
 B_m(k) = Pr[Bin(m-1, 1/2) = k]:
@@ -26,7 +26,7 @@ Crowd count. The shuffler releases n_hat = floor(n + L - T) (L discrete Laplace 
 ``crowd``) and aborts when n_hat > n, i.e. when L > ceil(T); the abort does not depend on the data. For
 counts c (Q) and c + 1 (P) the release has four outcomes, each of constant privacy loss:
 ``lo`` (n + L <= c), ``mid``, ``top`` (only possible under P: infinite loss, the delta of Thm V.1) and
-``abort``. 001 Thm V.1 charges two crowds per replacement (a client moving between public partitions:
+``abort``. [ESA] Thm V.1 charges two crowds per replacement (a client moving between public partitions:
 one count +1, the other -1), so the window's count PLD is that of (P x Q, Q x P), again symmetric. For one
 unpartitioned crowd no count changes under replacement, so this is conservative there.
 """
@@ -163,7 +163,7 @@ def crowd_count_pmfs(eps_cr: float, delta_cr: float) -> tuple[dict[str, float], 
 @lru_cache(maxsize=64)
 def crowd_count_pld(eps_cr: float, delta_cr: float, interval: float = DEFAULT_INTERVAL
                     ) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one window's crowd count release (two counts change per replacement, 001 Thm V.1)."""
+    """PLD of one window's crowd count release (two counts change per replacement, [ESA] Thm V.1)."""
     p, q = crowd_count_pmfs(eps_cr, delta_cr)
     upper, lower = {}, {}
     for a in p:  # joint outcome (count +1, count -1): P x Q against Q x P

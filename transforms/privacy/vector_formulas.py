@@ -1,9 +1,9 @@
-"""Closed forms of 002's single-message vector summation (MECHANISMS.md §9): the blanket probability gamma
-and precision k_round that 002 derives from a central target, the local budget of one message, its mixture
+"""Closed forms of [VecSum]'s single-message vector summation (docs/mathematics.md §4.1): the blanket probability gamma
+and precision k_round that [VecSum] derives from a central target, the local budget of one message, its mixture
 parameter alpha, and the per-report variances. Shared by the planner and the vector mechanism.
 
-Notation of §9: d coordinates, t coordinates sampled per user, k = k_round (values 0..k), gamma = probability
-that a reported value is replaced by a uniform one of the k + 1 values, eps = the CENTRAL epsilon (002 states
+Notation of §4.1: d coordinates, t coordinates sampled per user, k = k_round (values 0..k), gamma = probability
+that a reported value is replaced by a uniform one of the k + 1 values, eps = the CENTRAL epsilon ([VecSum] states
 its rules in terms of the shuffled guarantee).
 """
 
@@ -28,13 +28,13 @@ __all__ = [
     "report_variance_bound",
 ]
 
-EPS_002_LIMIT = 6.0  # 002's theorems cover eps < 1 and 1 <= eps < 6 only
+EPS_002_LIMIT = 6.0  # [VecSum]'s theorems cover eps < 1 and 1 <= eps < 6 only
 
 
 def _regime(eps: float) -> bool:
-    """True for eps < 1, False for 1 <= eps < 6; refuses eps >= 6 (no rule in 002)."""
+    """True for eps < 1, False for 1 <= eps < 6; refuses eps >= 6 (no rule in [VecSum])."""
     if eps >= EPS_002_LIMIT:
-        raise ValueError(f"002's parameter rules are stated for eps_c < {EPS_002_LIMIT:g}, got {eps:g}")
+        raise ValueError(f"[VecSum]'s parameter rules are stated for eps_c < {EPS_002_LIMIT:g}, got {eps:g}")
     return eps < 1.0
 
 
@@ -47,7 +47,7 @@ def _checked(d: int, n: int, eps: float, delta: float, t: int) -> tuple[int, int
 
 
 def gamma_002(d: int, k: int, n: int, eps: float, delta: float, t: int = 1) -> float:
-    """002's blanket probability: §4.5 for t = 1 (no composition), Thm 4.1 (advanced composition) for t > 1.
+    """[VecSum]'s blanket probability: §4.5 for t = 1 (no composition), Thm 4.1 (advanced composition) for t > 1.
     May exceed 1: the caller must refuse such a plan, never clamp it."""
     d, n, eps, delta, t = _checked(d, n, eps, delta, t)
     k = check_int("k", k, 1)
@@ -60,7 +60,7 @@ def gamma_002(d: int, k: int, n: int, eps: float, delta: float, t: int = 1) -> f
 
 
 def k_round_002(d: int, n: int, eps: float, delta: float, t: int = 1) -> float:
-    """002's continuous precision k* (round it to an integer >= 1 before use)."""
+    """[VecSum]'s continuous precision k* (round it to an integer >= 1 before use)."""
     d, n, eps, delta, t = _checked(d, n, eps, delta, t)
     small = _regime(eps)
     if t == 1:
@@ -71,7 +71,7 @@ def k_round_002(d: int, n: int, eps: float, delta: float, t: int = 1) -> float:
 
 
 def normalized_mse_bound_002(d: int, n: int, eps: float, delta: float, gamma: float, t: int = 1) -> float:
-    """002's normalized-MSE bound (at its continuous k*), as re-derived in §9."""
+    """[VecSum]'s normalized-MSE bound (at its continuous k*), as re-derived in §4.1."""
     d, n, eps, delta, t = _checked(d, n, eps, delta, t)
     small = _regime(eps)
     scale = d ** (8 / 3) / ((1.0 - gamma) ** 2 * n ** (5 / 3))
@@ -101,14 +101,14 @@ def gamma_from_eps0(eps0: float, k: int) -> float:
 
 
 def alpha_vector(eps0: float, k: int) -> float:
-    """Mixture alpha of one 002 report = gamma/(k + 1): the sampled coordinate is data-independent and the value
+    """Mixture alpha of one [VecSum] report = gamma/(k + 1): the sampled coordinate is data-independent and the value
     goes through k-RR over k + 1 values (randomized rounding only randomises the k-RR input), so the k-RR alpha
-    1/(e^eps0 + k) applies (§1.6 table)."""
+    1/(e^eps0 + k) applies (§1.2 table)."""
     return alpha_grr(eps0, check_int("k", k, 1) + 1)
 
 
 def report_variance(x: np.ndarray | float, k: int, gamma: float) -> np.ndarray | float:
-    """Exact variance V(x) of one debiased report of value x in [0, 1] (§9, [D✓])."""
+    """Exact variance V(x) of one debiased report of value x in [0, 1] (§4.1, [D✓])."""
     x = np.asarray(x, dtype=float)
     f = x * k - np.floor(x * k)
     top = ((1 - gamma) * f * (1 - f) + gamma * (1 - gamma) * k * k * (x * x - x) + gamma * k * (2 * k + 1) / 6.0
@@ -118,5 +118,5 @@ def report_variance(x: np.ndarray | float, k: int, gamma: float) -> np.ndarray |
 
 
 def report_variance_bound(k: int, gamma: float) -> float:
-    """002's per-report bound ``(1/(4k^2) + gamma/2)/(1 - gamma)^2`` (>= V(x) for every x in [0, 1])."""
+    """[VecSum]'s per-report bound ``(1/(4k^2) + gamma/2)/(1 - gamma)^2`` (>= V(x) for every x in [0, 1])."""
     return (1.0 / (4.0 * k * k) + gamma / 2.0) / (1.0 - gamma) ** 2

@@ -1,0 +1,1 @@
+"""Heavy hitters of huge domains by prefix-tree expansion."""

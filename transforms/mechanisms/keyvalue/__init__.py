@@ -1,0 +1,1 @@
+"""Key-value mechanisms: Collision, CoCo, and the PrivKV and PCKV baselines, with their encoders."""

@@ -1,0 +1,1 @@
+"""Multi-message shuffle protocols: private-coin Hadamard, count-min, range counting."""

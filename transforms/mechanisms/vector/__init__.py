@@ -1,0 +1,1 @@
+"""Real vectors: single-message vector summation and LDP-SGD."""
