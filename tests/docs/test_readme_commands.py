@@ -83,7 +83,7 @@ def test_every_readme_command_is_run_by_a_test() -> None:
 def test_unknown_commands_are_refused() -> None:
     """The classifier refuses what it was not taught (so the strict test above can fail)."""
     for text in ("esa frobnicate --x 1", "rm -rf out", ".venv/bin/pip install x && esa simulate --clients 3"):
-        with pytest.raises(ValueError, match="not run by any test|unknown prefix"):
+        with pytest.raises(ValueError, match=r"not run by any test|unknown prefix"):
             classify(commands(Block("bash", "x", text + "\n"))[0])
 
 
@@ -256,7 +256,8 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
             log.close()
     assert codes == [0, 0, 0], f"{codes}\n{_tails(tmp_path)}"
     rows = read_estimates(analyze_out)
-    ends = {int(v.timestamp() * 1000) if hasattr(v, "timestamp") else int(v) for v in rows.column("window_end").to_pylist()}
+    ends = {int(v.timestamp() * 1000) if hasattr(v, "timestamp") else int(v)
+            for v in rows.column("window_end").to_pylist()}
     assert ends == {start_ms + window_ms} and min(rows.column("n_clients").to_pylist()) > 0, ends
 
 
