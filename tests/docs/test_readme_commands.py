@@ -147,7 +147,9 @@ def test_range_demo_then_query(tmp_path: Path) -> None:
     assert option(query.argv, "--estimates") == option(demo.argv, "--out")
     _run(_argv(replace_option(list(demo.argv), "--clients", "3000")), cwd=tmp_path)
     done = _run(_argv(query.argv), cwd=tmp_path)
-    assert done.stdout.strip(), "esa query printed nothing"
+    lo, hi = query.argv[query.argv.index("--range") + 1:query.argv.index("--range") + 3]
+    quantile = option(query.argv, "--quantile")
+    assert f"range [{lo}, {hi})" in done.stdout and f"quantile {quantile}:" in done.stdout, done.stdout
 
 
 # -- the device client ------------------------------------------------------------------------------------
@@ -255,6 +257,10 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
         for log in logs:
             log.close()
     assert codes == [0, 0, 0], f"{codes}\n{_tails(tmp_path)}"
+    for command in services:  # each job printed one balanced JSON line per run
+        stage = command.argv[1]
+        runs = [json.loads(ln) for ln in (tmp_path / f"{stage}.log").read_text().splitlines() if ln.startswith("{")]
+        assert runs and all(r["stage"] == stage and r["balanced"] for r in runs), (stage, runs)
     rows = read_estimates(analyze_out)
     ends = {int(v.timestamp() * 1000) if hasattr(v, "timestamp") else int(v)
             for v in rows.column("window_end").to_pylist()}
