@@ -74,6 +74,8 @@ def _balanced(accounting: dict[str, dict[str, int]]) -> None:
 
 def test_every_readme_command_is_run_by_a_test() -> None:
     """Strict: a bash command no test knows how to run fails here, by name; every class is present."""
+    langs = {b.lang for b in blocks()}
+    assert langs <= {"", "bash", "python"}, f"a README block in a language no test runs: {langs}"
     kinds = [classify(c) for c in bash_commands()]  # raises naming the unknown command
     assert set(kinds) == {"quickstart-demo", "ci", "trust-init", "service", "privacy", "plan", "range-demo",
                           "query", "privacy-horse"}, kinds
