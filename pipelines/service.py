@@ -62,11 +62,26 @@ def progress_line(summary: Any) -> str:
 
 
 def follow(run_once: Callable[[], Any], poll_seconds: float, max_runs: int | None = None) -> list[Any]:
-    """Run ``run_once`` repeatedly (pausing ``poll_seconds`` after a run that read nothing) until stopped."""
+    """Run ``run_once`` repeatedly (pausing ``poll_seconds`` after a run that read nothing) until stopped.
+
+    A missing input topic is waited for, not fatal: jobs started side by side must not die because the
+    job upstream has not published yet (its warning names the closest topic, in case of a typo).
+    """
+    from pipelines.preflight import MissingTopicsError
+
     summaries: list[Any] = []
+    waiting_for = ""
     with StopRequest() as stop:
         while not stop.requested and (max_runs is None or len(summaries) < max_runs):
-            summary = run_once()
+            try:
+                summary = run_once()
+            except MissingTopicsError as err:
+                if str(err) != waiting_for:
+                    LOG.warning("waiting for the input topic: %s", err)
+                    waiting_for = str(err)
+                stop.sleep(poll_seconds)
+                continue
+            waiting_for = ""
             summaries.append(summary)
             LOG.info("run %d: %s", len(summaries), progress_line(summary))
             if summary.count("kafka_records_read") == 0:

@@ -131,7 +131,7 @@ class IngressFn(beam.DoFn):
     """Batches of KafkaRecords -> ((spec, crowd, window_end, bucket), pickled [SetElement]) + dead letters.
 
     Also emits, on ``TIMES``, (partition key, max authenticated event time) per input batch: the
-    watermark is computed from authenticated, in-range records only.
+    watermark is computed from authenticated, in-range records only, read for the first time.
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy):
@@ -179,7 +179,11 @@ class IngressFn(beam.DoFn):
                         "ingress", "late: its window was already released", record))
                 continue
             self._accepted.inc()
-            latest[pkey] = max(latest.get(pkey, item.event_time_ms), item.event_time_ms)
+            if not seen_before:
+                # Only new records are news for the watermark: a held set re-read by every run must not keep
+                # its partition active forever (the last window of a stream that goes quiet would never
+                # close); its event time is already in the run state of the run that first read it.
+                latest[pkey] = max(latest.get(pkey, item.event_time_ms), item.event_time_ms)
             key = (item.spec_id, item.crowd_id, item.window_end_ms, device_bucket(item.device_id))
             groups.setdefault(key, []).append(item)
         for pkey, event_ms in latest.items():

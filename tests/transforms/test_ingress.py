@@ -180,3 +180,16 @@ def test_a_held_set_is_judged_by_the_clock_of_its_first_read(devices: Devices) -
     assert len(held) == 1 and not tagged.get(DEAD)
     fresh, tagged = split_outputs(fn.process([KafkaRecord(TOPIC, 0, 12, 0, None, old_set)]))
     assert not fresh and "stale" in tagged[DEAD][0]["reason"]
+
+
+def test_only_first_reads_move_the_event_time_of_a_partition(devices: Devices) -> None:
+    """A held set re-read by a later run is admitted again but emits no event time: otherwise every run would
+    mark its partition as having fresh data and the last window of a quiet stream would never go idle."""
+    prior = PriorRuns(processed_until={f"{TOPIC}/0": 10}, read_clock={f"{TOPIC}/0": ((10, NOW_MS),)})
+    fn = ingress_fn([SPEC], devices, prior)
+    reread = KafkaRecord(TOPIC, 0, 3, 0, None, devices.message_set(SPEC, "c0", WIN_A + 5, [(1,)]))
+    held, tagged = split_outputs(fn.process([reread]))
+    assert len(held) == 1 and not tagged.get(TIMES)
+    new = KafkaRecord(TOPIC, 0, 12, 0, None, devices.message_set(SPEC, "c1", WIN_A + 9, [(1,)]))
+    _, tagged = split_outputs(fn.process([reread, new]))
+    assert dict(tagged[TIMES]) == {f"{TOPIC}/0": WIN_A + 9}

@@ -1,0 +1,273 @@
+"""Every command of README.md, extracted from the README itself and run at small sizes.
+
+Sizes are reduced (``--clients``), paths moved under ``tmp_path`` and ``H:P`` pointed at the session
+broker; otherwise each command runs as written, through the same interpreter (``esa`` is
+``sys.executable -m pipelines.cli``, ``python`` is ``sys.executable``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.docs.readme_commands import (
+    REPO,
+    Block,
+    Command,
+    bash_commands,
+    blocks,
+    by_class,
+    classify,
+    commands,
+    option,
+    python_blocks,
+    replace_option,
+)
+
+ESA = [sys.executable, "-m", "pipelines.cli"]
+SMALL_CLIENTS = 2000
+TIMEOUT_S = 300
+
+
+def _env() -> dict[str, str]:
+    """The test's environment with the repository first on the path (the commands run in a tmp cwd)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _argv(tokens: tuple[str, ...] | list[str]) -> list[str]:
+    """A README argv for this interpreter: ``esa``/``.venv/bin/esa`` -> the CLI module, ``python`` -> us."""
+    head, *rest = tokens
+    if head in ("esa", ".venv/bin/esa"):
+        return [*ESA, *rest]
+    if head in ("python", "python3", ".venv/bin/python"):
+        return [sys.executable, *rest]
+    raise AssertionError(f"do not know how to run {head!r}")
+
+
+def _run(argv: list[str], cwd: Path, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{argv} exited {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def _balanced(accounting: dict[str, dict[str, int]]) -> None:
+    """read equals the sum of every other term, in every stage."""
+    assert set(accounting) == {"encode", "shuffle", "analyze"}, accounting
+    for stage, terms in accounting.items():
+        parts = {k: v for k, v in terms.items() if k != "read"}
+        assert terms["read"] == sum(parts.values()) and terms["read"] > 0, (stage, terms)
+
+
+# -- extraction -------------------------------------------------------------------------------------------
+
+
+def test_every_readme_command_is_run_by_a_test() -> None:
+    """Strict: a bash command no test knows how to run fails here, by name; every class is present."""
+    langs = {b.lang for b in blocks()}
+    assert langs <= {"", "bash", "python"}, f"a README block in a language no test runs: {langs}"
+    kinds = [classify(c) for c in bash_commands()]  # raises naming the unknown command
+    assert set(kinds) == {"quickstart-demo", "ci", "trust-init", "service", "privacy", "plan", "range-demo",
+                          "query", "privacy-horse"}, kinds
+    assert kinds.count("service") == 3 and len(python_blocks()) == 1
+
+
+def test_unknown_commands_are_refused() -> None:
+    """The classifier refuses what it was not taught (so the strict test above can fail)."""
+    for text in ("esa frobnicate --x 1", "rm -rf out", ".venv/bin/pip install x && esa simulate --clients 3"):
+        with pytest.raises(ValueError, match=r"not run by any test|unknown prefix"):
+            classify(commands(Block("bash", "x", text + "\n"))[0])
+
+
+def test_extraction_joins_continuations_and_drops_comments() -> None:
+    block = Block("bash", "s", "esa a --x 1 \\\n    --y 2   # a comment\n\n# only a comment\nesa b '#kept'\n")
+    found = commands(block)
+    assert [c.segments for c in found] == [(("esa", "a", "--x", "1", "--y", "2"),), (("esa", "b", "#kept"),)]
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    """The Quick start's second bash block is, character for character, the last line of .ci/run."""
+    quick = [b for b in blocks() if b.lang == "bash" and b.section == "Quick start"]
+    assert len(quick) == 2, quick
+    (test_command,) = commands(quick[1])
+    assert classify(test_command) == "ci"
+    ci_lines = [ln for ln in (REPO / ".ci/run").read_text().splitlines() if ln.strip()]
+    assert ci_lines[-1].strip() == quick[1].text.strip() == test_command.line
+
+
+# -- the quick start, the privacy questions ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_quick_start_demo(tmp_path: Path) -> None:
+    (command,) = by_class("quickstart-demo")
+    argv = replace_option(list(command.argv), "--clients", str(SMALL_CLIENTS))
+    out = tmp_path / "demo"
+    argv = replace_option(argv, "--out", str(out))
+    done = _run(_argv(argv), cwd=tmp_path)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["accounting_balanced"] is True, summary["accounting"]
+    _balanced(summary["accounting"])
+    assert "balanced" in done.stdout
+
+
+def test_privacy_commands_as_written(tmp_path: Path) -> None:
+    for command in by_class("privacy"):
+        done = _run(_argv(command.argv), cwd=tmp_path)
+        windows = option(command.argv, "--windows")
+        assert "eps" in done.stdout and (windows is None or f"{windows}:" in done.stdout), done.stdout
+
+
+def test_horse_row(tmp_path: Path) -> None:
+    """The README's Horse example prints [ESA]'s removal epsilon 1.00177."""
+    (command,) = by_class("privacy-horse")
+    assert "1.00177" in _run(_argv(command.argv), cwd=tmp_path).stdout
+
+
+@pytest.mark.slow
+def test_plan_commands_as_written(tmp_path: Path) -> None:
+    for command in by_class("plan"):
+        done = _run(_argv(command.argv), cwd=tmp_path)
+        assert "total epsilon" in done.stdout, done.stdout
+
+
+@pytest.mark.slow
+def test_range_demo_then_query(tmp_path: Path) -> None:
+    """The range demo (at 3000 clients), then the query against its --out, both from the same cwd."""
+    (demo,) = by_class("range-demo")
+    (query,) = by_class("query")
+    assert option(query.argv, "--estimates") == option(demo.argv, "--out")
+    _run(_argv(replace_option(list(demo.argv), "--clients", "3000")), cwd=tmp_path)
+    done = _run(_argv(query.argv), cwd=tmp_path)
+    lo, hi = query.argv[query.argv.index("--range") + 1:query.argv.index("--range") + 3]
+    quantile = option(query.argv, "--quantile")
+    assert f"range [{lo}, {hi})" in done.stdout and f"quantile {quantile}:" in done.stdout, done.stdout
+
+
+# -- the device client ------------------------------------------------------------------------------------
+
+
+def test_device_client_snippet(tmp_path: Path) -> None:
+    """The ```python snippet, in a cwd holding ``keys`` (made by the README's trust init) and ``examples``."""
+    (snippet,) = python_blocks()
+    (init,) = by_class("trust-init")
+    _run(_argv([*init.argv[:-1], "keys"]), cwd=tmp_path)
+    (tmp_path / "examples").symlink_to(REPO / "examples", target_is_directory=True)
+    done = _run([sys.executable, "-c", snippet.text], cwd=tmp_path, timeout=120)
+    lines = done.stdout.splitlines()
+    assert lines and lines[0].startswith("enrol: "), done.stdout
+    device_id, public_hex = lines[0].split()[1:3]
+    assert device_id and len(bytes.fromhex(public_hex)) == 32
+
+
+# -- running it as a service ------------------------------------------------------------------------------
+
+TIMING_FLAGS = ["--poll_seconds", "1", "--idle_timeout_seconds", "1", "--out_of_orderness_seconds", "0"]
+
+
+def _service_spec(path: Path) -> Path:
+    """examples/app_language.toml with one-minute windows that close at their end (no allowed lateness)."""
+    text = (REPO / "examples/app_language.toml").read_text()
+    for key, value in (("size_seconds", "60"), ("allowed_lateness_seconds", "0")):
+        lines = text.splitlines()
+        hits = [i for i, ln in enumerate(lines) if ln.split("=")[0].strip() == key]
+        assert len(hits) == 1, key
+        lines[hits[0]] = f"{key} = {value}"
+        text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return path
+
+
+def _service_argv(command: Command, subs: dict[str, str], topics: dict[str, str]) -> list[str]:
+    argv = [subs.get(t, t) for t in command.argv]
+    argv = [a.replace("/srv/esa", subs["/srv/esa"]) for a in argv]
+    for flag in ("--raw_topic", "--reports_topic", "--shuffled_topic"):
+        if flag in argv:
+            argv = replace_option(argv, flag, topics[option(argv, flag)])
+    return _argv([*argv, *TIMING_FLAGS])
+
+
+@pytest.mark.slow
+def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
+    """Trust init, then simulated telemetry (``esa simulate --keys_dir KEYS``, a few windows in the past),
+    then the three ``--follow`` jobs side by side until the analyzer has written estimates; SIGTERM stops
+    each with exit 0. The only additions to the README's commands are the timing flags
+    ``--poll_seconds 1 --idle_timeout_seconds 1 --out_of_orderness_seconds 0`` (so windows close in seconds)."""
+    from transforms.state.estimates_store import read_estimates
+
+    (init,) = by_class("trust-init")
+    services = by_class("service")
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    spec = _service_spec(tmp_path / "S.toml")
+    subs = {"H:P": broker.bootstrap, "S.toml": str(spec), "/srv/esa": str(srv)}
+    tag = uuid.uuid4().hex[:8]
+    topics = {name: f"readme-{name}-{tag}" for name in ("telemetry", "reports", "shuffled")}
+    keys = init.argv[-1].replace("/srv/esa", str(srv))
+    _run(_argv([*init.argv[:-1], keys]), cwd=tmp_path)
+
+    window_ms = 60_000
+    start_ms = (int(time.time() * 1000) // window_ms - 4) * window_ms
+    produced = _run([*ESA, "simulate", "--bootstrap", broker.bootstrap, "--spec", str(spec), "--clients", "300",
+                     "--start_time", datetime.fromtimestamp(start_ms / 1000, UTC).isoformat(),
+                     "--keys_dir", keys, "--raw_topic", topics["telemetry"], "--reports_topic", topics["reports"]],
+                    cwd=tmp_path)
+    assert json.loads(produced.stdout.strip().splitlines()[-1])["produced"], produced.stdout
+
+    analyze_out = None
+    procs = []
+    logs = []
+    try:
+        for command in services:
+            argv = _service_argv(command, subs, topics)
+            if command.argv[1] == "analyze":
+                analyze_out = Path(option(argv, "--output_dir"))
+            log = (tmp_path / f"{command.argv[1]}.log").open("w")
+            logs.append(log)
+            procs.append(subprocess.Popen(argv, cwd=tmp_path, env=_env(), stdout=log, stderr=subprocess.STDOUT))
+        assert analyze_out is not None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            dead = [(p.args[3], p.returncode) for p in procs if p.poll() is not None]
+            assert not dead, f"a follower exited early: {dead}\n{_tails(tmp_path)}"
+            if (analyze_out / "estimates").exists() and read_estimates(analyze_out).num_rows > 0:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"no estimates under {analyze_out} after 180 s\n{_tails(tmp_path)}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=120))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append("killed")
+        for log in logs:
+            log.close()
+    assert codes == [0, 0, 0], f"{codes}\n{_tails(tmp_path)}"
+    for command in services:  # each job printed one balanced JSON line per run
+        stage = command.argv[1]
+        runs = [json.loads(ln) for ln in (tmp_path / f"{stage}.log").read_text().splitlines() if ln.startswith("{")]
+        assert runs and all(r["stage"] == stage and r["balanced"] for r in runs), (stage, runs)
+    rows = read_estimates(analyze_out)
+    ends = {int(v.timestamp() * 1000) if hasattr(v, "timestamp") else int(v)
+            for v in rows.column("window_end").to_pylist()}
+    assert ends == {start_ms + window_ms} and min(rows.column("n_clients").to_pylist()) > 0, ends
+
+
+def _tails(tmp_path: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted(tmp_path.glob("*.log")))
