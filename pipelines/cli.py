@@ -150,13 +150,13 @@ def _parser() -> argparse.ArgumentParser:
     priv.add_argument("--n", type=_positive_int, required=True, help="number of shuffled reports")
     priv.add_argument("--delta", type=_positive_float, required=True)
     priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
-    priv.add_argument("--epsilon-fragment", type=_positive_float, default=None,
+    priv.add_argument("--epsilon_fragment", type=_positive_float, default=None,
                       help="rappor_fragments: fragment epsilon (default: docs/mathematics.md §2.8 rule)")
     priv.add_argument("--windows", type=_positive_int, default=None,
                       help="compose W windows of the same population (delta is then the total delta)")
-    priv.add_argument("--crowd-epsilon", type=_positive_float, default=None,
+    priv.add_argument("--crowd_epsilon", type=_positive_float, default=None,
                       help="with --windows: the [crowd] epsilon of the noisy count published every window")
-    priv.add_argument("--crowd-delta", type=_positive_float, default=None, help="with --windows: [crowd] delta")
+    priv.add_argument("--crowd_delta", type=_positive_float, default=None, help="with --windows: [crowd] delta")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plan_parser(sub)
     for subparser in sub.choices.values():
@@ -310,7 +310,7 @@ def _privacy(args: argparse.Namespace) -> int:
         report["windows"] = windows_report(report, args.windows, args.crowd_epsilon, args.crowd_delta)
         text += "\n" + format_windows_report(report["windows"])
     elif args.crowd_epsilon is not None or args.crowd_delta is not None:
-        raise ValueError("--crowd-epsilon / --crowd-delta apply with --windows only")
+        raise ValueError("--crowd_epsilon / --crowd_delta apply with --windows only")
     _print(json.dumps(report, indent=2) if args.json else text)
     return 0
 
@@ -323,20 +323,20 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
                            "(default: grr, oue, olh, hadamard, cms, rappor and recommend one)")
     plan.add_argument("--d", type=_positive_int, required=True,
                       help="categories (histogram), keys (kv_mean) or coordinates (vector_mean)")
-    plan.add_argument("--target-stderr", type=_positive_float, default=None,
+    plan.add_argument("--target_stderr", type=_positive_float, default=None,
                       help="histogram: per-item stderr to reach (a frequency), instead of a central target")
     plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
     plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
-    plan.add_argument("--epsilon-central", type=_positive_float, default=None, help="per-window target")
+    plan.add_argument("--epsilon_central", type=_positive_float, default=None, help="per-window target")
     plan.add_argument("--delta", type=_positive_float, required=True)
     plan.add_argument("--t", type=_positive_int, default=None,
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
-    plan.add_argument("--t-rule", default=None, help="kv_mean: joint (default), min-variance or paper")
-    plan.add_argument("--k-round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
+    plan.add_argument("--t_rule", default=None, help="kv_mean: joint (default), min-variance or paper")
+    plan.add_argument("--k_round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
     plan.add_argument("--accountant", default=None, help="vector_mean: \"002\" ([VecSum]'s rules, default) or tight")
     plan.add_argument("--windows", type=_positive_int, default=None,
-                      help="plan for W windows of the same population (with --epsilon-central-total)")
-    plan.add_argument("--epsilon-central-total", type=_positive_float, default=None,
+                      help="plan for W windows of the same population (with --epsilon_central_total)")
+    plan.add_argument("--epsilon_central_total", type=_positive_float, default=None,
                       help="with --windows: budget for all W windows together (PLD composition)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -347,16 +347,16 @@ def _plan(args: argparse.Namespace) -> int:
     if args.kind == "histogram":
         return _plan_histogram(args)
     if args.target_stderr is not None:
-        raise ValueError("--target-stderr applies to --kind histogram only")
+        raise ValueError("--target_stderr applies to --kind histogram only")
     if (args.windows is None) != (args.epsilon_central_total is None):
-        raise ValueError("--windows and --epsilon-central-total go together")
+        raise ValueError("--windows and --epsilon_central_total go together")
     if (args.windows is None) == (args.epsilon_central is None):
-        raise ValueError("give --epsilon-central (one window) or --windows with --epsilon-central-total")
+        raise ValueError("give --epsilon_central (one window) or --windows with --epsilon_central_total")
     if args.kind == "kv_mean":
         if args.mechanism is None or args.s is None:
             raise ValueError("--kind kv_mean needs --mechanism and --s")
         if args.k_round is not None or args.accountant is not None:
-            raise ValueError("--k-round and --accountant apply to --kind vector_mean only")
+            raise ValueError("--k_round and --accountant apply to --kind vector_mean only")
 
         def make(eps_c: float, delta: float) -> object:
             return plan_kv_mean(args.mechanism, args.d, args.s, args.n, eps_c, delta, t=args.t,
@@ -364,7 +364,7 @@ def _plan(args: argparse.Namespace) -> int:
         formatter = format_kv_plan
     else:
         if args.mechanism is not None or args.s is not None or args.t_rule is not None:
-            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t-rule (it plans [VecSum]'s mechanism)")
+            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t_rule (it plans [VecSum]'s mechanism)")
 
         def make(eps_c: float, delta: float) -> object:
             return plan_vector_mean(args.d, args.n, eps_c, delta, k_round=args.k_round,
@@ -385,20 +385,20 @@ def _plan(args: argparse.Namespace) -> int:
 def _plan_histogram(args: argparse.Namespace) -> int:
     from transforms.privacy import planner_histogram as ph
 
-    for flag, value in (("--s", args.s), ("--t", args.t), ("--t-rule", args.t_rule), ("--k-round", args.k_round),
+    for flag, value in (("--s", args.s), ("--t", args.t), ("--t_rule", args.t_rule), ("--k_round", args.k_round),
                         ("--accountant", args.accountant)):
         if value is not None:
             raise ValueError(f"{flag} does not apply to --kind histogram")
     mechanisms = ph.HISTOGRAM_MECHANISMS if args.mechanism is None else (args.mechanism,)
     if args.windows is None:
         if args.epsilon_central_total is not None:
-            raise ValueError("--epsilon-central-total goes with --windows")
+            raise ValueError("--epsilon_central_total goes with --windows")
         plan = ph.plan_histogram(args.d, args.n, args.delta, epsilon_central=args.epsilon_central,
                                  target_stderr=args.target_stderr, mechanisms=mechanisms)
         text = ph.format_histogram_plan(plan)
     else:
         if args.epsilon_central is not None:
-            raise ValueError("with --windows give --epsilon-central-total (or --target-stderr), not --epsilon-central")
+            raise ValueError("with --windows give --epsilon_central_total (or --target_stderr), not --epsilon_central")
         if args.mechanism is None:  # RAPPOR's PLD ledger is too slow to recompose at every bisection step
             mechanisms = tuple(m for m in mechanisms if m != "rappor")
         plan = ph.plan_histogram_windows(args.d, args.n, args.windows, args.delta,

@@ -1,4 +1,4 @@
-"""Planning against a budget for many windows: ``esa plan --windows W --epsilon-central-total E``.
+"""Planning against a budget for many windows: ``esa plan --windows W --epsilon_central_total E``.
 
 A per-window plan (``plan_kv_mean``, ``plan_vector_mean``) turns a per-window central target into local
 parameters. Over W windows the population's cost is the *composition* of W such releases (``odometer``),

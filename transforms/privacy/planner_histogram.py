@@ -204,7 +204,7 @@ def plan_histogram(d: int, n: int, delta: float, *, epsilon_central: float | Non
     d, n = check_int("d", d, 2), check_int("n", n, 2)
     delta = check_delta("delta", delta)
     if (epsilon_central is None) == (target_stderr is None):
-        raise ValueError("give exactly one of --epsilon-central and --target-stderr")
+        raise ValueError("give exactly one of --epsilon_central and --target_stderr")
     unknown = [m for m in mechanisms if m not in HISTOGRAM_MECHANISMS]
     if unknown or not mechanisms:
         raise ValueError(f"histogram mechanisms to plan: {', '.join(HISTOGRAM_MECHANISMS)}; got {unknown or 'none'}")
@@ -214,7 +214,7 @@ def plan_histogram(d: int, n: int, delta: float, *, epsilon_central: float | Non
         best = min(options, key=lambda o: o.stderr)
     else:
         if not (isinstance(target_stderr, int | float) and math.isfinite(target_stderr) and 0 < target_stderr < 1):
-            raise ValueError(f"--target-stderr is a frequency's standard error in (0, 1), got {target_stderr!r}")
+            raise ValueError(f"--target_stderr is a frequency's standard error in (0, 1), got {target_stderr!r}")
         options = tuple(_for_stderr(m, d, n, float(target_stderr), delta) for m in mechanisms)
         reachable = [o for o in options if o.feasible]
         best = min(reachable, key=lambda o: o.eps_central) if reachable else None
@@ -279,7 +279,7 @@ def plan_histogram_windows(d: int, n: int, windows: int, delta_total: float, *,
     windows = check_int("windows", windows, 1)
     delta = check_delta("delta", delta_total)
     if (epsilon_central_total is None) == (target_stderr is None):
-        raise ValueError("with --windows give exactly one of --epsilon-central-total and --target-stderr")
+        raise ValueError("with --windows give exactly one of --epsilon_central_total and --target_stderr")
     totals: dict[str, dict[str, Any]] = {}
     options = []
     for name in mechanisms:
