@@ -23,5 +23,5 @@ if [[ -n "${LAUNCH:-}" ]]; then
     --parameters=sdk_container_image="$FLEX_IMAGE" \
     --parameters=spec="$SPEC" \
     --parameters=kafka_bootstrap="$KAFKA_BOOTSTRAP" \
-    --parameters=kafka_io=xlang
+    --parameters=kafka_io=python
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submit `esa run` to Google Cloud Dataflow from a workstation (no template). Nothing here can be run
 # offline: it needs a GCP project, a bucket, the SDK harness image of the root Dockerfile pushed to Artifact
-# Registry, Kafka reachable from the workers' VPC, and (for --kafka_io xlang) Java 11+ on this machine.
+# Registry, Kafka reachable from the workers' VPC, and the job's --state_dir on this machine (the driver seals and publishes).
 set -euo pipefail
 
 : "${PROJECT:?GCP project id}"
@@ -22,7 +22,6 @@ exec esa run \
   --job_name="esa-run-$(date +%Y%m%d-%H%M%S)" \
   --spec="$SPEC" \
   --kafka_bootstrap="$KAFKA_BOOTSTRAP" \
-  --kafka_io=xlang \
   --consumer_group="${CONSUMER_GROUP:-esa-dataflow}" \
   --estimates_topic="${ESTIMATES_TOPIC:-estimates}" \
   --dead_letter_topic="${DEAD_LETTER_TOPIC:-dead-letters}" \

@@ -9,7 +9,7 @@
 #   * the SDK harness image of the root Dockerfile, pushed where the TaskManagers can pull it ($SDK_IMAGE),
 #     or, for ENVIRONMENT=EXTERNAL, that image running beside every TaskManager as a worker pool:
 #       docker run --net=host "$SDK_IMAGE" --worker_pool      (listens on localhost:50000)
-#   * for --kafka_io xlang: Java 11+ on the submitting machine (Beam starts the Kafka expansion service jar).
+#   * --state_dir on a filesystem the SDK workers share with this driver (staging is written there).
 set -euo pipefail
 
 : "${SPEC:?path of the analysis spec TOML}"
@@ -34,7 +34,6 @@ exec esa run \
   --parallelism=2 \
   --spec="$SPEC" \
   --kafka_bootstrap="$KAFKA_BOOTSTRAP" \
-  --kafka_io=xlang \
   --consumer_group="${CONSUMER_GROUP:-esa-flink}" \
   --estimates_topic="${ESTIMATES_TOPIC:-estimates}" \
   --dead_letter_topic="${DEAD_LETTER_TOPIC:-dead-letters}" \
