@@ -42,7 +42,7 @@ from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
 from transforms.staging import StageFn, load_staged, stable_name
 from transforms.state.files import atomic_write_bytes
-from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
+from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 
 LOG = logging.getLogger(__name__)
 STAGE = "shuffle"
@@ -108,6 +108,9 @@ def assemble(config: JobConfig, parts: list[ReleasePart]) -> dict[str, tuple[Rel
         n_sets = sum(p.n_sets for p in mine)
         deleted = None if any(p.deleted is None for p in mine) else sum(p.deleted for p in mine)
         rid = release_id_of(spec_id, crowd, end)
+        if n_sets == 0:  # withheld: nothing to number or sign
+            out[rid] = (ReleaseKey(spec_id, crowd, end), b"", 0, 0)
+            continue
         chunks = split_into_batches(messages)
         blob = bytearray()
         for i, chunk in enumerate(chunks):
@@ -158,6 +161,11 @@ def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
     config = run.config
     released, conflicts = 0, 0
     for rid, (key, blob, n_sets, n_messages) in assemble(config, load_staged(run.staging, "part")).items():
+        if n_sets == 0:  # withheld by the crowd threshold: sealed as such, never published
+            ledger.seal(ReleaseEntry(key=key, release_id=rid, digest="withheld", n_sets=0, n_messages=0, batches=0,
+                                     source_ends=run.source_ends, run_key=run.key,
+                                     sealed_at_ms=int(time.time() * 1000), status=WITHHELD))
+            continue
         path = release_file(config, rid)
         atomic_write_bytes(path, blob)
         digest = hashlib.sha256(blob).hexdigest()

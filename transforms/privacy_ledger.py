@@ -65,6 +65,21 @@ def window_release(account: dict[str, Any]) -> Any:
     return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd)
 
 
+def composition_interval(accounts: list[dict[str, Any]]) -> float:
+    """The PLD grid for this population: 1e-3 of the largest per-window loss scale, never finer than 1e-5.
+
+    Pessimistic rounding costs at most one grid step per window, so the total stays within 0.1% of what
+    finer grids give, while the support of the composed distribution (and the memory and time of each
+    release) no longer grows with windows of large per-window epsilon such as the crowd count's.
+    """
+    from transforms.privacy.shuffle_pld import DEFAULT_INTERVAL
+
+    scale = max([float(a.get("crowd_epsilon") or 0.0) for a in accounts]
+                + [float(a.get("eps_central") or 0.0) for a in accounts if a.get("eps_central") is not None]
+                + [0.0])
+    return max(DEFAULT_INTERVAL, 1e-3 * scale) if math.isfinite(scale) else DEFAULT_INTERVAL
+
+
 def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]], delta: float) -> float | None:
     """The population's cumulative epsilon at ``delta``; None before any release."""
     from transforms.privacy.odometer import cumulative_epsilon
@@ -75,7 +90,7 @@ def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]], delt
         # A window without a finite guarantee (e.g. a multi-message crowd far below its calibrated size)
         # leaves the composition unbounded too; the odometer says so instead of failing the release.
         return math.inf
-    return float(cumulative_epsilon([window_release(a) for a in accounts], delta))
+    return float(cumulative_epsilon([window_release(a) for a in accounts], delta, composition_interval(accounts)))
 
 
 def _finite(value: Any) -> bool:

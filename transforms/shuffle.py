@@ -262,6 +262,9 @@ class ReleaseFn(beam.DoFn):
         total_sets = sum(n for n, _ in units)
         if decision == WITHHELD:
             self._deleted.inc(total_sets)
+            # An empty part says "this window closed and released nothing": the driver records it in the
+            # ledger, so later reports for the window are late instead of forming a new crowd.
+            yield ReleasePart(spec_id, crowd, window_end, subkey, (), 0, None)
             return
         rng = keyed_generator(self._key, "release", spec_id, str(crowd), subkey, window_end)
         survivors = rng.permutation(len(units))[decision:]  # one draw: which devices survive

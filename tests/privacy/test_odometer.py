@@ -48,9 +48,13 @@ def test_quoted_composed_values(n: int, windows: int, quoted: float) -> None:
 @pytest.mark.parametrize(("n", "alpha", "eps0"), [(10**5, ALPHA, 4.0), (20_000, alpha_oue(2.0), 2.0),
                                                   (500, alpha_grr(1.0, 8), 1.0)])
 def test_single_window_equals_tight_bound(n: int, alpha: float, eps0: float) -> None:
-    single = epsilon_central(n, alpha, eps0, DELTA)
+    # One window is the tight bound at the odometer's (conservatively rounded-down) client count, to 1e-3;
+    # against the exact count it can only be higher, by the rounding's at most 2% fewer clients.
+    at_grid = epsilon_central(quantize_clients(n), alpha, eps0, DELTA)
     eps = cumulative_epsilon([WindowRelease(alpha, eps0, n)], DELTA)
-    assert abs(eps / single - 1.0) < 1e-3
+    assert abs(eps / at_grid - 1.0) < 1e-3
+    exact = epsilon_central(n, alpha, eps0, DELTA)
+    assert exact - 1e-5 <= eps <= exact * 1.02
 
 
 def _optimistic(n: int, windows: int) -> float:
@@ -70,7 +74,8 @@ def test_bounds_and_monotonicity() -> None:
     values = [cumulative_epsilon([_krr(n)] * w, DELTA) for w in (1, 2, 10, 30)]
     assert all(a < b for a, b in itertools.pairwise(values))
     for w, eps in zip((1, 2, 10, 30), values, strict=True):
-        basic = w * epsilon_central(n, ALPHA, 4.0, DELTA / w)  # delta split evenly over the windows
+        # delta split evenly over the windows, at the odometer's grid count (it rounds n down, conservatively)
+        basic = w * epsilon_central(quantize_clients(n), ALPHA, 4.0, DELTA / w)
         assert eps <= basic + w * 1e-5  # up to the PLD's pessimistic rounding (one grid step per window)
         assert eps >= _optimistic(n, w) - 1e-12
     assert values[-1] <= 30 * 4.0
@@ -148,7 +153,12 @@ def test_approximate_windows_and_validation() -> None:
     assert eps < 4 * 0.5 and eps > 0.5
     assert abs(cumulative_epsilon(pure[:1], DELTA) - 0.5) < 1e-3
     assert cumulative_epsilon([WindowRelease(ALPHA, 4.0, 0)], DELTA) == 0.0  # nothing released
-    assert quantize_clients(1_234_567) == 1_230_000 and quantize_clients(999) == 999
+    assert quantize_clients(99) == 99 and quantize_clients(100) == 100
+    for n in (101, 999, 1_234_567, 10**9):
+        q = quantize_clients(n)
+        assert n / 1.02 <= q <= n, (n, q)
+    # windows whose sizes wander by a few percent share a few grid points
+    assert len({quantize_clients(n) for n in range(950, 1051)}) <= 6
     with pytest.raises(ValueError):
         WindowRelease(0.5, 4.0, 100)  # (1 + e^4) alpha > 1
     with pytest.raises(ValueError):

@@ -27,7 +27,8 @@ from typing import Any
 from transforms.state.files import StateError, atomic_write_json, create_exclusive, read_json
 
 SEALED, PUBLISHED = "sealed", "published"
-STATUSES = (SEALED, PUBLISHED)
+WITHHELD = "withheld"  # a window closed below the crowd threshold: nothing published, ever; its reports are late
+STATUSES = (SEALED, PUBLISHED, WITHHELD)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _STEM_CHARS = 48
 
@@ -212,7 +213,7 @@ class ReleaseLedger:
 
     def unpublished(self) -> list[ReleaseEntry]:
         """Sealed entries never marked published (a crash between seal and publish), oldest window first."""
-        pending = [e for e in self.entries() if not e.published]
+        pending = [e for e in self.entries() if e.status == SEALED]
         return sorted(pending, key=lambda e: (e.key.window_end_ms, e.key.spec_id, e.key.crowd_id or ""))
 
 
