@@ -78,7 +78,7 @@ def draw_traffic(spec: Any, start_ms: int, hours: int, devices: int, out_of_orde
     event = start_ms + window * HOUR_MS + rng.integers(0, HOUR_MS, size=n)
     kind = np.zeros(n, dtype=np.int8)
     u = rng.random(n)
-    kind[u < out_of_order + late] = 1
+    kind[(u >= late) & (u < late + out_of_order)] = 1
     kind[(u < late) & (window < hours)] = 2  # the tail may not close before the end: no late reports there
     arrival = event.copy()
     ooo = kind == 1
