@@ -109,11 +109,17 @@ def device_id(i: int) -> str:
     return f"device-{i:07d}"
 
 
+def quiet_logs() -> None:
+    """Warnings only; kafka-python logs every reconnect of its short-lived clients as an ERROR."""
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
 def job_worker(stage: str, config: Any, conn: Any) -> None:
     """One job's process: run the stage once per ``now_ms`` received; reply with its figures and peak RSS."""
     import importlib
 
-    logging.basicConfig(level=logging.WARNING)
+    quiet_logs()
     job = importlib.import_module(f"pipelines.{stage}")
     while True:
         now_ms = conn.recv()
@@ -359,7 +365,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.devices_per_window < 50 or args.hours < 1 or args.step_minutes < 1:
         parser.error("need >= 50 devices per window, >= 1 hour and >= 1-minute steps")
-    logging.basicConfig(level=logging.WARNING)
+    quiet_logs()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="esa-streaming-") as tmp:
         out = args.keep or Path(tmp)
