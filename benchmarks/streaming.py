@@ -69,7 +69,7 @@ class Traffic:
 def draw_traffic(spec: Any, start_ms: int, hours: int, devices: int, out_of_order: float, max_delay_ms: int,
                  late: float, late_after_ms: int, late_spread_ms: int, seed: int) -> Traffic:
     """Draw hours + TAIL windows of reports (the last ones only as a tail); simulation randomness, seeded."""
-    from pipelines.population import Law, histogram_values
+    from pipelines.demo.population import Law, histogram_values
 
     rng = np.random.default_rng(seed)
     n = (hours + TAIL) * devices
