@@ -241,19 +241,21 @@ def audit(result: dict[str, Any], out: Path) -> dict[str, Any]:
     part and one copy of each release batch on the shuffled topic; late reports dead-lettered as late."""
     import fastavro
 
+    from pipelines.job import default_state_dir
     from transforms.state.ledger import ReleaseLedger
 
     spec, traffic, windows, runs = result["spec"], result["traffic"], result["windows"], result["runs"]
-    shuffle_ledger = Counter(e.key.window_end_ms for e in ReleaseLedger(out / "state/shuffle/ledger").entries(
+    state = default_state_dir(out)
+    shuffle_ledger = Counter(e.key.window_end_ms for e in ReleaseLedger(state / "shuffle/ledger").entries(
         spec.spec_id) if e.published)
-    analyst_entries = list(ReleaseLedger(out / "state/analyze/ledger").entries(spec.spec_id))
+    analyst_entries = list(ReleaseLedger(state / "analyze/ledger").entries(spec.spec_id))
     analyst_ledger = Counter(e.key.window_end_ms for e in analyst_entries if e.published)
     parts = Counter(int(p.parent.name.split("=")[1]) for p in
                     (out / "estimates" / f"spec={spec.name}").glob("window_end_ms=*/part-*.parquet"))
     releases = Counter(key.split(":")[0] for key in result["keys"])
     once = [w for w in sorted(windows) if shuffle_ledger[w] == analyst_ledger[w] == parts[w] == 1]
     tail = sorted((set(shuffle_ledger) | set(analyst_ledger) | set(parts)) - windows)
-    letters = [r for f in sorted((out / "state/shuffle/dead_letters").glob("*.avro"))
+    letters = [r for f in sorted((state / "shuffle/dead_letters").glob("*.avro"))
                for r in fastavro.reader(f.open("rb"))]
     reasons = Counter(str(r.get("reason", "")).split(":")[0] for r in letters)
     closed = np.isin(start_window_ends(result), sorted(windows | set(tail)))
