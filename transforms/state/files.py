@@ -70,11 +70,11 @@ def _temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
 
 
-def _write_temp(path: Path, data: bytes) -> Path:
+def _write_temp(path: Path, data: bytes, mode: int = 0o644) -> Path:
     """Write ``data`` to a fresh temporary sibling of ``path`` and fsync it; return the temporary path."""
     ensure_dir(path.parent)
     temp = _temp_path(path)
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         view = memoryview(data)
         while view:
@@ -86,13 +86,14 @@ def _write_temp(path: Path, data: bytes) -> Path:
             temp.unlink()
         raise
     os.close(fd)
+    os.chmod(temp, mode)  # the umask may have narrowed (never widened) it; private files stay exactly ``mode``
     return temp
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so that any crash leaves the old or the new complete file."""
     path = Path(path)
-    temp = _write_temp(path, data)
+    temp = _write_temp(path, data, mode)
     try:
         os.replace(temp, path)
     except BaseException:
@@ -128,14 +129,14 @@ def parse_json(raw: bytes, path: Path | str) -> Any:
                          ) from None
 
 
-def create_exclusive(path: Path, data: bytes) -> bool:
+def create_exclusive(path: Path, data: bytes, mode: int = 0o644) -> bool:
     """Publish ``data`` at ``path`` only if nothing is there: True if we created it, False if it existed.
 
     The content is complete before the name appears (``os.link`` of an fsynced temporary file), so a reader
     that finds the file can trust it, and of racing creators exactly one gets True.
     """
     path = Path(path)
-    temp = _write_temp(path, data)
+    temp = _write_temp(path, data, mode)
     try:
         os.link(temp, path)
     except FileExistsError:

@@ -7,24 +7,15 @@ and the directory is fsynced so the rename itself survives a power cut.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
+
+from transforms.state.files import atomic_write_bytes
 
 
 class KeyFileError(ValueError):
     """A key or registry file that is missing, of the wrong size or too widely readable; names the file."""
-
-
-def fsync_dir(directory: Path) -> None:
-    """Persist a directory entry change (rename, link) on POSIX file systems."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def ensure_dir(directory: Path, mode: int = 0o700) -> Path:
@@ -33,34 +24,11 @@ def ensure_dir(directory: Path, mode: int = 0o700) -> Path:
     return directory
 
 
-def write_temp(directory: Path, data: bytes, mode: int) -> Path:
-    """Write ``data`` to a fresh fsynced temporary file in ``directory`` with permissions ``mode``."""
-    fd, name = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
-    return Path(name)
-
-
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` by ``data`` atomically: temp file in the same directory, fsync, rename, fsync dir."""
+    """Replace ``path`` by ``data`` atomically (the state library's crash-safe write), private by default."""
     path = Path(path)
     ensure_dir(path.parent)
-    tmp = write_temp(path.parent, data, mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    atomic_write_bytes(path, data, mode)
 
 
 def check_private(path: Path) -> None:

@@ -17,7 +17,6 @@ newest key while receivers keep every id they hold, which lets keys rotate witho
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import secrets
@@ -27,7 +26,9 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from .files import KeyFileError, atomic_write, ensure_dir, fsync_dir, read_key_file, write_temp
+from transforms.state.files import create_exclusive
+
+from .files import KeyFileError, atomic_write, ensure_dir, read_key_file
 
 __all__ = [
     "KEY_ID_PATTERN",
@@ -137,13 +138,7 @@ def load_or_create_secret(path: Path) -> bytes:
     path = Path(path)
     if not path.exists():
         ensure_dir(path.parent)
-        tmp = write_temp(path.parent, os.urandom(SECRET_BYTES), 0o600)
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
-        fsync_dir(path.parent)
+        create_exclusive(path, os.urandom(SECRET_BYTES), mode=0o600)  # False: another process won; read its key
     return read_key_file(path, SECRET_BYTES)
 
 
