@@ -157,14 +157,19 @@ def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
 
 
 def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
-    """The release step: for each staged release, durable file -> ledger seal -> publish -> mark published."""
+    """The release step: withheld windows sealed together (one durable batch); then, for each staged release,
+    durable file -> ledger seal -> publish -> mark published."""
     config = run.config
     released, conflicts = 0, 0
-    for rid, (key, blob, n_sets, n_messages) in assemble(config, load_staged(run.staging, "part")).items():
-        if n_sets == 0:  # withheld by the crowd threshold: sealed as such, never published
-            ledger.seal(ReleaseEntry(key=key, release_id=rid, digest="withheld", n_sets=0, n_messages=0, batches=0,
-                                     source_ends=run.source_ends, run_key=run.key,
-                                     sealed_at_ms=int(time.time() * 1000), status=WITHHELD))
+    assembled = assemble(config, load_staged(run.staging, "part"))
+    sealed_at = int(time.time() * 1000)
+    ledger.seal_many(ReleaseEntry(key=key, release_id=rid, digest="withheld", n_sets=0, n_messages=0, batches=0,
+                                  source_ends=run.source_ends, run_key=run.key, sealed_at_ms=sealed_at,
+                                  status=WITHHELD)
+                     for rid, (key, _, n_sets, _) in assembled.items() if n_sets == 0)
+    # A window another attempt released stays released; this attempt's "withheld" is simply not recorded.
+    for rid, (key, blob, n_sets, n_messages) in assembled.items():
+        if n_sets == 0:
             continue
         path = release_file(config, rid)
         atomic_write_bytes(path, blob)

@@ -3,6 +3,7 @@ published), so later reports for it are late instead of forming a second, new cr
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 from pipelines.enrolment import enrol_simulated
@@ -13,8 +14,7 @@ from transforms.ingress import PriorRuns
 from transforms.kafkaio import PartitionRange
 from transforms.shuffle import ReleasePart
 from transforms.spec import load_spec
-from transforms.staging import stable_name
-from transforms.state.files import atomic_write_bytes
+from transforms.staging import stable_name, write_batch
 from transforms.state.ledger import WITHHELD, ReleaseKey, ReleaseLedger
 from transforms.state.run_state import RunState
 
@@ -23,16 +23,13 @@ END = 1_800_000_000_000 // 3_600_000 * 3_600_000
 
 
 def test_a_withheld_window_is_sealed_unpublished_and_makes_later_reports_late(tmp_path: Path) -> None:
-    import pickle
-
     config = JobConfig(bootstrap="127.0.0.1:1", specs=(SPEC,), out_dir=tmp_path / "out", state_dir=tmp_path / "state",
                        keys_dir=tmp_path / "keys", shuffled_topic="never-written")
     enrol_simulated(config.keys, ["c0"])
     staging = tmp_path / "staging"
     staging.mkdir()
-    for subkey in (0, 3):  # every sub-crowd of a withheld crowd leaves an empty part
-        part = ReleasePart(SPEC.spec_id, None, END, subkey, (), 0, None)
-        atomic_write_bytes(staging / f"part-{stable_name(subkey)}.pkl", pickle.dumps(part))
+    parts = [ReleasePart(SPEC.spec_id, None, END, subkey, (), 0, None) for subkey in (0, 3)]  # all empty
+    write_batch(staging, "part", [(stable_name(p.subkey), pickle.dumps(p)) for p in parts])
     run = BoundedRun(config, "shuffle", "reports", RunState(), [PartitionRange("reports", 0, 0, 40)], "k1", staging,
                      END + 10)
     ledger = ReleaseLedger(config.state / "ledger")

@@ -9,28 +9,40 @@ One ledger per trust domain's state directory. Releasing a crowd's window is a t
    leaves a sealed-but-unpublished entry: ``unpublished()`` lists them so the next run republishes them.
    Publication therefore must be idempotent (the estimates store is, by release id).
 
-Layout: ``root/<spec part>/<window_end_ms>_<crowd part>.json``; see ``ReleaseKey.slug``.
+Layout: ``root/<spec part>/<window_end_ms>_<crowd part>.json``, one file per released window (see
+``ReleaseKey.slug``), and ``root/<spec part>/withheld/<digest>.jsonl``: the windows one ``seal_many`` call
+withheld, many per file. A withheld entry is final (never published, never rewritten), so a run that closes
+20,000 windows below the crowd threshold writes (and fsyncs) one batch file instead of 20,000.
+
+Every decision (``seal``, ``seal_many``) is taken under an exclusive ``flock`` on ``root/.seal.lock``, which
+makes create-if-absent hold across both layouts: a key is sealed at most once, in one of them. The per-key
+file is still published with ``create_exclusive``, so a complete file placed there by anyone wins.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from transforms.state.files import StateError, atomic_write_json, create_exclusive, read_json
+from transforms.state.files import StateError, atomic_write_json, create_exclusive, ensure_dir, parse_json, read_json
 
 SEALED, PUBLISHED = "sealed", "published"
 WITHHELD = "withheld"  # a window closed below the crowd threshold: nothing published, ever; its reports are late
 STATUSES = (SEALED, PUBLISHED, WITHHELD)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _STEM_CHARS = 48
+LOCK_NAME = ".seal.lock"  # hidden: listings skip dot-files
+WITHHELD_DIR = "withheld"
+BATCH_FORMAT, BATCH_VERSION = "esa-ledger-withheld", 1
 
 
 def _safe_part(text: str) -> str:
@@ -146,6 +158,7 @@ class ReleaseLedger:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self._batches: dict[str, dict[str, list[ReleaseEntry]]] = {}  # spec dir -> batch file -> its entries
 
     def path_of(self, key: ReleaseKey) -> Path:
         return self.root / f"{key.slug}.json"
@@ -162,8 +175,39 @@ class ReleaseLedger:
             raise StateError(f"ledger entry {path} holds {entry.key}, not {expected} (a slug hash collision)")
         return entry
 
+    @contextlib.contextmanager
+    def _deciding(self) -> Iterator[None]:
+        """Exclusive right to decide what is sealed (blocking ``flock``; released by the kernel on any death).
+
+        Opened per decision, never kept: a descriptor inherited over ``fork`` would share the lock.
+        """
+        ensure_dir(self.root)
+        fd = os.open(self.root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _withheld(self, spec_dir: str) -> dict[ReleaseKey, ReleaseEntry]:
+        """The withheld entries of one spec directory, parsing only batch files not seen before (they are
+        immutable once they exist)."""
+        known = self._batches.setdefault(spec_dir, {})
+        for item in _scan(os.path.join(spec_dir, WITHHELD_DIR)):
+            if item.name.endswith(".jsonl") and not item.name.startswith(".") and item.name not in known:
+                known[item.name] = _read_batch(item.path)
+        index: dict[ReleaseKey, ReleaseEntry] = {}
+        for name, entries in known.items():
+            for entry in entries:
+                if index.setdefault(entry.key, entry) is not entry:
+                    raise StateError(f"{entry.key} is sealed twice in {spec_dir}/{WITHHELD_DIR} (batch {name})")
+        return index
+
     def get(self, key: ReleaseKey) -> ReleaseEntry | None:
-        return self._load(self.path_of(key), key)
+        entry = self._load(self.path_of(key), key)
+        if entry is None:
+            return self._withheld(str(self.path_of(key).parent)).get(key)
+        return entry
 
     def seal(self, entry: ReleaseEntry) -> tuple[ReleaseEntry, bool]:
         """Record ``entry`` unless its key is sealed already: (stored entry, whether we created it).
@@ -174,18 +218,60 @@ class ReleaseLedger:
         """
         path = self.path_of(entry.key)
         data = (json.dumps(entry.to_json(), sort_keys=True, indent=1) + "\n").encode("utf-8")
-        if create_exclusive(path, data):
-            return entry, True
+        with self._deciding():
+            withheld = self._withheld(str(path.parent)).get(entry.key)
+            if withheld is not None:
+                return withheld, False
+            if create_exclusive(path, data):
+                return entry, True
         stored = self._load(path, entry.key)
         if stored is None:  # entries are never deleted by this module
             raise StateError(f"ledger entry {path} vanished while sealing; is something deleting state files?")
         return stored, False
+
+    def seal_many(self, entries: Iterable[ReleaseEntry]) -> list[tuple[ReleaseEntry, bool]]:
+        """``seal`` for many withheld windows at once: one durable batch file per spec, one lock, one fsync.
+
+        Returns (stored entry, created) per entry, in order, with ``seal``'s meaning. Only ``WITHHELD`` entries
+        are accepted: they are final, so they never need the per-key file ``mark_published`` rewrites.
+        """
+        entries = list(entries)
+        for entry in entries:
+            if entry.status != WITHHELD:
+                raise ValueError(f"seal_many takes withheld entries only; {entry.key} is {entry.status!r}")
+        if len({e.key for e in entries}) != len(entries):
+            raise ValueError("seal_many got the same key twice")
+        by_dir: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            by_dir.setdefault(str(self.path_of(entry.key).parent), []).append(i)
+        out: list[tuple[ReleaseEntry, bool] | None] = [None] * len(entries)
+        with self._deciding():
+            for spec_dir, indices in by_dir.items():
+                per_key = {item.name for item in _scan(spec_dir) if item.name.endswith(".json")}
+                withheld = self._withheld(spec_dir)
+                new = []
+                for i in indices:
+                    key = entries[i].key
+                    path = self.path_of(key)
+                    stored = self._load(path, key) if path.name in per_key else withheld.get(key)
+                    out[i] = (stored, False) if stored is not None else (entries[i], True)
+                    if stored is None:
+                        new.append(entries[i])
+                if new:
+                    name, data = _batch_file(new)
+                    if not create_exclusive(Path(spec_dir) / WITHHELD_DIR / name, data):
+                        raise StateError(f"withheld batch {spec_dir}/{WITHHELD_DIR}/{name} exists but its entries "
+                                         "were not found; is something editing the ledger?")
+                    self._batches[spec_dir][name] = new
+        return [o for o in out if o is not None]
 
     def mark_published(self, key: ReleaseKey, now_ms: int | None = None) -> None:
         """Mark a sealed entry published (idempotent: the first publication time is kept)."""
         entry = self.get(key)
         if entry is None:
             raise StateError(f"cannot mark {key} published: it was never sealed in {self.root}")
+        if entry.status == WITHHELD:
+            raise StateError(f"cannot mark {key} published: its window was withheld, for good")
         if entry.published:
             return
         published = replace(entry, status=PUBLISHED, published_at_ms=_now_ms() if now_ms is None else now_ms)
@@ -198,6 +284,7 @@ class ReleaseLedger:
         else:
             spec_dirs = [d.path for d in _scan(self.root) if d.is_dir() and not d.name.startswith(".")]
         for spec_dir in spec_dirs:
+            withheld = self._withheld(spec_dir)
             for item in _scan(spec_dir):
                 if item.name.endswith(".json") and not item.name.startswith("."):
                     entry = self._load(item.path)
@@ -205,7 +292,13 @@ class ReleaseLedger:
                         continue
                     if spec_id is not None and entry.key.spec_id != spec_id:
                         raise StateError(f"ledger entry {item.path} belongs to {entry.key.spec_id}, not {spec_id}")
+                    if entry.key in withheld:
+                        raise StateError(f"{entry.key} is sealed twice: {item.path} and a withheld batch")
                     yield entry
+            for entry in withheld.values():
+                if spec_id is not None and entry.key.spec_id != spec_id:
+                    raise StateError(f"withheld batch entry {entry.key} in {spec_dir} does not belong to {spec_id}")
+                yield entry
 
     def released(self, spec_id: str) -> dict[tuple[str | None, int], ReleaseEntry]:
         """A spec's entries keyed by (crowd_id, window_end_ms), for per-element lookups."""
@@ -215,6 +308,36 @@ class ReleaseLedger:
         """Sealed entries never marked published (a crash between seal and publish), oldest window first."""
         pending = [e for e in self.entries() if e.status == SEALED]
         return sorted(pending, key=lambda e: (e.key.window_end_ms, e.key.spec_id, e.key.crowd_id or ""))
+
+
+def _batch_file(entries: list[ReleaseEntry]) -> tuple[str, bytes]:
+    """(name, bytes) of a withheld batch: a versioned header line, then one JSON entry per line."""
+    header = {"format": BATCH_FORMAT, "version": BATCH_VERSION, "count": len(entries)}
+    lines = [json.dumps(header, sort_keys=True)] + [json.dumps(e.to_json(), sort_keys=True) for e in entries]
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    return f"{hashlib.sha256(data).hexdigest()[:24]}.jsonl", data
+
+
+def _read_batch(path: str) -> list[ReleaseEntry]:
+    with open(path, "rb") as handle:
+        lines = handle.read().splitlines()
+    header = parse_json(lines[0], path) if lines else None
+    if not isinstance(header, dict) or header.get("format") != BATCH_FORMAT:
+        raise StateError(f"{path} is not a withheld batch of the release ledger")
+    if header.get("version") != BATCH_VERSION:
+        raise StateError(f"{path}: withheld batch version {header.get('version')!r}, this esa reads {BATCH_VERSION}")
+    if header.get("count") != len(lines) - 1:
+        raise StateError(f"{path}: header says {header.get('count')} entries, the file holds {len(lines) - 1}")
+    out = []
+    for line in lines[1:]:
+        try:
+            entry = ReleaseEntry.from_json(parse_json(line, path))
+        except (KeyError, TypeError, ValueError) as err:
+            raise StateError(f"invalid entry in withheld batch {path}: {err}") from None
+        if entry.status != WITHHELD:
+            raise StateError(f"{path} holds {entry.key} with status {entry.status!r}; a batch holds withheld only")
+        out.append(entry)
+    return out
 
 
 def _scan(directory: Path | str) -> list[os.DirEntry[str]]:
