@@ -94,7 +94,7 @@ class StageFn(beam.DoFn):
 def _read_batch(path: Path) -> list[tuple[str, bytes]]:
     try:
         obj = pickle.loads(path.read_bytes())
-    except (pickle.UnpicklingError, EOFError, ValueError) as err:
+    except Exception as err:  # any unpickling failure: the file is not what this run staged
         raise StagingError(f"staged file {path} is damaged: {err}") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise StagingError(f"staged file {path} is not a staged batch (format {FORMAT!r})")
