@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +128,9 @@ class ReleaseEntry:
         return self.status == PUBLISHED
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["key"] = self.key.to_json()
+        # Built by hand: dataclasses.asdict deep-copies recursively, a third of sealing 20,000 windows.
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(key=self.key.to_json(), source_ends=dict(self.source_ends), extra=json.loads(json.dumps(self.extra)))
         return out
 
     @classmethod
@@ -242,8 +243,11 @@ class ReleaseLedger:
         if len({e.key for e in entries}) != len(entries):
             raise ValueError("seal_many got the same key twice")
         by_dir: dict[str, list[int]] = {}
+        names = []
         for i, entry in enumerate(entries):
-            by_dir.setdefault(str(self.path_of(entry.key).parent), []).append(i)
+            spec_part, name = entry.key.slug.split("/")
+            names.append(f"{name}.json")
+            by_dir.setdefault(os.path.join(self.root, spec_part), []).append(i)
         out: list[tuple[ReleaseEntry, bool] | None] = [None] * len(entries)
         with self._deciding():
             for spec_dir, indices in by_dir.items():
@@ -252,8 +256,8 @@ class ReleaseLedger:
                 new = []
                 for i in indices:
                     key = entries[i].key
-                    path = self.path_of(key)
-                    stored = self._load(path, key) if path.name in per_key else withheld.get(key)
+                    on_disk = names[i] in per_key
+                    stored = self._load(os.path.join(spec_dir, names[i]), key) if on_disk else withheld.get(key)
                     out[i] = (stored, False) if stored is not None else (entries[i], True)
                     if stored is None:
                         new.append(entries[i])
