@@ -19,11 +19,14 @@ Two experiments on an embedded broker (each job runs in its own process, so its 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +60,22 @@ def _config(fields: dict[str, Any]) -> Any:
 
 def _child(stage: str, fields_json: str) -> None:
     """Run one job (in the child process) and print its summary as one JSON line."""
-    import importlib
-
     config = _config(json.loads(fields_json))
-    summary = importlib.import_module(f"pipelines.{stage}").run(config)
+    job = importlib.import_module(f"pipelines.{stage}")
+    marks: dict[str, float] = {"start": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    inner = job.run_pipeline
+
+    def run_pipeline(*args: Any, **kwargs: Any) -> Any:  # the peak so far when the Beam pipeline ends
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            marks["pipeline"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    job.run_pipeline = run_pipeline
+    summary = job.run(config)
     print(json.dumps({"counters": summary.counters, "seconds": summary.seconds, "accounting": summary.accounting,
-                      "balanced": summary.balanced, "extra": {k: v for k, v in summary.extra.items()
-                                                               if isinstance(v, int | str)}}))
+                      "balanced": summary.balanced, "peaks_mb": marks,
+                      "extra": {k: v for k, v in summary.extra.items() if isinstance(v, int | str)}}))
 
 
 def run_job(stage: str, fields: dict[str, Any]) -> JobRun:
@@ -73,9 +85,6 @@ def run_job(stage: str, fields: dict[str, Any]) -> JobRun:
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, __file__, "_job", stage, json.dumps(fields)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = b"", b""
-    import threading
-
     def drain(stream: Any, sink: list[bytes]) -> None:
         sink.append(stream.read())
 
@@ -163,7 +172,9 @@ def _print_runs(label: str, runs: list[JobRun], per: int, unit: str) -> None:
     for r in runs:
         read = r.summary["counters"].get("kafka_records_read", 0)
         print(f"{label:>18} {r.stage:>8}: {r.seconds:7.1f} s wall ({r.summary['seconds']:6.1f} s in run), "
-              f"{1e3 * r.seconds / per:7.3f} ms per {unit}, peak RSS {r.peak_rss_mb:7.1f} MB, read {read}, "
+              f"{1e3 * r.seconds / per:7.3f} ms per {unit}, peak RSS {r.peak_rss_mb:7.1f} MB "
+              f"(at start {r.summary['peaks_mb']['start']:.0f}, after the pipeline "
+              f"{r.summary['peaks_mb'].get('pipeline', 0):.0f}), read {read}, "
               f"balanced {r.summary['balanced']}, {r.summary['extra']}")
 
 

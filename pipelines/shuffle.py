@@ -13,11 +13,10 @@ read = dead-lettered + re-read + held + deleted + released.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import logging
-import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import apache_beam as beam
@@ -35,13 +34,13 @@ from pipelines.job import (
     plan_run,
     run_pipeline,
 )
+from pipelines.release_files import file_digest, iter_batches, part_name, write_release
 from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
-from transforms.staging import StageFn, load_staged, stable_name
-from transforms.state.files import atomic_write_bytes
+from transforms.staging import StageFn, iter_staged, load_staged, stable_name
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 
 LOG = logging.getLogger(__name__)
@@ -62,8 +61,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
         specs, shuffler_prf_key(config), clock)
     staging = str(run.staging)
-    _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", lambda p: stable_name(
-        p.spec_id, p.crowd_id, p.window_end_ms, p.subkey)))
+    _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", part_name))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
@@ -84,71 +82,30 @@ def release_file(config: JobConfig, release_id: str) -> Path:
     return config.state / "releases" / f"{release_id}.bin"
 
 
-def assemble(config: JobConfig, parts: list[ReleasePart]) -> dict[str, tuple[ReleaseKey, bytes, int, int]]:
-    """Staged parts -> per release: (key, file bytes of its signed batches, sets, messages)."""
-    from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
-    from transforms.trust.keys import load_shuffler_signer
-    from transforms.trust.message_set import SealedMessage
-    from transforms.trust.release import (
-        ReleaseBatch,
-        encode_release_batch,
-        release_id_of,
-        sign_release_batch,
-        split_into_batches,
-    )
-
-    key_id, signer = load_shuffler_signer(config.keys)
-    by_release: dict[tuple, list[ReleasePart]] = {}
-    for part in parts:
-        by_release.setdefault((part.spec_id, part.crowd_id, part.window_end_ms), []).append(part)
-    out = {}
-    for (spec_id, crowd, end), mine in sorted(by_release.items(), key=lambda kv: repr(kv[0])):
-        mine.sort(key=lambda p: p.subkey)
-        messages = [SealedMessage(c, s) for p in mine for c, s in p.messages]
-        n_sets = sum(p.n_sets for p in mine)
-        deleted = None if any(p.deleted is None for p in mine) else sum(p.deleted for p in mine)
-        rid = release_id_of(spec_id, crowd, end)
-        if n_sets == 0:  # withheld: nothing to number or sign
-            out[rid] = (ReleaseKey(spec_id, crowd, end), b"", 0, 0)
-            continue
-        chunks = split_into_batches(messages)
-        blob = bytearray()
-        for i, chunk in enumerate(chunks):
-            batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(chunks), n_sets, len(messages), deleted,
-                                 tuple(chunk))
-            data = encode_release_batch(sign_release_batch(batch, key_id, signer))
-            blob += struct.pack(">I", len(data)) + data
-        out[rid] = (ReleaseKey(spec_id, crowd, end), bytes(blob), n_sets, len(messages))
-    return out
+def staged_releases(staging: Path) -> Iterator[list[ReleasePart]]:
+    """The staged parts, one release at a time (part names start with the release id), sub-key order."""
+    for _, parts in itertools.groupby(iter_staged(staging, "part"),
+                                      key=lambda p: (p.spec_id, p.crowd_id, p.window_end_ms)):
+        yield list(parts)
 
 
-def batches_of(blob: bytes) -> list[bytes]:
-    out, i = [], 0
-    while i < len(blob):
-        (n,) = struct.unpack_from(">I", blob, i)
-        out.append(blob[i + 4:i + 4 + n])
-        i += 4 + n
-    return out
-
-
-def publish(config: JobConfig, release_id: str, blob: bytes) -> int:
-    """Produce a release's batches, keyed ``release_id:index``; raises unless every batch was acknowledged."""
-    batches = batches_of(blob)
-    produce_records(config.bootstrap, config.shuffled_topic,
-                    ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(batches)),
-                    producer_config=config.kafka_config)
-    return len(batches)
+def publish(config: JobConfig, release_id: str, path: Path) -> int:
+    """Produce a release's batches from its file, keyed ``release_id:index``; raises unless every batch was
+    acknowledged."""
+    return produce_records(config.bootstrap, config.shuffled_topic,
+                           ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path))),
+                           producer_config=config.kafka_config)
 
 
 def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
     """Crash recovery: releases sealed by a run that died before publishing them go out now, identical."""
     done = 0
     for entry in ledger.unpublished():
-        blob = release_file(config, entry.release_id).read_bytes()
-        if hashlib.sha256(blob).hexdigest() != entry.digest:
+        path = release_file(config, entry.release_id)
+        if file_digest(path) != entry.digest:
             raise RuntimeError(f"staged release {entry.release_id} does not match its ledger digest; refusing "
                                "to publish (state directory damaged?)")
-        publish(config, entry.release_id, blob)
+        publish(config, entry.release_id, path)
         ledger.mark_published(entry.key)
         done += 1
     if done:
@@ -157,38 +114,52 @@ def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
 
 
 def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
-    """The release step: withheld windows sealed together (one durable batch); then, for each staged release,
-    durable file -> ledger seal -> publish -> mark published."""
+    """The release step, one staged release at a time: durable file -> ledger seal -> publish -> mark
+    published. Withheld windows are sealed together at the end (one durable batch)."""
+    from transforms.trust.keys import load_shuffler_signer
+    from transforms.trust.release import release_id_of
+
     config = run.config
     released, conflicts = 0, 0
-    assembled = assemble(config, load_staged(run.staging, "part"))
-    sealed_at = int(time.time() * 1000)
-    ledger.seal_many(ReleaseEntry(key=key, release_id=rid, digest="withheld", n_sets=0, n_messages=0, batches=0,
-                                  source_ends=run.source_ends, run_key=run.key, sealed_at_ms=sealed_at,
-                                  status=WITHHELD)
-                     for rid, (key, _, n_sets, _) in assembled.items() if n_sets == 0)
-    # A window another attempt released stays released; this attempt's "withheld" is simply not recorded.
-    for rid, (key, blob, n_sets, n_messages) in assembled.items():
-        if n_sets == 0:
+    withheld: list[ReleaseEntry] = []
+    signer: tuple | None = None
+    for parts in staged_releases(run.staging):
+        key = ReleaseKey(parts[0].spec_id, parts[0].crowd_id, parts[0].window_end_ms)
+        if sum(p.n_sets for p in parts) == 0:  # withheld by the crowd threshold: sealed as such, never published
+            withheld.append(ReleaseEntry(key=key, release_id=release_id_of(key.spec_id, key.crowd_id,
+                                                                           key.window_end_ms),
+                                         digest="withheld", n_sets=0, n_messages=0, batches=0,
+                                         source_ends=run.source_ends, run_key=run.key,
+                                         sealed_at_ms=int(time.time() * 1000), status=WITHHELD))
             continue
-        path = release_file(config, rid)
-        atomic_write_bytes(path, blob)
-        digest = hashlib.sha256(blob).hexdigest()
-        entry = ReleaseEntry(key=key, release_id=rid, digest=digest, n_sets=n_sets, n_messages=n_messages,
-                             batches=len(batches_of(blob)), source_ends=run.source_ends, run_key=run.key,
-                             sealed_at_ms=int(time.time() * 1000))
+        signer = signer or load_shuffler_signer(config.keys)
+        written = write_release(config.state / "releases", parts, *signer)
+        del parts
+        stored = ledger.get(key)
+        if stored is not None and stored.digest != written.digest:
+            written.discard()  # never overwrite the file of what was released (or withheld) before
+            conflicts += 1
+            LOG.error("window %s of %s crowd %s was already sealed by run %s; this run's release is discarded",
+                      key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
+            continue
+        written.commit()
+        entry = ReleaseEntry(key=key, release_id=written.release_id, digest=written.digest, n_sets=written.n_sets,
+                             n_messages=written.n_messages, batches=written.batches, source_ends=run.source_ends,
+                             run_key=run.key, sealed_at_ms=int(time.time() * 1000))
         stored, created = ledger.seal(entry)
-        if not created and stored.digest != digest:
+        if not created and stored.digest != written.digest:
             conflicts += 1
             LOG.error("window %s of %s crowd %s was already released by run %s; this run's release is discarded",
                       key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
             continue
         crash_point("shuffle:after_seal")
         if stored.status != "published":
-            publish(config, rid, blob)
+            publish(config, written.release_id, written.path)
             crash_point("shuffle:after_publish")
             ledger.mark_published(key)
         released += 1
+    # A window another attempt sealed stays as it was sealed; this attempt's "withheld" is then not recorded.
+    ledger.seal_many(withheld)
     return released, conflicts
 
 

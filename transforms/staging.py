@@ -27,7 +27,7 @@ import apache_beam as beam
 
 FORMAT = "esa-staged-batch"
 VERSION = 1
-MAX_BATCH_BYTES = 32 << 20  # flush a bundle's buffer past this many pickled bytes (bounded worker memory)
+MAX_BATCH_BYTES = 8 << 20  # flush a bundle's buffer past this many pickled bytes (bounded worker memory)
 MAX_BATCH_ELEMENTS = 50_000  # ... or this many elements
 
 
