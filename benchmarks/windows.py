@@ -1,7 +1,7 @@
 """Cost per distinct window and memory per pending report of the split jobs, each job a child process.
 
-Two experiments on an embedded broker (each job runs in its own process, so its peak RSS is its own
-``ru_maxrss``, read with ``os.wait4``):
+Two experiments on an embedded broker (each job runs in its own process, which reports its own peak RSS,
+``VmHWM``, at the start, when the Beam pipeline ends and at the end):
 
 * ``windows``: ``--windows`` authenticated one-set windows (enrolled devices sending one set per hourly
   window, as the adversarial window flood does) through the shuffle job and the analyze job with
@@ -22,11 +22,9 @@ import argparse
 import importlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,52 +56,49 @@ def _config(fields: dict[str, Any]) -> Any:
     return JobConfig(specs=(spec,), **fields)
 
 
+def peak_rss_mb() -> float:
+    """This process's own high-water RSS (VmHWM). Not ``ru_maxrss``: Linux carries the parent's peak into a
+    child across fork and exec, which would floor every job at the benchmark driver's size."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _child(stage: str, fields_json: str) -> None:
     """Run one job (in the child process) and print its summary as one JSON line."""
     config = _config(json.loads(fields_json))
     job = importlib.import_module(f"pipelines.{stage}")
-    marks: dict[str, float] = {"start": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    marks: dict[str, float] = {"start": peak_rss_mb()}
     inner = job.run_pipeline
 
     def run_pipeline(*args: Any, **kwargs: Any) -> Any:  # the peak so far when the Beam pipeline ends
         try:
             return inner(*args, **kwargs)
         finally:
-            marks["pipeline"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            marks["pipeline"] = peak_rss_mb()
 
     job.run_pipeline = run_pipeline
     summary = job.run(config)
+    marks["end"] = peak_rss_mb()
     print(json.dumps({"counters": summary.counters, "seconds": summary.seconds, "accounting": summary.accounting,
                       "balanced": summary.balanced, "peaks_mb": marks,
                       "extra": {k: v for k, v in summary.extra.items() if isinstance(v, int | str)}}))
 
 
 def run_job(stage: str, fields: dict[str, Any]) -> JobRun:
-    """Run ``stage`` in a child process; its own peak RSS comes from ``wait4``, not from this process."""
+    """Run ``stage`` in a child process, which reports its own peak RSS (see ``peak_rss_mb``)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "_job", stage, json.dumps(fields)], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    def drain(stream: Any, sink: list[bytes]) -> None:
-        sink.append(stream.read())
-
-    outs: list[bytes] = []
-    errs: list[bytes] = []
-    readers = [threading.Thread(target=drain, args=(proc.stdout, outs)),
-               threading.Thread(target=drain, args=(proc.stderr, errs))]
-    for t in readers:
-        t.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    for t in readers:
-        t.join()
+    proc = subprocess.run([sys.executable, __file__, "_job", stage, json.dumps(fields)], env=env, cwd=REPO,
+                          capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
-    out, err = b"".join(outs), b"".join(errs)
     if proc.returncode != 0:
-        raise RuntimeError(f"{stage} job failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
-    line = [ln for ln in out.decode().splitlines() if ln.startswith("{")][-1]
-    return JobRun(stage, seconds, usage.ru_maxrss / 1024, json.loads(line))
+        raise RuntimeError(f"{stage} job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    summary = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    return JobRun(stage, seconds, summary["peaks_mb"]["end"], summary)
 
 
 def _fields(bootstrap: str, base: Path, stage: str, now_ms: int, topics: dict[str, str], **extra: Any) -> dict:

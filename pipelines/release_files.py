@@ -21,11 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from transforms.packed import PackedMessages
 from transforms.shuffle import ReleasePart
 from transforms.state.files import ensure_dir
 from transforms.state.ledger import ReleaseKey
 
 FRAME = struct.Struct(">I")
+MAX_BATCH_BYTES = 512 * 1024  # the default of transforms.trust.release.split_into_batches
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,7 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     """
     from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
     from transforms.trust.message_set import SealedMessage
-    from transforms.trust.release import (
-        ReleaseBatch,
-        encode_release_batch,
-        release_id_of,
-        sign_release_batch,
-        split_into_batches,
-    )
+    from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 
     first = parts[0]
     spec_id, crowd, end = first.spec_id, first.crowd_id, first.window_end_ms
@@ -83,17 +81,18 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
         raise ValueError("write_release takes the parts of one release")
     n_sets = sum(p.n_sets for p in parts)
     deleted = None if any(p.deleted is None for p in parts) else sum(p.deleted for p in parts)
-    messages = [SealedMessage(c, s) for p in parts for c, s in p.messages]
+    messages = PackedMessages.concat([PackedMessages.of(p.messages) for p in parts])
     rid = release_id_of(spec_id, crowd, end)
-    chunks = split_into_batches(messages)
+    bounds = batch_bounds(messages)
     path = Path(directory) / f"{rid}.bin"
     ensure_dir(path.parent)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     digest = hashlib.sha256()
     try:
         with open(temp, "wb") as handle:
-            for i, chunk in enumerate(chunks):
-                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(chunks), n_sets, len(messages), deleted,
+            for i, (start, stop) in enumerate(bounds):
+                chunk = tuple(SealedMessage(c, m) for c, m in messages[start:stop])
+                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, len(messages), deleted,
                                      chunk)
                 data = encode_release_batch(sign_release_batch(batch, key_id, signer))
                 for piece in (FRAME.pack(len(data)), data):
@@ -106,7 +105,35 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
             temp.unlink()
         raise
     return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, len(messages),
-                       len(chunks))
+                       len(bounds))
+
+
+def _varint_bytes(values: np.ndarray) -> np.ndarray:
+    """Length of Avro's zig-zag varint of each value (vectorized ``transforms.trust.release._varint_bytes``)."""
+    v = values.astype(np.int64)
+    zz = ((v << 1) ^ (v >> 63)).view(np.uint64)
+    return 1 + sum((zz >= np.uint64(1 << (7 * k))).astype(np.int64) for k in range(1, 10))
+
+
+def batch_bounds(messages: PackedMessages, max_bytes: int = MAX_BATCH_BYTES) -> list[tuple[int, int]]:
+    """[start, stop) of each batch: the cut of ``split_into_batches`` (greedy, each batch's encoding within
+    ``max_bytes``, a message over budget alone, an empty release one empty batch), from the arrays alone."""
+    from transforms.trust.release import BATCH_HEADER_BYTES
+
+    budget = max_bytes - BATCH_HEADER_BYTES
+    if budget < 1024:
+        raise ValueError(f"max_bytes must be at least {BATCH_HEADER_BYTES + 1024}, got {max_bytes}")
+    lengths = np.diff(messages.offsets)
+    sizes = (_varint_bytes(messages.channels) + _varint_bytes(lengths) + lengths).tolist()
+    bounds, start, used = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and used + size > budget:
+            bounds.append((start, i))
+            start, used = i, 0
+        used += size
+    if start < len(sizes) or not bounds:
+        bounds.append((start, len(sizes)))
+    return bounds
 
 
 def file_digest(path: Path) -> str:

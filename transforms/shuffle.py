@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import pickle
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -43,6 +43,7 @@ from apache_beam.pvalue import AsDict, TaggedOutput
 from transforms.ingress import DEAD, NAMESPACE, SetElement
 from transforms.mechanisms.base import is_single_message, messages_per_channel
 from transforms.mechanisms.randomness import keyed_generator, keyed_index
+from transforms.packed import PackedMessages, PackedUnits
 from transforms.privacy.crowd import crowd_threshold
 from transforms.records import PRESENCE, dead_letter
 from transforms.spec import AnalysisSpec
@@ -78,7 +79,7 @@ class ReleasePart(NamedTuple):
     crowd_id: str | None
     window_end_ms: int
     subkey: int
-    messages: tuple[Message, ...]
+    messages: Sequence[Message]  # a PackedMessages when released by ReleaseFn; () when withheld
     n_sets: int
     deleted: int | None  # devices the threshold deleted from this sub-crowd, if the spec publishes it
 
@@ -123,7 +124,8 @@ class DedupeAndStripFn(beam.DoFn):
 
     Open windows: every set is held (its offset leaves on ``HELD`` so the next run re-reads it).
     Closed windows: one set per device (``quota`` per window), identity stripped; what leaves is
-    ((spec, crowd, window), sub-key) -> list of sets, each a tuple of sealed messages.
+    ((spec, crowd, window), (sub-key, PackedUnits)): per sub-key, the bucket's devices (in device order)
+    packed into arrays, ordered among the sub-crowd's packs by bucket.
     """
 
     def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock):
@@ -141,7 +143,7 @@ class DedupeAndStripFn(beam.DoFn):
 
     def process(self, keyed: tuple[tuple[str, str | None, int, int], Iterable[bytes]],
                 run_times: Mapping[str, int]) -> Iterator[Any]:
-        (spec_id, crowd, window_end, _), blobs = keyed
+        (spec_id, crowd, window_end, bucket), blobs = keyed
         spec = self._specs[spec_id]
         if self._watermark is None:
             self._watermark = (self._clock.watermark(run_times),)
@@ -161,8 +163,8 @@ class DedupeAndStripFn(beam.DoFn):
         single = is_single_message(spec.randomizer)
         per_channel = messages_per_channel(spec.randomizer)
         kept: dict[int, list[Unit]] = {}
-        for device, sets in by_device.items():
-            sets.sort(key=_position)
+        for device in sorted(by_device):  # a deterministic unit order, whatever the order blobs arrive in
+            sets = sorted(by_device[device], key=_position)
             kept_digests: set[bytes] = set()
             n_kept, messages = 0, ()
             for item in sets:
@@ -187,8 +189,8 @@ class DedupeAndStripFn(beam.DoFn):
                 kept.setdefault(subkey, []).append((n_kept, messages))
         self._devices.inc(len(by_device))
         self._valid.inc(sum(n for units in kept.values() for n, _ in units))
-        for subkey, sets in kept.items():
-            yield (spec_id, crowd, window_end), (subkey, sets)
+        for subkey, units in kept.items():
+            yield (spec_id, crowd, window_end), (subkey, PackedUnits.of(units, order_key=bucket))
 
 
 def set_problem(messages: tuple[Message, ...], per_channel_limit: int) -> str | None:
@@ -254,12 +256,14 @@ class ReleaseFn(beam.DoFn):
     def process(self, keyed: tuple[tuple[CrowdKey, int], dict[str, list]]) -> Iterator[ReleasePart]:
         (crowd_key, subkey), joined = keyed
         spec_id, crowd, window_end = crowd_key
-        units = sorted(u for part in joined["sets"] for u in part)  # canonical order: GroupByKey's is not
+        # canonical (bucket) order: GroupByKey's is not; plain lists of units (tests) are sorted
+        units = PackedUnits.concat([p if isinstance(p, PackedUnits) else PackedUnits.of(sorted(p))
+                                    for p in joined["sets"]])
         decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
         decision = decisions[0]
-        total_sets = sum(n for n, _ in units)
+        total_sets = int(units.n_sets.sum())
         if decision == WITHHELD:
             self._deleted.inc(total_sets)
             # An empty part says "this window closed and released nothing": the driver records it in the
@@ -268,14 +272,15 @@ class ReleaseFn(beam.DoFn):
             return
         rng = keyed_generator(self._key, "release", spec_id, str(crowd), subkey, window_end)
         survivors = rng.permutation(len(units))[decision:]  # one draw: which devices survive
-        rows = [row for i in survivors for row in units[i][1]]
-        released_sets = sum(units[i][0] for i in survivors)
+        rows = units.messages_of(survivors)  # their messages, unit by unit
+        released_sets = int(units.n_sets[survivors].sum())
         order = rng.permutation(len(rows))
         self._deleted.inc(total_sets - released_sets)
         self._released.inc(released_sets)
         self._messages.inc(len(rows))
         published = self._specs[spec_id].crowd.publish_deletions
-        yield ReleasePart(spec_id, crowd, window_end, subkey, tuple(rows[i] for i in order), released_sets,
+        messages: PackedMessages = units.messages.take(rows[order])
+        yield ReleasePart(spec_id, crowd, window_end, subkey, messages, released_sets,
                           decision if published else None)
 
 
