@@ -57,8 +57,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
     registry = str(config.keys / "registry" / "devices.parquet")
     ingress = (pipeline | "ReadReports" >> run.reader()
-               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times)).with_outputs(DEAD, TIMES,
-                                                                                                main="sets"))
+               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads))
+               .with_outputs(DEAD, TIMES, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
         specs, shuffler_prf_key(config), clock)
     staging = str(run.staging)

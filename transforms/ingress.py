@@ -34,6 +34,7 @@ from transforms.dead_letters import record_dead_letter
 from transforms.encode import crowd_of
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import channel_count, is_single_message
+from transforms.parallel import map_ordered
 from transforms.records import PRESENCE, SourceRef
 from transforms.spec import AnalysisSpec
 
@@ -134,9 +135,11 @@ class IngressFn(beam.DoFn):
     watermark is computed from authenticated, in-range records only, read for the first time.
     """
 
-    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy):
+    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy,
+                 threads: int = 0):
         self._specs = {s.spec_id: s for s in specs}
         self._registry_path, self._prior, self._times = registry_path, prior, times
+        self._threads = threads  # signature checks of a batch run on this many threads (0: one per core)
         self._registry: Any = None
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._reread = Metrics.counter(NAMESPACE, "records_reread")
@@ -151,14 +154,11 @@ class IngressFn(beam.DoFn):
     def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
         groups: dict[tuple[str, str | None, int, int], list[SetElement]] = {}
         latest: dict[str, int] = {}
-        for record in element if isinstance(element, list) else [element]:
+        records = element if isinstance(element, list) else [element]
+        admitted = map_ordered(self._admit_safely, records, self._threads)
+        for record, (item, problem) in zip(records, admitted, strict=True):
             pkey = partition_key(record.topic, record.partition)
             seen_before = record.offset < self._prior.processed_until.get(pkey, 0)
-            try:
-                item, problem = self._admit(record)
-            except Exception as err:
-                item, problem = None, f"internal error on this record ({type(err).__name__})"
-                LOG.exception("ingress failed on %s", pkey)
             if problem is not None:
                 if seen_before:
                     self._reread.inc()  # dead-lettered by the run that first read it
@@ -191,6 +191,14 @@ class IngressFn(beam.DoFn):
         for key, items in groups.items():
             # One pickle per list: Beam's coder would otherwise pickle every set on its own.
             yield key, pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _admit_safely(self, record: KafkaRecord) -> tuple[SetElement | None, str | None]:
+        """``_admit``, with any exception on one record turned into that record's dead-letter reason."""
+        try:
+            return self._admit(record)
+        except Exception as err:
+            LOG.exception("ingress failed on %s", partition_key(record.topic, record.partition))
+            return None, f"internal error on this record ({type(err).__name__})"
 
     def _admit(self, record: KafkaRecord) -> tuple[SetElement | None, str | None]:
         from schemas import WireFormatError

@@ -193,3 +193,21 @@ def test_only_first_reads_move_the_event_time_of_a_partition(devices: Devices) -
     new = KafkaRecord(TOPIC, 0, 12, 0, None, devices.message_set(SPEC, "c1", WIN_A + 9, [(1,)]))
     _, tagged = split_outputs(fn.process([reread, new]))
     assert dict(tagged[TIMES]) == {f"{TOPIC}/0": WIN_A + 9}
+
+
+def test_verification_threads_change_nothing_but_speed(devices: Devices) -> None:
+    """A batch mixing every refusal with good sets: the same outputs, in the same order, on 1 or 3 threads."""
+    cases = list(refusals(devices).values())
+    values = [cases[i % len(cases)][0] if i % 3 else devices.message_set(SPEC, f"c{i % 5}", WIN_A + i, [(i % 4,)])
+              for i in range(120)]
+    records = [devices.record(v, partition=2) for v in values]
+
+    def outputs(threads: int) -> tuple[list, dict]:
+        fn = IngressFn([SPEC, CROWDED, RAPPOR], devices.registry, PriorRuns(), TIMES_POLICY, threads)
+        fn.setup()
+        main, tagged = split_outputs(fn.process(records))
+        return [(key, pickle.loads(blob)) for key, blob in main], tagged
+
+    serial, threaded = outputs(1), outputs(3)
+    assert threaded == serial
+    assert len(serial[1][DEAD]) == 80 and sum(len(items) for _, items in serial[0]) == 40
