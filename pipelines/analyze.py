@@ -41,6 +41,7 @@ from transforms.analyze_release import (
     HELD,
     AssembleReleaseFn,
     DecodeReleaseFn,
+    OpenBatchFn,
     OpenedRelease,
     prior_runs,
 )
@@ -71,9 +72,9 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
                                                                                                    main="batches"))
     assembled = (decoded.batches
+                 | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads))
                  | "GroupRelease" >> beam.GroupByKey()
-                 | "AssembleAndOpen" >> beam.ParDo(AssembleReleaseFn(specs, keys)).with_outputs(DEAD, HELD,
-                                                                                                main="releases"))
+                 | "Assemble" >> beam.ParDo(AssembleReleaseFn(specs, keys)).with_outputs(DEAD, HELD, main="releases"))
     by_id = {s.spec_id: s for s in specs}
     staging = str(run.staging)
     _ = (assembled.releases
