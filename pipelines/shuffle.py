@@ -40,7 +40,7 @@ from pipelines.release_files import file_digest, iter_batches, part_name, write_
 from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
-from transforms.shuffle import ReleasePart, Shuffle, WindowClock
+from transforms.shuffle import ReleasePart, ScaleOut, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
 from transforms.staging import StageFn, iter_staged, load_staged, stable_name
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
@@ -59,11 +59,16 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                         dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
     registry = str(config.keys / "registry" / "devices.parquet")
+    scale = ScaleOut(sum(r.stop - r.start for r in run.plan))
+    subkeys = {s.spec_id: scale.subkeys(s) for s in specs}
+    LOG.info("scale-out for %d planned records: %d dedupe buckets, sub-keys %s", scale.records, scale.buckets,
+             subkeys)
     ingress = (pipeline | "ReadReports" >> run.reader()
-               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads))
+               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads,
+                                                   scale.buckets))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
-        specs, shuffler_prf_key(config), clock)
+        specs, shuffler_prf_key(config), clock, subkeys)
     staging = str(run.staging)
     _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", part_name))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))

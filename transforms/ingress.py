@@ -139,8 +139,9 @@ class IngressFn(beam.DoFn):
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy,
-                 threads: int = 0):
+                 threads: int = 0, buckets: int = DEDUPE_BUCKETS):
         self._specs = {s.spec_id: s for s in specs}
+        self._buckets = buckets  # dedupe groups per (crowd, window): transforms.shuffle.ScaleOut
         self._registry_path, self._prior, self._times = registry_path, prior, times
         self._threads = threads  # signature checks of a batch run on this many threads (0: one per core)
         self._registry: Any = None
@@ -193,7 +194,7 @@ class IngressFn(beam.DoFn):
                 # its partition active forever (the last window of a stream that goes quiet would never
                 # close); its event time is already in the run state of the run that first read it.
                 latest[pkey] = max(latest.get(pkey, item.event_time_ms), item.event_time_ms)
-            key = (item.spec_id, item.crowd_id, item.window_end_ms, device_bucket(item.device_id))
+            key = (item.spec_id, item.crowd_id, item.window_end_ms, device_bucket(item.device_id, self._buckets))
             groups.setdefault(key, []).append(item)
         for pkey, event_ms in latest.items():
             yield TaggedOutput(TIMES, (pkey, event_ms))

@@ -127,31 +127,44 @@ def _restore_messages(version: int, channels: bytes, offsets: bytes, payload: by
 
 
 class PackedUnits:
-    """Units (one device's kept sets: set count, its messages in order) over one ``PackedMessages``."""
+    """Units (one device's kept sets: set count, its messages in order) over one ``PackedMessages``.
 
-    __slots__ = ("messages", "n_messages", "n_sets", "order_key")
+    ``ranks`` (uint64, one per unit: a keyed PRF of the device) give the canonical order of a sub-crowd's
+    units, so a release does not depend on how devices were bucketed or in which order groups arrived.
+    """
 
-    def __init__(self, n_sets: np.ndarray, n_messages: np.ndarray, messages: PackedMessages, order_key: int = 0):
+    __slots__ = ("messages", "n_messages", "n_sets", "ranks")
+
+    def __init__(self, n_sets: np.ndarray, n_messages: np.ndarray, messages: PackedMessages,
+                 ranks: np.ndarray | None = None):
         n_sets, n_messages = np.asarray(n_sets, dtype=np.int32), np.asarray(n_messages, dtype=np.int32)
-        if n_sets.shape != n_messages.shape or n_sets.ndim != 1:
-            raise ValueError("n_sets and n_messages must be two vectors of the same length")
+        ranks = np.arange(len(n_sets), dtype=np.uint64) if ranks is None else np.asarray(ranks, dtype=np.uint64)
+        if n_sets.shape != n_messages.shape or n_sets.ndim != 1 or ranks.shape != n_sets.shape:
+            raise ValueError("n_sets, n_messages and ranks must be three vectors of the same length")
         if int(n_messages.sum()) != len(messages) or (len(n_sets) and (n_sets.min() < 1 or n_messages.min() < 0)):
             raise ValueError("unit sizes do not add up to the messages, or a unit has no set")
-        self.n_sets, self.n_messages, self.messages, self.order_key = n_sets, n_messages, messages, int(order_key)
+        self.n_sets, self.n_messages, self.messages, self.ranks = n_sets, n_messages, messages, ranks
 
     @classmethod
-    def of(cls, units: Sequence[tuple[int, Sequence[Message]]], order_key: int = 0) -> PackedUnits:
+    def of(cls, units: Sequence[tuple[int, Sequence[Message]]], ranks: Sequence[int] | None = None) -> PackedUnits:
         return cls(np.fromiter((n for n, _ in units), np.int32, len(units)),
                    np.fromiter((len(ms) for _, ms in units), np.int32, len(units)),
-                   PackedMessages.of(m for _, ms in units for m in ms), order_key)
+                   PackedMessages.of(m for _, ms in units for m in ms),
+                   None if ranks is None else np.fromiter(ranks, np.uint64, len(units)))
 
     @classmethod
     def concat(cls, parts: Sequence[PackedUnits]) -> PackedUnits:
-        """Several packs as one, in ``order_key`` order (a canonical order whatever the grouping order)."""
-        parts = sorted(parts, key=lambda p: p.order_key)
-        return cls(np.concatenate([p.n_sets for p in parts] or [np.zeros(0, np.int32)]),
-                   np.concatenate([p.n_messages for p in parts] or [np.zeros(0, np.int32)]),
-                   PackedMessages.concat([p.messages for p in parts]))
+        """Several packs as one, units in rank order (stable: equal ranks keep the given order)."""
+        if not parts:
+            return cls(np.zeros(0, np.int32), np.zeros(0, np.int32), PackedMessages.of(()))
+        joined = parts[0] if len(parts) == 1 else cls(
+            np.concatenate([p.n_sets for p in parts]), np.concatenate([p.n_messages for p in parts]),
+            PackedMessages.concat([p.messages for p in parts]), np.concatenate([p.ranks for p in parts]))
+        order = np.argsort(joined.ranks, kind="stable")
+        if np.array_equal(order, np.arange(len(order))):
+            return joined
+        return cls(joined.n_sets[order], joined.n_messages[order], joined.messages.take(joined.messages_of(order)),
+                   joined.ranks[order])
 
     def __len__(self) -> int:
         return len(self.n_sets)
@@ -175,12 +188,12 @@ class PackedUnits:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _restore_units, (VERSION, self.n_sets.tobytes(), self.n_messages.tobytes(), self.messages,
-                                self.order_key)
+                                self.ranks.tobytes())
 
 
 def _restore_units(version: int, n_sets: bytes, n_messages: bytes, messages: PackedMessages,
-                   order_key: int) -> PackedUnits:
+                   ranks: bytes) -> PackedUnits:
     if version != VERSION:
         raise ValueError(f"packed units of version {version}; this esa reads version {VERSION}")
     return PackedUnits(np.frombuffer(n_sets, np.int32).copy(), np.frombuffer(n_messages, np.int32).copy(), messages,
-                       order_key)
+                       np.frombuffer(ranks, np.uint64).copy())

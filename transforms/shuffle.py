@@ -72,6 +72,43 @@ def noisy_crowd_target(n: int, noise: int, threshold: float) -> int:
     return max(math.floor(n + noise - threshold), 0)
 
 
+RECORDS_PER_BUCKET = 20_000  # a dedupe group (Python objects on one worker) of about this many sets
+RECORDS_PER_SUBKEY = 250_000  # a sub-crowd (delete-and-permute on one worker) of about this many sets
+MAX_BUCKETS = 65_536
+MAX_SUBKEYS = 4096  # the spec's own bound on [crowd] subkeys
+
+
+def _pow2_at_least(x: float) -> int:
+    return 1 << max(math.ceil(math.log2(x)), 0) if x > 1 else 1
+
+
+@dataclass(frozen=True)
+class ScaleOut:
+    """How widely one run spreads its work, derived from the records it planned to read.
+
+    ``buckets``: device-hash buckets per (crowd, window) for dedupe, so each dedupe group stays near
+    ``RECORDS_PER_BUCKET`` sets even when a whole run is one window; a distributed runner spreads groups over
+    workers. Releases do not depend on it (units are put in rank order), so any run may pick any value.
+    ``subkeys(spec)``: sub-keys per crowd, at least the spec's ``[crowd] subkeys``, more for a run above
+    ``RECORDS_PER_SUBKEY`` sets per spec sub-key, so no worker holds more than a bounded slice of a crowd.
+    The sub-key count is part of a release (deletions are allotted per sub-crowd), hence powers of two: a
+    rerun of a crashed attempt that plans a little more data keeps the same count; one that crosses a power
+    of two produces a different release, which the ledger refuses (the sealed one is republished).
+    """
+
+    records: int
+
+    @property
+    def buckets(self) -> int:
+        from transforms.ingress import DEDUPE_BUCKETS
+
+        return min(max(_pow2_at_least(self.records / RECORDS_PER_BUCKET), DEDUPE_BUCKETS), MAX_BUCKETS)
+
+    def subkeys(self, spec: AnalysisSpec) -> int:
+        derived = _pow2_at_least(self.records / RECORDS_PER_SUBKEY)
+        return min(max(derived, spec.crowd.subkeys), max(MAX_SUBKEYS, spec.crowd.subkeys))
+
+
 class ReleasePart(NamedTuple):
     """The released, permuted messages of one sub-crowd; the driver numbers, signs and publishes them."""
 
@@ -124,13 +161,15 @@ class DedupeAndStripFn(beam.DoFn):
 
     Open windows: every set is held (its offset leaves on ``HELD`` so the next run re-reads it).
     Closed windows: one set per device (``quota`` per window), identity stripped; what leaves is
-    ((spec, crowd, window), (sub-key, PackedUnits)): per sub-key, the bucket's devices (in device order)
-    packed into arrays, ordered among the sub-crowd's packs by bucket.
+    ((spec, crowd, window), (sub-key, PackedUnits)): per sub-key, the bucket's devices packed into arrays,
+    each with its rank (a keyed PRF of the device) that orders the sub-crowd canonically.
     """
 
-    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock):
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock,
+                 subkeys: Mapping[str, int] | None = None):
         self._specs = {s.spec_id: s for s in specs}
         self._key, self._clock = key, clock
+        self._subkeys = dict(subkeys or {})  # spec_id -> sub-keys per crowd (default: the spec's)
         self._watermark: tuple[int | None] | None = None
         self._held = Metrics.counter(NAMESPACE, "sets_held")
         self._valid = Metrics.counter(NAMESPACE, "sets_valid")
@@ -143,7 +182,7 @@ class DedupeAndStripFn(beam.DoFn):
 
     def process(self, keyed: tuple[tuple[str, str | None, int, int], Iterable[bytes]],
                 run_times: Mapping[str, int]) -> Iterator[Any]:
-        (spec_id, crowd, window_end, bucket), blobs = keyed
+        (spec_id, crowd, window_end, _), blobs = keyed
         spec = self._specs[spec_id]
         if self._watermark is None:
             self._watermark = (self._clock.watermark(run_times),)
@@ -163,8 +202,10 @@ class DedupeAndStripFn(beam.DoFn):
         single = is_single_message(spec.randomizer)
         per_channel = messages_per_channel(spec.randomizer)
         kept: dict[int, list[Unit]] = {}
-        for device in sorted(by_device):  # a deterministic unit order, whatever the order blobs arrive in
-            sets = sorted(by_device[device], key=_position)
+        ranks: dict[int, list[int]] = {}
+        subkeys = self._subkeys.get(spec_id, spec.crowd.subkeys)
+        for device, sets in by_device.items():
+            sets.sort(key=_position)
             kept_digests: set[bytes] = set()
             n_kept, messages = 0, ()
             for item in sets:
@@ -185,12 +226,14 @@ class DedupeAndStripFn(beam.DoFn):
             if n_kept:
                 # One unit per device: the threshold counts, and deletes, devices (its noise is calibrated to
                 # one device changing the count by one), whatever its quota of sets per window.
-                subkey = keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", spec.crowd.subkeys)
-                kept.setdefault(subkey, []).append((n_kept, messages))
+                # One keyed PRF value per device: its sub-key, and its rank in the sub-crowd's canonical order.
+                rank = keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", 1 << 64)
+                kept.setdefault(rank % subkeys, []).append((n_kept, messages))
+                ranks.setdefault(rank % subkeys, []).append(rank)
         self._devices.inc(len(by_device))
         self._valid.inc(sum(n for units in kept.values() for n, _ in units))
         for subkey, units in kept.items():
-            yield (spec_id, crowd, window_end), (subkey, PackedUnits.of(units, order_key=bucket))
+            yield (spec_id, crowd, window_end), (subkey, PackedUnits.of(units, ranks[subkey]))
 
 
 def set_problem(messages: tuple[Message, ...], per_channel_limit: int) -> str | None:
@@ -256,7 +299,7 @@ class ReleaseFn(beam.DoFn):
     def process(self, keyed: tuple[tuple[CrowdKey, int], dict[str, list]]) -> Iterator[ReleasePart]:
         (crowd_key, subkey), joined = keyed
         spec_id, crowd, window_end = crowd_key
-        # canonical (bucket) order: GroupByKey's is not; plain lists of units (tests) are sorted
+        # canonical (rank) order: GroupByKey's is not; plain lists of units (tests) are sorted
         units = PackedUnits.concat([p if isinstance(p, PackedUnits) else PackedUnits.of(sorted(p))
                                     for p in joined["sets"]])
         decisions = list(joined["decision"])
@@ -290,9 +333,11 @@ class Shuffle(beam.PTransform):
     ``held`` carries (partition key, earliest offset) of sets in windows that are still open.
     """
 
-    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock):
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock,
+                 subkeys: Mapping[str, int] | None = None):
         super().__init__()
         self._specs, self._key, self._clock = list(specs), key, clock
+        self._subkeys = dict(subkeys or {})
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> tuple[Any, Any, Any]:
         keyed_sets, times = inputs
@@ -300,7 +345,7 @@ class Shuffle(beam.PTransform):
         deduped = (
             keyed_sets
             | "GroupByDeviceBucket" >> beam.GroupByKey()
-            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(self._specs, self._key, self._clock),
+            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(self._specs, self._key, self._clock, self._subkeys),
                                              AsDict(run_times)).with_outputs(DEAD, HELD, main="kept")
         )
         stripped = deduped.kept | "BySubkey" >> beam.Map(lambda kv: ((kv[0], kv[1][0]), kv[1][1]))
