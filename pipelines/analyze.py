@@ -87,8 +87,12 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
 
 
 def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],
-                  run_key: str) -> bool:
-    """Seal (analyst ledger) -> odometer -> append-only Parquet part -> topic. True if newly written."""
+                  run_key: str, known: dict[str, dict[ReleaseKey, ReleaseEntry]] | None = None) -> bool:
+    """Seal (analyst ledger) -> odometer -> append-only Parquet part -> topic. True if newly written.
+
+    ``known`` caches each spec's ledger entries across the releases of one run (this job holds the state
+    directory's lock, so only it adds entries): the ledger is listed once per spec and run, not once per
+    release, which made a run of many windows quadratic in the ledger's size."""
     spec = next(s for s in config.specs if s.spec_id == opened.spec_id)
     key = ReleaseKey(opened.spec_id, opened.crowd_id, opened.window_end_ms)
     entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
@@ -100,7 +104,11 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
         LOG.error("a second release of window %d of %s was refused", key.window_end_ms, key.spec_id)
         return False
     crash_point("analyze:after_seal")
-    population = [e for e in ledger.entries(spec.spec_id) if e.key.crowd_id == opened.crowd_id]
+    known = {} if known is None else known
+    if spec.spec_id not in known:
+        known[spec.spec_id] = {e.key: e for e in ledger.entries(spec.spec_id)}
+    known[spec.spec_id][key] = stored
+    population = [e for e in known[spec.spec_id].values() if e.key.crowd_id == opened.crowd_id]
     rows = with_cumulative_epsilon(spec, rows, population, key.window_end_ms)
     for row in rows:
         row["release_id"] = opened.release_id
@@ -123,9 +131,9 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         bounded = plan_run(config, STAGE, config.shuffled_topic)
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
-        written = 0
+        written, known = 0, {}
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
-            written += write_release(config, ledger, opened, rows, bounded.key)
+            written += write_release(config, ledger, opened, rows, bounded.key, known)
         keep_dead_letters(bounded, config.out_dir / "dead_letters")
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})
