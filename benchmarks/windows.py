@@ -1,7 +1,8 @@
 """Cost per distinct window and memory per pending report of the split jobs, each job a child process.
 
 Two experiments on an embedded broker (each job runs in its own process, which reports its own peak RSS,
-``VmHWM``, at the start, when the Beam pipeline ends and at the end):
+``VmHWM``: at the start, over the Beam pipeline, and over the driver's work after it, measured apart by
+resetting the high-water mark when the pipeline ends):
 
 * ``windows``: ``--windows`` authenticated one-set windows (enrolled devices sending one set per hourly
   window, as the adversarial window flood does) through the shuffle job and the analyze job with
@@ -66,6 +67,13 @@ def peak_rss_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def reset_peak_rss() -> float:
+    """Reset VmHWM to the current RSS (``/proc/self/clear_refs``, Linux >= 4.0); returns the current RSS."""
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")
+    return peak_rss_mb()
+
+
 def _child(stage: str, fields_json: str) -> None:
     """Run one job (in the child process) and print its summary as one JSON line."""
     config = _config(json.loads(fields_json))
@@ -78,10 +86,13 @@ def _child(stage: str, fields_json: str) -> None:
             return inner(*args, **kwargs)
         finally:
             marks["pipeline"] = peak_rss_mb()
+            marks["driver"] = reset_peak_rss()  # from here on VmHWM is the driver's (seal, publish) own peak
+
 
     job.run_pipeline = run_pipeline
     summary = job.run(config)
-    marks["end"] = peak_rss_mb()
+    marks["driver"] = peak_rss_mb() if "driver" in marks else 0.0
+    marks["end"] = max(marks.values())
     print(json.dumps({"counters": summary.counters, "seconds": summary.seconds, "accounting": summary.accounting,
                       "balanced": summary.balanced, "peaks_mb": marks,
                       "extra": {k: v for k, v in summary.extra.items() if isinstance(v, int | str)}}))
@@ -168,8 +179,9 @@ def _print_runs(label: str, runs: list[JobRun], per: int, unit: str) -> None:
         read = r.summary["counters"].get("kafka_records_read", 0)
         print(f"{label:>18} {r.stage:>8}: {r.seconds:7.1f} s wall ({r.summary['seconds']:6.1f} s in run), "
               f"{1e3 * r.seconds / per:7.3f} ms per {unit}, peak RSS {r.peak_rss_mb:7.1f} MB "
-              f"(at start {r.summary['peaks_mb']['start']:.0f}, after the pipeline "
-              f"{r.summary['peaks_mb'].get('pipeline', 0):.0f}), read {read}, "
+              f"(at start {r.summary['peaks_mb']['start']:.0f}, in the pipeline "
+              f"{r.summary['peaks_mb'].get('pipeline', 0):.0f}, in the driver after it "
+              f"{r.summary['peaks_mb'].get('driver', 0):.0f}), read {read}, "
               f"balanced {r.summary['balanced']}, {r.summary['extra']}")
 
 
@@ -189,16 +201,17 @@ def main(argv: list[str] | None = None) -> None:
             runs = windows_experiment(broker.bootstrap, Path(tmp) / "win", args.windows, args.devices)
             _print_runs(f"{args.windows} windows", runs, args.windows, "window")
             return
-        peaks: dict[str, list[tuple[int, float]]] = {}
+        peaks: dict[tuple[str, str], list[tuple[int, float]]] = {}
         for n in args.clients:
             runs = memory_experiment(broker.bootstrap, Path(tmp) / f"mem{n}", n)
             _print_runs(f"{n} clients", runs, n, "client")
             for r in runs:
-                peaks.setdefault(r.stage, []).append((n, r.peak_rss_mb))
+                for phase in ("pipeline", "driver", "end"):
+                    peaks.setdefault((r.stage, phase), []).append((n, r.summary["peaks_mb"].get(phase, 0.0)))
         if len(args.clients) > 1:
-            for stage, points in peaks.items():
+            for (stage, phase), points in peaks.items():
                 (n0, m0), (n1, m1) = min(points), max(points)
-                print(f"{stage:>8}: peak RSS growth {(m1 - m0) * 2**20 / (n1 - n0):7.0f} B per report "
+                print(f"{stage:>8} {phase:>8}: peak RSS growth {(m1 - m0) * 2**20 / (n1 - n0):7.0f} B per report "
                       f"({m0:.0f} MB at {n0}, {m1:.0f} MB at {n1})")
 
 
