@@ -86,13 +86,15 @@ def _child(stage: str, fields_json: str) -> None:
             return inner(*args, **kwargs)
         finally:
             marks["pipeline"] = peak_rss_mb()
-            marks["driver"] = reset_peak_rss()  # from here on VmHWM is the driver's (seal, publish) own peak
+            marks["driver_base"] = reset_peak_rss()  # from here on VmHWM is the driver's (seal, publish) peak
 
 
     job.run_pipeline = run_pipeline
     summary = job.run(config)
-    marks["driver"] = peak_rss_mb() if "driver" in marks else 0.0
-    marks["end"] = max(marks.values())
+    if "driver_base" in marks:  # what the driver added on top of what the pipeline left resident
+        marks["driver"] = peak_rss_mb() - marks["driver_base"]
+    marks["end"] = max(marks["start"], marks.get("pipeline", 0.0), marks.get("driver_base", 0.0) + marks.get(
+        "driver", 0.0))
     print(json.dumps({"counters": summary.counters, "seconds": summary.seconds, "accounting": summary.accounting,
                       "balanced": summary.balanced, "peaks_mb": marks,
                       "extra": {k: v for k, v in summary.extra.items() if isinstance(v, int | str)}}))
@@ -180,8 +182,8 @@ def _print_runs(label: str, runs: list[JobRun], per: int, unit: str) -> None:
         print(f"{label:>18} {r.stage:>8}: {r.seconds:7.1f} s wall ({r.summary['seconds']:6.1f} s in run), "
               f"{1e3 * r.seconds / per:7.3f} ms per {unit}, peak RSS {r.peak_rss_mb:7.1f} MB "
               f"(at start {r.summary['peaks_mb']['start']:.0f}, in the pipeline "
-              f"{r.summary['peaks_mb'].get('pipeline', 0):.0f}, in the driver after it "
-              f"{r.summary['peaks_mb'].get('driver', 0):.0f}), read {read}, "
+              f"{r.summary['peaks_mb'].get('pipeline', 0):.0f}, added by the driver after it "
+              f"{r.summary['peaks_mb'].get('driver', 0):.1f}), read {read}, "
               f"balanced {r.summary['balanced']}, {r.summary['extra']}")
 
 

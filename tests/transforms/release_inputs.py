@@ -3,7 +3,7 @@
 A ``Devices`` object owns a fresh keys directory with enrolled simulated devices; it builds signed
 ``MessageSet``s whose payloads are sealed to the analyzer (as a device does), wraps them in
 ``KafkaRecord``s, runs ``IngressFn`` + ``Shuffle`` on the FnApiRunner, and numbers and signs the released
-parts into ``ReleaseBatch`` records like the shuffler's driver does (``pipelines.shuffle.assemble``).
+parts into ``ReleaseBatch`` records like the shuffler's driver does (``pipelines.release_files.write_release``).
 """
 
 from __future__ import annotations
