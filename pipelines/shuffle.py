@@ -40,7 +40,7 @@ from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
-from transforms.staging import StageFn, load_staged, stable_name
+from transforms.staging import StageFn, join, load_staged, stable_name
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 
@@ -67,7 +67,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
-         | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
+         | "StageDeadLetters" >> WriteAvroFile(join(run.staging, "dead_letters.avro"), "DeadLetter"))
 
 
 def shuffler_prf_key(config: JobConfig) -> bytes:
@@ -195,7 +195,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         republish_unpublished(config, ledger)
         if not config.reports_topic:
             raise ValueError("the shuffle job needs --reports_topic")
-        bounded = plan_run(config, STAGE, config.reports_topic)
+        bounded = plan_run(config, STAGE, config.reports_topic, options)
         crash_point("shuffle:before_pipeline")
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")
