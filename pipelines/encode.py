@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    DEAD_LETTERS,
     BoundedRun,
     JobConfig,
     RunSummary,
@@ -31,8 +32,7 @@ from transforms.encode import EncodeEvents
 from transforms.kafkaio import WriteToKafka
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.seal import SealSetsFn
-from transforms.sinks import WriteAvroFile
-from transforms.staging import join
+from transforms.sinks import StageAvroRecords
 
 STAGE = "encode"
 
@@ -55,7 +55,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
          | "SealAndSign" >> beam.ParDo(SealSetsFn(specs, str(config.keys)))
          | "Flatten" >> beam.FlatMap(lambda batch: batch)
          | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic, producer_config=config.kafka_config))
-    _ = dead | "StageDeadLetters" >> WriteAvroFile(join(run.staging, "dead_letters.avro"), "DeadLetter")
+    _ = dead | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter")
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:

@@ -13,7 +13,6 @@ the same run key: staged outputs are overwritten, sealed releases republished id
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import secrets
@@ -38,12 +37,14 @@ from pipelines.options import (
 )
 from pipelines.preflight import require_topics
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
+from transforms.sinks import avro_bytes, load_staged_avro
 from transforms.spec import AnalysisSpec, load_spec
-from transforms.staging import check_location, clear_staging, is_url, join, prepare_staging, read_staged
+from transforms.staging import check_location, clear_staging, is_url, join, prepare_staging
 from transforms.state.files import StateLock, StateLocked, atomic_write_bytes, create_exclusive
 from transforms.state.run_state import RunState, run_key
 
 LOG = logging.getLogger(__name__)
+DEAD_LETTERS = "dead_letters"  # the staged dead letters' file prefix (``transforms.sinks.StageAvroRecords``)
 CRASH_ENV = "ESA_CRASH_AT"  # fault injection for tests: kill -9 this process at a named point
 
 
@@ -359,20 +360,15 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
     stage and reason class (``dead_letter_counts/``: what may be shown outside the domain), and publish them
     to ``--dead_letter_topic`` if one is configured. Named by the run key, so a rerun replaces a crashed
     attempt's file and a later run adds a new one."""
-    import fastavro
-
     from schemas import encode_record
     from transforms.kafkaio import produce_records
     from transforms.state.dead_letters import ReasonCounts, write_counts
 
-    staged = read_staged(join(run.staging, "dead_letters.avro"))
-    if staged is None:
-        return None
-    letters = list(fastavro.reader(io.BytesIO(staged)))
+    letters = load_staged_avro(run.staging, DEAD_LETTERS)
     if not letters:
         return None
     target = directory / f"dead-letters-{run.key}.avro"
-    atomic_write_bytes(target, staged)
+    atomic_write_bytes(target, avro_bytes("DeadLetter", letters, run.key.encode()))
     write_counts(directory / "counts", run.key, ReasonCounts().add_letters(letters))
     config = run.config
     if config.dead_letter_topic:

@@ -24,6 +24,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    DEAD_LETTERS,
     BoundedRun,
     JobConfig,
     RunSummary,
@@ -39,8 +40,8 @@ from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
-from transforms.sinks import WriteAvroFile
-from transforms.staging import StageFn, join, load_staged, stable_name
+from transforms.sinks import StageAvroRecords
+from transforms.staging import StageFn, load_staged, stable_name
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 
@@ -67,7 +68,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
-         | "StageDeadLetters" >> WriteAvroFile(join(run.staging, "dead_letters.avro"), "DeadLetter"))
+         | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
 
 
 def shuffler_prf_key(config: JobConfig) -> bytes:

@@ -8,6 +8,12 @@ The location is a local directory (the default, ``STATE/staging/<run key>``) or 
 ``FileSystems`` serves (``gs://``, ``s3://``): the workers of a Dataflow or Flink cluster cannot write the
 driver's disk, but they can write an object store the driver reads back. Local files are written with an
 atomic rename; objects are atomic by themselves (an upload becomes visible only once it is complete).
+
+Workers need the object store's options (endpoint, credentials) for their own ``FileSystems`` calls. A
+harness started by a runner's boot program gets them from the job; a bare worker pool does not. So every
+staging DoFn carries the filesystem options the driver's ``FileSystems`` held when the pipeline was built
+(``pipelines.job.plan_run`` sets them from the job's options) and installs them in ``setup`` when the
+worker has none.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    AzureOptions,
+    GoogleCloudOptions,
+    HadoopFileSystemOptions,
+    PipelineOptions,
+    S3Options,
+)
 
 from transforms.state.files import atomic_write_bytes
 
@@ -104,11 +117,45 @@ def prepare_staging(location: Location) -> None:
         Path(location).mkdir(parents=True)
 
 
-class StageFn(beam.DoFn):
+_FILESYSTEM_OPTIONS = (S3Options, GoogleCloudOptions, AzureOptions, HadoopFileSystemOptions)
+
+
+def filesystem_options() -> dict[str, Any]:
+    """The object-store options (S3, GCS, Azure, HDFS) of the driver's ``FileSystems`` that differ from
+    Beam's defaults (nothing else of the job's options travels with the DoFn)."""
+    current = FileSystems._pipeline_options
+    if current is None:
+        return {}
+    names = set().union(*(_option_names(view) for view in _FILESYSTEM_OPTIONS))
+    return {k: v for k, v in current.get_all_options(drop_default=True).items() if k in names}
+
+
+def _option_names(view: type[PipelineOptions]) -> set[str]:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    view._add_argparse_args(parser)
+    return {action.dest for action in parser._actions if action.dest != "help"}
+
+
+class StagingDoFn(beam.DoFn):
+    """A DoFn that writes under a staging location, with the filesystem options it needs on any worker."""
+
+    def __init__(self, directory: Location):
+        self._directory = str(directory)
+        self._filesystem = filesystem_options() if is_url(self._directory) else {}
+
+    def setup(self) -> None:
+        if self._filesystem and FileSystems._pipeline_options is None:
+            FileSystems.set_options(PipelineOptions.from_dictionary(self._filesystem))
+
+
+class StageFn(StagingDoFn):
     """Write each element to ``directory/<prefix>-<name>.pkl`` (whole; same element -> same file)."""
 
     def __init__(self, directory: Location, prefix: str, name_of: Callable[[Any], str]):
-        self._directory, self._prefix, self._name_of = str(directory), prefix, name_of
+        super().__init__(directory)
+        self._prefix, self._name_of = prefix, name_of
 
     def process(self, element: Any) -> Iterator[None]:
         path = join(self._directory, f"{self._prefix}-{self._name_of(element)}.pkl")

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import io
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import apache_beam as beam
-import fastavro
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 from pipelines.objectstore import MIN_PART
 from tests.deploy.s3 import S3Endpoint, s3_store
-from transforms.sinks import WriteAvroFile
+from transforms.sinks import StageAvroRecords, load_staged_avro
 from transforms.staging import (
     StageFn,
     check_location,
@@ -128,16 +126,22 @@ def test_beam_filesystems_stage_load_and_clear(s3: S3Endpoint) -> None:
     clear_staging(root)  # clearing what is not there is not an error
 
 
-def test_dead_letter_avro_file_is_staged_whole_and_leaves_no_temporaries(s3: S3Endpoint) -> None:
+def test_dead_letters_are_staged_as_avro_shards_rewritten_identically(s3: S3Endpoint) -> None:
     root = f"s3://{s3.bucket}/esa-avro/run1"
-    letters = [{"schema_version": 1, "original": b"x", "topic": "t", "partition": 0, "offset": i,
-                "stage": "shuffle", "reason": "bad"} for i in range(3)]
-    with beam.Pipeline(options=s3.options()) as pipeline:
-        _ = pipeline | beam.Create(letters) | WriteAvroFile(join(root, "dead_letters.avro"), "DeadLetter")
-    assert s3.keys("esa-avro/") == ["esa-avro/run1/dead_letters.avro"]
-    staged = read_staged(join(root, "dead_letters.avro"))
-    assert staged is not None
-    assert sorted(r["offset"] for r in fastavro.reader(io.BytesIO(staged))) == [0, 1, 2]
+    letters = [{"schema_version": 1, "original": bytes([i]), "topic": "t", "partition": 0, "offset": i,
+                "stage": "shuffle", "reason": "bad"} for i in range(40)]
+
+    def stage(records: list[dict]) -> dict[str, bytes]:
+        with beam.Pipeline(options=s3.options()) as pipeline:
+            _ = pipeline | beam.Create(records) | StageAvroRecords(root, "dead_letters", "DeadLetter", shards=4)
+        return {k: read_staged(f"s3://{s3.bucket}/{k}") for k in s3.keys("esa-avro/")}
+
+    first = stage(letters)
+    assert 1 < len(first) <= 4 and all(k.startswith("esa-avro/run1/dead_letters-") for k in first)
+    assert sorted(r["offset"] for r in load_staged_avro(root, "dead_letters")) == list(range(40))
+    assert stage(letters[::-1]) == first  # a rerun (other bundles, other order) rewrites the very same bytes
+    clear_staging(root)
+    assert load_staged_avro(root, "dead_letters") == []
 
 
 def test_unusable_locations_fail_at_once(tmp_path: Path) -> None:
