@@ -20,7 +20,7 @@ from apache_beam.transforms import window
 from schemas import avro_file_schema, encode_record
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA, arrow_schema_of
 from transforms.kafkaio import WriteToKafka
-from transforms.staging import Location, StagingDoFn, join, read_staged, staged_files, write_staged
+from transforms.staging import Location, StagingDoFn, join, read_listed, staged_files, write_staged
 
 __all__ = ["ESTIMATE_ARROW_SCHEMA", "StageAvroRecords", "WriteAvroFile", "WriteEstimatesParquet",
            "WriteRecordsToKafka", "arrow_schema_of", "avro_bytes", "load_staged_avro"]
@@ -130,8 +130,5 @@ def load_staged_avro(directory: Location, prefix: str) -> list[dict[str, Any]]:
     """Every record ``StageAvroRecords`` staged under ``prefix``, shard by shard (deterministic order)."""
     out: list[dict[str, Any]] = []
     for path in staged_files(directory, f"{prefix}-*.avro"):
-        data = read_staged(path)
-        if data is None:
-            raise FileNotFoundError(f"staged file {path} vanished while the driver read it")
-        out.extend(fastavro.reader(io.BytesIO(data)))
+        out.extend(fastavro.reader(io.BytesIO(read_listed(path))))
     return out

@@ -87,8 +87,15 @@ def read_staged(path: str) -> bytes | None:
     if not is_url(path):
         local = Path(path)
         return local.read_bytes() if local.is_file() else None
-    if not FileSystems.exists(path):
+    try:
+        return _read_object(path)
+    except Exception:
+        if FileSystems.exists(path):  # asked only after a failure: an object store call costs a client each
+            raise
         return None
+
+
+def _read_object(path: str) -> bytes:
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         return handle.read()
 
@@ -165,10 +172,9 @@ class StageFn(StagingDoFn):
 
 def load_staged(directory: Location, prefix: str) -> list[Any]:
     """Every element staged under ``prefix``, in file-name order (deterministic)."""
-    out = []
-    for path in staged_files(directory, f"{prefix}-*.pkl"):
-        data = read_staged(path)
-        if data is None:
-            raise FileNotFoundError(f"staged file {path} vanished while the driver read it")
-        out.append(pickle.loads(data))
-    return out
+    return [pickle.loads(read_listed(path)) for path in staged_files(directory, f"{prefix}-*.pkl")]
+
+
+def read_listed(path: str) -> bytes:
+    """The bytes of a file ``staged_files`` just listed (one call to the store, not two)."""
+    return Path(path).read_bytes() if not is_url(path) else _read_object(path)
