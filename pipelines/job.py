@@ -324,7 +324,10 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
         commit_plan(run.config.bootstrap, run.config.group_id, commit, run.config.kafka_config)
     except Exception as err:
         LOG.warning("could not commit offsets to group %s (state is saved): %s", run.config.group_id, err)
-    clear_staging(run.staging)
+    try:
+        clear_staging(run.staging)
+    except Exception as err:  # the run has committed; the next run clears its staging root anyway
+        LOG.warning("could not delete the staged files of run %s under %s: %s", run.key, run.staging, err)
     return new
 
 
