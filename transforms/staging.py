@@ -63,7 +63,7 @@ def check_location(location: str) -> None:
     try:
         FileSystems.get_filesystem(location)
     except ValueError as err:
-        extra = {"gs": "apache-beam[gcp]", "s3": "esa-telemetry[aws]", "azfs": "apache-beam[azure]"}.get(scheme or "")
+        extra = {"gs": "esa-telemetry[gcp]", "s3": "esa-telemetry[aws]", "azfs": "apache-beam[azure]"}.get(scheme or "")
         hint = f" (install {extra})" if extra else ""
         raise ValueError(f"staging location {location}: no Beam filesystem for {scheme}://{hint}") from err
     if scheme == "s3":
