@@ -50,6 +50,7 @@ class S3Endpoint:
 def s3_store(data_dir: Path, bucket: str = "staging") -> Iterator[S3Endpoint]:
     """Start a store over ``data_dir`` (a subprocess), create ``bucket``, point Beam's FileSystems at it."""
     store = LocalObjectStore(data_dir, fsync=False).start()
+    saved = FileSystems._pipeline_options
     try:
         assert store.url is not None
         endpoint = S3Endpoint(store.url, bucket)
@@ -57,4 +58,5 @@ def s3_store(data_dir: Path, bucket: str = "staging") -> Iterator[S3Endpoint]:
         FileSystems.set_options(endpoint.options())
         yield endpoint
     finally:
+        FileSystems.set_options(saved)
         store.stop()
