@@ -4,7 +4,9 @@ For each mechanism and population size n: the three jobs (encode -> shuffle -> a
 other, each in a fresh process as in production (``benchmarks/stage_process.py``), with signing, sealing,
 verification and the ledgers on. Printed per job: Kafka records/s and messages (reports)/s over the job's
 whole run (planning, Beam start-up and commit included), peak RSS of its process, and that rate over the
-raw consume rate of the Kafka client on the job's own input topic, measured in the same run; then the chain
+raw consume rate of the Kafka client on the job's own input topic, measured in the same run, and the share it
+reaches of its cryptography's own ceiling (``benchmarks/crypto_ceiling.py``: sets/s for encode and shuffle,
+messages/s for analyze); then the chain
 (n over the sum of the three wall times) and the error figures against the known truth (max |z| and the
 share of items within 3 standard errors). Medians over --repeats.
 
@@ -27,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
+from benchmarks.crypto_ceiling import ceilings
 from benchmarks.stage_process import run_stage
 from pipelines.broker import LocalBroker
 from pipelines.demo.population import synthesize, truth_table
@@ -35,6 +38,7 @@ from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
 from pipelines.job import JobConfig, default_keys_dir
 from transforms.kafkaio import ensure_topics, read_topic
+from transforms.parallel import thread_count
 from transforms.spec import AnalysisSpec, load_spec
 from transforms.state.estimates_store import read_estimates
 
@@ -77,6 +81,11 @@ def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_a
                 f"{stage}_s": result.seconds, f"{stage}_rss": result.peak_rss_mb, f"{stage}_raw": raw,
                 f"{stage}_ratio": result.records_per_s / raw}
     row["chain"] = n / sum(row[f"{s}_s"] for s in STAGES)
+    per_set = row["encode_msg"] / row["encode_rec"] if row["encode_rec"] else 1.0
+    ceiling = ceilings(per_set, thread_count(0))
+    for stage in STAGES:
+        done = row[f"{stage}_msg"] if stage == "analyze" else row[f"{stage}_rec"]
+        row[f"{stage}_ceiling"], row[f"{stage}_of_ceiling"] = ceiling[stage], done / ceiling[stage]
     est = read_estimates(out).sort_by("item_index")
     truth = np.asarray(truth_table(spec, population)["frequency"])
     z = np.abs(np.asarray(est["raw_estimate"]) - truth * np.asarray(est["n_clients"]) / n) / np.asarray(est["stderr"])
@@ -94,8 +103,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     beam_args = args.beam_args.split()
-    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'raw/s':>9}{'ratio':>7}"
-          f"{'peak MB':>9}{'wall s':>8}")
+    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'raw rec/s':>10}{'ratio':>7}"
+          f"{'crypto/s':>10}{'of it':>7}{'peak MB':>9}{'wall s':>8}")
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         for mechanism in args.mechanisms:
             for n in args.clients:
@@ -104,7 +113,8 @@ def main() -> None:
                 med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
                 for stage in STAGES:
                     print(f"{mechanism:<12}{n:>10,}  {stage:<8}{med[f'{stage}_rec']:>10,.0f}"
-                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_raw']:>9,.0f}{med[f'{stage}_ratio']:>7.3f}"
+                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_raw']:>10,.0f}{med[f'{stage}_ratio']:>7.3f}"
+                          f"{med[f'{stage}_ceiling']:>10,.0f}{med[f'{stage}_of_ceiling']:>7.2f}"
                           f"{med[f'{stage}_rss']:>9,.0f}{med[f'{stage}_s']:>8.1f}")
                 print(f"{mechanism:<12}{n:>10,}  {'chain':<8}{med['chain']:>10,.0f} events/s   "
                       f"max|z| {max(r['max_z'] for r in runs):.2f}, within 3 se "

@@ -25,6 +25,7 @@ import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    DEAD_LETTERS,
     BoundedRun,
     JobConfig,
     RunSummary,
@@ -41,8 +42,8 @@ from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, ScaleOut, Shuffle, WindowClock
-from transforms.sinks import WriteAvroFile
-from transforms.staging import StageFn, iter_staged, load_staged, stable_name
+from transforms.sinks import StageAvroRecords
+from transforms.staging import Location, StageFn, iter_staged, load_staged, stable_name
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.state.verified_sets import VerifiedSets
 
@@ -76,7 +77,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = ingress[VERIFIED] | "StageVerified" >> beam.ParDo(StageFn(staging, "verified", lambda v: stable_name(
         v[0], v[1][0], len(v[1]))))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
-         | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
+         | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
 
 
 def shuffler_prf_key(config: JobConfig) -> bytes:
@@ -93,7 +94,7 @@ def release_file(config: JobConfig, release_id: str) -> Path:
     return config.state / "releases" / f"{release_id}.bin"
 
 
-def staged_releases(staging: Path) -> Iterator[list[ReleasePart]]:
+def staged_releases(staging: Location) -> Iterator[list[ReleasePart]]:
     """The staged parts, one release at a time (part names start with the release id), sub-key order."""
     for _, parts in itertools.groupby(iter_staged(staging, "part"),
                                       key=lambda p: (p.spec_id, p.crowd_id, p.window_end_ms)):
@@ -182,7 +183,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         republish_unpublished(config, ledger)
         if not config.reports_topic:
             raise ValueError("the shuffle job needs --reports_topic")
-        bounded = plan_run(config, STAGE, config.reports_topic)
+        bounded = plan_run(config, STAGE, config.reports_topic, options)
         crash_point("shuffle:before_pipeline")
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")
