@@ -136,7 +136,7 @@ def publish(config: JobConfig, release_id: str, blob: bytes) -> int:
     batches = batches_of(blob)
     produce_records(config.bootstrap, config.shuffled_topic,
                     ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(batches)),
-                    producer_config=config.kafka_config)
+                    producer_config=config.kafka_config, client=config.kafka_client)
     return len(batches)
 
 

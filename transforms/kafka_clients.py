@@ -159,7 +159,7 @@ def _kp_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, co
 # ---------------------------------------------------------------- confluent-kafka (librdkafka)
 
 _TIMEOUT_S = 15.0  # metadata, offsets and commits
-_LOG = logging.getLogger("librdkafka")
+_LOG = logging.getLogger("kafka.librdkafka")  # under "kafka": quieted with kafka-python's logs
 
 
 def _rd_settings(bootstrap: str) -> dict[str, Any]:
@@ -253,6 +253,7 @@ class _CkProducer:
             "acks": "all", "linger.ms": 20, "batch.size": 1_000_000, "batch.num.messages": 100_000,
             "compression.type": "none", "queue.buffering.max.messages": 1_000_000,
             "queue.buffering.max.kbytes": 512 * 1024,
+            "partitioner": "murmur2_random",  # keyed records land where kafka-python (and Java) put them
         })
         settings.update(to_librdkafka(config))
         self._p = RdProducer(settings)

@@ -6,11 +6,15 @@ re-windowing into the global window: the rows already carry their window bounds 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import apache_beam as beam
 from apache_beam.transforms import window
 
 from schemas import avro_file_schema, encode_record
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA, arrow_schema_of
+from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import WriteToKafka
 
 __all__ = ["ESTIMATE_ARROW_SCHEMA", "WriteAvroFile", "WriteEstimatesParquet", "WriteRecordsToKafka", "arrow_schema_of"]
@@ -51,14 +55,16 @@ class WriteAvroFile(beam.PTransform):
 class WriteRecordsToKafka(beam.PTransform):
     """Records of one of our schemas -> Avro single-object messages on a Kafka topic."""
 
-    def __init__(self, bootstrap: str, topic: str, schema_name: str):
+    def __init__(self, bootstrap: str, topic: str, schema_name: str, *, client: str = DEFAULT_CLIENT,
+                 producer_config: Mapping[str, Any] | None = None):
         super().__init__()
         self._bootstrap, self._topic, self._schema_name = bootstrap, topic, schema_name
+        self._client, self._config = client, dict(producer_config or {})
 
     def expand(self, rows: beam.PCollection) -> beam.PDone:
         name = self._schema_name
         return (
             rows
             | "Serialize" >> beam.Map(lambda r: encode_record(name, r, check=False))
-            | "Kafka" >> WriteToKafka(self._bootstrap, self._topic)
+            | "Kafka" >> WriteToKafka(self._bootstrap, self._topic, producer_config=self._config, client=self._client)
         )
