@@ -72,8 +72,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                                                                                                    main="batches"))
     assembled = (decoded.batches
                  | "GroupRelease" >> beam.GroupByKey()
-                 | "AssembleAndOpen" >> beam.ParDo(AssembleReleaseFn(specs, keys)).with_outputs(DEAD, HELD,
-                                                                                                main="releases"))
+                 | "AssembleAndOpen" >> beam.ParDo(AssembleReleaseFn(specs, keys, config.crypto_threads))
+                 .with_outputs(DEAD, HELD, main="releases"))
     by_id = {s.spec_id: s for s in specs}
     staging = str(run.staging)
     _ = (assembled.releases

@@ -111,6 +111,7 @@ class JobConfig:
     max_skew_seconds: int = 3600
     now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
     adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
+    crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.parallel
 
     @property
     def state(self) -> Path:
@@ -202,6 +203,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         max_age_seconds=service.max_age_seconds,
         max_skew_seconds=service.max_skew_seconds,
         adopt_group=service.adopt_consumer_group,
+        crypto_threads=service.crypto_threads,
     )
 
 

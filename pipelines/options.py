@@ -75,6 +75,8 @@ class EsaServiceOptions(PipelineOptions):
                             help="reports with an event time older than this are refused at ingress")
         parser.add_argument("--max_skew_seconds", type=int, default=3600,
                             help="reports with an event time this far in the future are refused at ingress")
+        parser.add_argument("--crypto_threads", type=int, default=0,
+                            help="threads per worker for signatures and sealing (0 = one per core, 1 = none)")
 
 
 def kafka_client_config(path: str) -> dict[str, object]:

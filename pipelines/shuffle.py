@@ -18,9 +18,11 @@ import logging
 import struct
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
@@ -36,13 +38,14 @@ from pipelines.job import (
     run_pipeline,
 )
 from transforms.analyze_release import prior_runs
-from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
+from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.sinks import WriteAvroFile
 from transforms.staging import StageFn, load_staged, stable_name
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
+from transforms.state.verified_sets import VerifiedSets
 
 LOG = logging.getLogger(__name__)
 STAGE = "shuffle"
@@ -51,14 +54,15 @@ STAGE = "shuffle"
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
     config = run.config
     specs = list(config.specs)
-    prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
+    prior = replace(prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key),
+                    verified=VerifiedSets.load(config.state))
     clock = WindowClock(run.now_ms, config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000,
                         dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
     registry = str(config.keys / "registry" / "devices.parquet")
     ingress = (pipeline | "ReadReports" >> run.reader()
-               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times)).with_outputs(DEAD, TIMES,
-                                                                                                main="sets"))
+               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads))
+               .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
         specs, shuffler_prf_key(config), clock)
     staging = str(run.staging)
@@ -66,6 +70,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
         p.spec_id, p.crowd_id, p.window_end_ms, p.subkey)))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
+    _ = ingress[VERIFIED] | "StageVerified" >> beam.ParDo(StageFn(staging, "verified", lambda v: stable_name(
+        v[0], v[1][0], len(v[1]))))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
          | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
 
@@ -203,7 +209,11 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         keep_dead_letters(bounded, config.state / "dead_letters")
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         times = {k: v for k, v in load_staged(bounded.staging, "time")}
-        finish_run(bounded, held, times)
+        checked = [(pkey, offsets, np.frombuffer(digests, dtype=np.uint8))
+                   for pkey, offsets, digests in load_staged(bounded.staging, "verified")]
+        state = finish_run(bounded, held, times)
+        # After the state: a crash in between only means verifying those sets again.
+        VerifiedSets.load(config.state).merged(checked, keep_from=state.resume).save(config.state)
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
              "released": counters.get("sets_released", 0)}

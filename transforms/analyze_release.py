@@ -26,6 +26,7 @@ from apache_beam.pvalue import TaggedOutput
 from transforms.analyze import CrowdAccumulator
 from transforms.ingress import PriorRuns, partition_key
 from transforms.kafkaio import KafkaRecord
+from transforms.parallel import map_ordered
 from transforms.records import SourceRef, count_clients, dead_letter, decode_payload, rows_to_array
 from transforms.spec import AnalysisSpec
 
@@ -131,9 +132,10 @@ class DecodeReleaseFn(beam.DoFn):
 class AssembleReleaseFn(beam.DoFn):
     """(release id, [BatchElement]) -> OpenedRelease if whole; held offsets if incomplete; dead otherwise."""
 
-    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str):
+    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir = keys_dir
+        self._threads = threads  # messages of a batch are opened on this many threads (0: one per core)
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._held = Metrics.counter(NAMESPACE, "batches_held")
         self._duplicates = Metrics.counter(NAMESPACE, "batches_duplicate")
@@ -201,15 +203,21 @@ class AssembleReleaseFn(beam.DoFn):
         mechanism = spec.randomizer
         accumulator = CrowdAccumulator(mechanism.new_accumulator(), deleted=header.deleted)
         self._failures: list[tuple[SourceRef, str]] = []
+
+        def open_one(message: Any) -> tuple[Any, str | None]:
+            ad = associated_data(spec.spec_id, header.crowd_id, header.window_end_ms, message.channel)
+            try:
+                return decode_payload(mechanism, open_sealed(self._private, message.sealed, ad), message.channel), None
+            except (SealError, ValueError) as err:
+                return None, f"unusable message: {err}"
+
         for item in whole:
             rows = []
-            for message in item.batch.messages:
-                ad = associated_data(spec.spec_id, header.crowd_id, header.window_end_ms, message.channel)
-                try:
-                    rows.append(decode_payload(mechanism, open_sealed(self._private, message.sealed, ad),
-                                               message.channel))
-                except (SealError, ValueError) as err:
-                    self._failures.append((item.source, f"unusable message: {err}"))
+            for row, problem in map_ordered(open_one, item.batch.messages, self._threads):
+                if problem is None:
+                    rows.append(row)
+                else:
+                    self._failures.append((item.source, problem))
             if rows:
                 reports = rows_to_array(mechanism, rows)
                 messages, clients = count_clients(mechanism, reports)

@@ -34,13 +34,16 @@ from transforms.dead_letters import record_dead_letter
 from transforms.encode import crowd_of
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import channel_count, is_single_message
+from transforms.parallel import map_ordered
 from transforms.records import PRESENCE, SourceRef
 from transforms.spec import AnalysisSpec
+from transforms.state.verified_sets import VerifiedSets
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = "esa"
 DEAD = "dead_letters"
 TIMES = "event_times"
+VERIFIED = "verified_sets"
 DEDUPE_BUCKETS = 64  # device-hash buckets per (crowd, window): duplicates of one device always meet
 
 
@@ -66,6 +69,7 @@ class PriorRuns:
     # (spec_id, crowd_id, window_end_ms) -> "topic/partition" -> end offset of the read that sealed it
     redo: frozenset[tuple[str, str | None, int]] = frozenset()
     read_clock: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    verified: VerifiedSets = field(default_factory=VerifiedSets)  # signatures earlier runs checked
     # "topic/partition" -> ((end offset, run clock), ...): the clock a re-read record was first judged by, so
     # a set held in an open window cannot turn stale (and vanish) while it waits
     # windows sealed by a crashed attempt of *this* run (same run key): their records below the source ends
@@ -134,14 +138,17 @@ class IngressFn(beam.DoFn):
     watermark is computed from authenticated, in-range records only, read for the first time.
     """
 
-    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy):
+    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy,
+                 threads: int = 0):
         self._specs = {s.spec_id: s for s in specs}
         self._registry_path, self._prior, self._times = registry_path, prior, times
+        self._threads = threads  # signature checks of a batch run on this many threads (0: one per core)
         self._registry: Any = None
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._reread = Metrics.counter(NAMESPACE, "records_reread")
         self._late = Metrics.counter(NAMESPACE, "sets_late")
         self._accepted = Metrics.counter(NAMESPACE, "sets_authenticated")
+        self._skipped = Metrics.counter(NAMESPACE, "signatures_verified_before")
 
     def setup(self) -> None:
         from transforms.trust.devices import DeviceRegistry
@@ -151,14 +158,12 @@ class IngressFn(beam.DoFn):
     def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
         groups: dict[tuple[str, str | None, int, int], list[SetElement]] = {}
         latest: dict[str, int] = {}
-        for record in element if isinstance(element, list) else [element]:
+        records = element if isinstance(element, list) else [element]
+        checked: dict[str, list[tuple[int, bytes]]] = {}  # signatures verified in this call, by partition
+        admitted = map_ordered(self._admit_safely, records, self._threads)
+        for record, (item, problem, fresh) in zip(records, admitted, strict=True):
             pkey = partition_key(record.topic, record.partition)
             seen_before = record.offset < self._prior.processed_until.get(pkey, 0)
-            try:
-                item, problem = self._admit(record)
-            except Exception as err:
-                item, problem = None, f"internal error on this record ({type(err).__name__})"
-                LOG.exception("ingress failed on %s", pkey)
             if problem is not None:
                 if seen_before:
                     self._reread.inc()  # dead-lettered by the run that first read it
@@ -167,6 +172,10 @@ class IngressFn(beam.DoFn):
                     yield TaggedOutput(DEAD, record_dead_letter("ingress", problem, record))
                 continue
             assert item is not None
+            if fresh:
+                checked.setdefault(pkey, []).append((record.offset, item.digest))
+            else:
+                self._skipped.inc()  # counted here: Beam metrics are per thread, and _admit runs on the pool
             window = (item.spec_id, item.crowd_id, item.window_end_ms)
             if self._prior.replayed(window, pkey, record.offset):
                 released = self._prior.released[window]
@@ -188,40 +197,56 @@ class IngressFn(beam.DoFn):
             groups.setdefault(key, []).append(item)
         for pkey, event_ms in latest.items():
             yield TaggedOutput(TIMES, (pkey, event_ms))
+        for pkey, entries in checked.items():
+            yield TaggedOutput(VERIFIED, (pkey, [o for o, _ in entries], b"".join(d for _, d in entries)))
         for key, items in groups.items():
             # One pickle per list: Beam's coder would otherwise pickle every set on its own.
             yield key, pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def _admit(self, record: KafkaRecord) -> tuple[SetElement | None, str | None]:
+    def _admit_safely(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, bool]:
+        """``_admit``, with any exception on one record turned into that record's dead-letter reason."""
+        try:
+            return self._admit(record)
+        except Exception as err:
+            LOG.exception("ingress failed on %s", partition_key(record.topic, record.partition))
+            return None, f"internal error on this record ({type(err).__name__})", False
+
+    def _admit(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, bool]:
+        """(set, None, whether its signature was checked now) or (None, reason, False)."""
         from schemas import WireFormatError
         from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
 
         if record.value is None:
-            return None, "empty record"
+            return None, "empty record", False
         try:
             message_set = decode_message_set(record.value)
         except WireFormatError as err:
-            return None, f"malformed message set: {err.reason}"
+            return None, f"malformed message set: {err.reason}", False
         spec = self._specs.get(message_set.spec_id)
         if spec is None:
-            return None, "unknown spec_id (not served by this shuffler)"
+            return None, "unknown spec_id (not served by this shuffler)", False
         try:
             crowd = crowd_of(spec, message_set.crowd_id)
         except ValueError as err:
-            return None, str(err)
+            return None, str(err), False
         if crowd != message_set.crowd_id:
-            return None, f"crowd_id given but {spec.name} has no crowd partition"
+            return None, f"crowd_id given but {spec.name} has no crowd partition", False
         pkey = partition_key(record.topic, record.partition)
         problem = self._times.problem(message_set.event_time_ms, self._prior.first_clock(pkey, record.offset))
         messages = tuple((m.channel, m.sealed) for m in message_set.messages)
         problem = problem or channel_problem(spec, messages)
         if problem:
-            return None, problem
-        try:
-            verify_message_set(message_set, self._registry)
-        except AuthError as err:
-            return None, f"unauthenticated: {err}"
-        window_end = window_end_of(message_set.event_time_ms, spec.window_seconds * 1000)
+            return None, problem, False
         digest = hashlib.sha256(record.value).digest()
+        fresh = not self._prior.verified.contains(pkey, record.offset, digest)
+        if not fresh:  # byte-identical to a set verified by an earlier run: its device must still be enrolled
+            if self._registry.public_key(message_set.device_id) is None:
+                return None, "unauthenticated: unknown device (not enrolled)", False
+        else:
+            try:
+                verify_message_set(message_set, self._registry)
+            except AuthError as err:
+                return None, f"unauthenticated: {err}", False
+        window_end = window_end_of(message_set.event_time_ms, spec.window_seconds * 1000)
         return SetElement(spec.spec_id, crowd, message_set.device_id, message_set.event_time_ms, window_end, digest,
-                          messages, SourceRef(record.topic, record.partition, record.offset)), None
+                          messages, SourceRef(record.topic, record.partition, record.offset)), None, fresh

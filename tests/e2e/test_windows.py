@@ -63,6 +63,7 @@ def test_an_open_window_is_held_not_released(runs) -> None:
     summary, estimates = summaries[0]
     shuffle = summary.stages["shuffle"].accounting
     assert summary.balanced and shuffle["held"] == N and shuffle["released"] == shuffle["deleted"] == 0
+    assert summary.stages["shuffle"].count("signatures_verified_before") == 0
     assert summary.stages["analyze"].accounting["read"] == 0 and estimates.num_rows == 0
 
 
@@ -73,6 +74,9 @@ def test_a_window_is_released_once_when_the_watermark_passes_it(runs) -> None:
     s = shuffle.accounting
     # The held sets of A are read again (resume offsets never pass a held record) and now released; C's held.
     assert summary.balanced and s["read"] == 2 * N and s["held"] == N and s["deleted"] + s["released"] == N
+    # ... and their signatures are not checked again: the first run recorded what it verified.
+    assert shuffle.count("signatures_verified_before") == N
+    assert [sm.stages["shuffle"].count("signatures_verified_before") for sm, _ in summaries[2:]] == [N, N + N // 4]
     assert shuffle.extra["releases"] == 1 and summary.stages["analyze"].accounting["analyzed"] >= 1
     assert set(estimates["window_start"].to_pylist()) == {base} and estimates.num_rows == spec.d
     assert set(estimates["n_clients"].to_pylist()) == {s["released"]}

@@ -133,3 +133,21 @@ def test_associated_data_must_be_bytes(trust: Trust) -> None:
         open_sealed(trust.analyzer_private, blob, 5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="associated data must be bytes"):
         seal(trust.analyzer_public, trust.analyzer_id, b"payload", "spec")  # type: ignore[arg-type]
+
+
+def test_libsodium_key_agreement_matches_openssl(trust: Trust) -> None:
+    """The seal is computed with libsodium; rebuild it with cryptography's X25519 (OpenSSL), byte for byte."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    for _ in range(20):
+        eph = os.urandom(32)  # unclamped on purpose: both libraries must clamp the same way
+        blob = seal(trust.analyzer_public, trust.analyzer_id, b"payload", AD, ephemeral=eph)
+        eph_key = X25519PrivateKey.from_private_bytes(eph)
+        eph_pub = eph_key.public_key().public_bytes_raw()
+        recipient = trust.analyzer_public.public_bytes_raw()
+        key = HKDF(hashes.SHA256(), 32, salt=eph_pub + recipient, info=b"esa-seal-v1").derive(
+            eph_key.exchange(trust.analyzer_public))
+        header = bytes((1, len(trust.analyzer_id))) + trust.analyzer_id.encode()
+        assert blob == header + eph_pub + ChaCha20Poly1305(key).encrypt(bytes(12), b"payload", AD)

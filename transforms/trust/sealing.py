@@ -10,6 +10,11 @@ The routing fields that survive the shuffle (spec, crowd, window end, channel) a
 data: a shuffler that moves a blob to another crowd or channel makes it fail to open.
 
 Blob layout: ``0x01 | u8 len(key_id) | key_id (ascii) | eph_pub (32) | ciphertext || tag (16)``.
+
+The two X25519 scalar multiplications go through libsodium (PyNaCl) rather than OpenSSL: same curve, same
+clamping, same bytes (tested against ``cryptography``), but libsodium releases the GIL while it computes,
+so a worker's crypto threads (``transforms.parallel``) seal and open on every core, and its fixed-base
+multiplication is faster. Keys stay ``cryptography`` objects everywhere else.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from nacl.bindings import crypto_scalarmult, crypto_scalarmult_base
+from nacl.exceptions import CryptoError
 
 from .canonical import i64, optional_text, tagged, text
 
@@ -75,9 +82,14 @@ def seal(public_key: X25519PublicKey, key_id: str, plaintext: bytes, associated:
         ephemeral = os.urandom(_KEY_BYTES)
     elif len(ephemeral) != _KEY_BYTES:
         raise ValueError(f"ephemeral key material must be {_KEY_BYTES} bytes, got {len(ephemeral)}")
-    eph = X25519PrivateKey.from_private_bytes(bytes(ephemeral))
-    eph_pub = eph.public_key().public_bytes_raw()
-    aead = _derive(eph.exchange(public_key), eph_pub, public_key.public_bytes_raw())
+    eph = bytes(ephemeral)
+    eph_pub = crypto_scalarmult_base(eph)
+    recipient = public_key.public_bytes_raw()
+    try:
+        shared = crypto_scalarmult(eph, recipient)
+    except CryptoError:  # only for a low-order recipient key, which no analyzer key is
+        raise ValueError("invalid analyzer public key (low-order point)") from None
+    aead = _derive(shared, eph_pub, recipient)
     return header + eph_pub + aead.encrypt(_NONCE, bytes(plaintext), associated)
 
 
@@ -118,8 +130,8 @@ def open_sealed(private_keys: Mapping[str, X25519PrivateKey], blob: bytes, assoc
     if private is None:
         raise SealError(f"unknown key id {key_id!r}")
     try:
-        shared = private.exchange(X25519PublicKey.from_public_bytes(eph_pub))
-    except ValueError:  # low-order ephemeral point: all-zero shared secret
+        shared = crypto_scalarmult(private.private_bytes_raw(), eph_pub)
+    except CryptoError:  # low-order ephemeral point: all-zero shared secret
         raise SealError("invalid ephemeral key") from None
     aead = _derive(shared, eph_pub, private.public_key().public_bytes_raw())
     try:

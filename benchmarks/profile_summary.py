@@ -1,0 +1,76 @@
+"""Where the CPU goes: a py-spy raw profile, summed by what the sampled code was doing.
+
+    py-spy record --subprocesses --format raw -o prof.txt -- python benchmarks/pipeline.py --clients 100000
+    python benchmarks/profile_summary.py prof.txt
+
+Each sample is charged to the innermost frame that names a category (so time inside kafka-python called
+from our DoFn counts as Kafka, and our own code only gets what it does itself). Idle samples (threads
+waiting in ``select``, ``Condition.wait``, ...) are left out when py-spy was run without ``--idle``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+# (category, substrings of a frame): the first category whose substring a frame contains, innermost frame first
+CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
+    ("X25519 (libsodium)", ("nacl/",)),
+    ("Ed25519, HKDF, AEAD (cryptography)", ("cryptography/",)),
+    ("privacy accounting (PLD)", ("transforms/privacy/", "dp_accounting/")),
+    ("LDP mechanisms (numpy)", ("transforms/mechanisms/",)),
+    ("Kafka client", ("kafka/", "confluent_kafka/")),
+    ("Avro encode/decode", ("fastavro/", "schemas/__init__.py")),
+    ("Parquet/Arrow", ("pyarrow/",)),
+    ("Beam runner and coders", ("apache_beam/",)),
+    ("esa glue (decode, checks, staging)", ("transforms/", "pipelines/")),
+    ("imports and start-up", ("<frozen importlib",)),
+]
+
+
+# py-spy shows no native frames: time inside a C/Rust call is charged to the Python function that made it.
+# These functions of ours are, as the innermost frame, almost only such a call.
+NATIVE_CALLERS = {
+    "verify_message_set": "Ed25519, HKDF, AEAD (cryptography)",
+    "sign_message_set": "Ed25519, HKDF, AEAD (cryptography)",
+    "sign_release_batch": "Ed25519, HKDF, AEAD (cryptography)",
+    "verify_release_batch": "Ed25519, HKDF, AEAD (cryptography)",
+    "SimulatedFleet._entry": "simulated devices' key derivation",
+    "_derive": "Ed25519, HKDF, AEAD (cryptography)",
+    "open_sealed": "Ed25519, HKDF, AEAD (cryptography)",
+    "seal": "Ed25519, HKDF, AEAD (cryptography)",
+}
+
+
+def categorize(stack: list[str]) -> str:
+    leaf = stack[-1].split(" (", 1)[0] if stack else ""
+    if leaf in NATIVE_CALLERS:
+        return NATIVE_CALLERS[leaf]
+    for frame in reversed(stack):
+        for name, needles in CATEGORIES:
+            if any(n in frame for n in needles):
+                return name
+    return "other (interpreter, stdlib)"
+
+
+def summarize(path: Path) -> list[tuple[str, float]]:
+    counts: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack and n.isdigit():
+            counts[categorize(stack.split(";"))] += int(n)
+    total = sum(counts.values()) or 1
+    return [(name, count / total) for name, count in counts.most_common()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", type=Path, help="py-spy --format raw output")
+    args = parser.parse_args()
+    for name, share in summarize(args.profile):
+        print(f"{share:7.1%}  {name}")
+
+
+if __name__ == "__main__":
+    main()
