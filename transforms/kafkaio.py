@@ -18,6 +18,7 @@ so the planner seeks to the reported end and polls until the log is quiet.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -31,6 +32,7 @@ from transforms.kafka_clients import (
     CLIENT_ID,
     MAX_RECORDS,
     Consumer,
+    Element,
     KafkaReadError,
     KafkaRecord,
     KafkaWriteError,
@@ -38,6 +40,7 @@ from transforms.kafka_clients import (
     consumer,
     create_topics,
     producer,
+    split_element,
 )
 from transforms.kafka_config import DEFAULT_CLIENT, check_client
 
@@ -48,7 +51,6 @@ __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "Kafk
 _log = logging.getLogger(__name__)
 _BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
 _READ_CHUNK = 20_000  # records asked of one poll while reading a range (never past its stop)
-Element = bytes | tuple[bytes | None, bytes]
 
 
 class PartitionRange(NamedTuple):
@@ -58,15 +60,6 @@ class PartitionRange(NamedTuple):
     partition: int
     start: int
     stop: int
-
-
-def _split(element: Element) -> tuple[bytes | None, bytes]:
-    if isinstance(element, tuple):
-        key, value = element
-        return key, value
-    if isinstance(element, bytes | bytearray):
-        return None, bytes(element)
-    raise TypeError(f"Kafka elements must be bytes or (key, value) tuples, got {type(element).__name__}")
 
 
 def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
@@ -161,7 +154,10 @@ def _read_range(reader: Consumer, r: PartitionRange, stall_timeout_s: float,
     while position < r.stop:
         # Never ask for more than is left: librdkafka's consume() waits for a full batch or the timeout.
         polled = reader.poll(poll_ms / 1000, min(_READ_CHUNK, r.stop - position))
-        batch = [m for m in polled if m.partition == r.partition and r.start <= m.offset < r.stop]
+        if polled and polled[0].offset >= r.start and polled[-1].offset < r.stop:
+            batch = polled  # offsets rise within the one assigned partition: nothing to cut
+        else:
+            batch = [m for m in polled if m.partition == r.partition and r.start <= m.offset < r.stop]
         if batch:
             yield batch
         now, new_position = time.monotonic(), reader.position(r.topic, r.partition)
@@ -298,7 +294,7 @@ class _WriteFn(beam.DoFn):
 
     def process(self, element: Element) -> None:
         assert self._producer is not None
-        key, value = _split(element)
+        key, value = split_element(element)
         self._producer.send(self._topic, key, value)
         self._written.inc()
 
@@ -337,17 +333,20 @@ def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                     progress: Callable[[int], None] | None = None, progress_every: int = 10_000,
                     flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> int:
     """Produce `values` outside Beam (simulator, tests); returns the count, raises on the first failure."""
+    if progress_every < 1:
+        raise ValueError(f"progress_every must be positive, got {progress_every}")
     out = producer(client, bootstrap, **dict(producer_config or {}))
     n = 0
     try:
-        for n, element in enumerate(values, start=1):
-            key, value = _split(element)
-            out.send(topic, key, value)
-            if n % progress_every == 0:
-                if out.error() is not None:
-                    break
-                if progress is not None:
-                    progress(n)
+        elements = iter(values)
+        while chunk := out.send_many(topic, itertools.islice(elements, progress_every)):
+            n += chunk
+            if out.error() is not None:
+                break
+            if progress is not None and chunk == progress_every:
+                progress(n)
+            if chunk < progress_every:
+                break
         try:
             out.flush(flush_timeout_s)
         except KafkaWriteError as err:
