@@ -258,6 +258,9 @@ class _CkConsumer:
         from confluent_kafka import TopicPartition
 
         found = self._c.committed([TopicPartition(topic, p) for p in partitions], timeout=_TIMEOUT_S)
+        failed = [tp for tp in found if tp.error is not None]
+        if failed:
+            raise RuntimeError(f"committed offsets of {topic}[{failed[0].partition}]: {failed[0].error}")
         return {tp.partition: (int(tp.offset) if tp.offset >= 0 else None) for tp in found}
 
     def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
@@ -354,6 +357,7 @@ def _ck_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, co
         if all(t in known and known[t].error is None for t in topics):
             return
         time.sleep(0.05)
+    raise RuntimeError(f"topics {list(topics)} were created but did not appear in the metadata of {bootstrap}")
 
 
 # ---------------------------------------------------------------- selection

@@ -70,11 +70,16 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
 
 def _probe_real_end(probe: Consumer, topic: str, reported: Mapping[int, int], idle_polls: int,
                     idle_poll_ms: int, max_probe_s: float) -> dict[int, int]:
-    """Seek to the reported ends and poll until `idle_polls` consecutive polls return nothing."""
+    """Seek to the reported ends and poll until the log has been quiet for `idle_polls` x `idle_poll_ms`.
+
+    Short polls, not `idle_polls` polls of `idle_poll_ms`: librdkafka's consume() returns only when its batch
+    is full or its timeout is over, so a long poll that does find the tail would cost its whole timeout."""
     probe.assign(topic, reported)
-    empty, deadline = 0, time.monotonic() + max_probe_s
-    while empty < idle_polls and time.monotonic() < deadline:  # deadline: a busy producer never goes quiet
-        empty = 0 if probe.poll(idle_poll_ms / 1000, MAX_RECORDS) else empty + 1
+    quiet_s, step_s = idle_polls * idle_poll_ms / 1000, min(0.05, idle_poll_ms / 1000)
+    start = last_data = time.monotonic()
+    while (now := time.monotonic()) - last_data < quiet_s and now - start < max_probe_s:  # a busy producer
+        if probe.poll(step_s, MAX_RECORDS):  # never goes quiet: the deadline ends the probe
+            last_data = time.monotonic()
     return {p: max(offset, probe.position(topic, p)) for p, offset in reported.items()}
 
 
