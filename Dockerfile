@@ -17,8 +17,9 @@ COPY pipelines ./pipelines
 COPY examples ./examples
 
 # Pin the image's own apache-beam so installing the package can never replace the harness's Beam.
+# [aws]: boto3, for --staging_location s3://... (gs:// is served by the gcp extras the Beam image ships with).
 RUN pip freeze | grep -i '^apache-beam' > /tmp/beam-constraint.txt \
-    && pip install --no-cache-dir --constraint /tmp/beam-constraint.txt . \
+    && pip install --no-cache-dir --constraint /tmp/beam-constraint.txt '.[aws]' \
     && python -c "import pipelines.end_to_end, transforms.mechanisms.registry" \
     && rm /tmp/beam-constraint.txt
 

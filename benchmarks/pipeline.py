@@ -1,103 +1,136 @@
-"""End-to-end throughput of the three jobs (encode, shuffle, analyze) on the FnApiRunner, with trust on.
+"""End-to-end throughput and memory of the three jobs, trust on, against the raw rate of the Kafka client.
 
-For each mechanism and population size: the rate of each job in Kafka records per second (events for the
-encoder, signed message sets for the shuffler, release batches -- and the messages in them -- for the
-analyzer), the whole chain in events per second (every job on the Kafka client of --kafka_client), the raw
-consume rate of BOTH clients (kafka-python: ``raw kp/s``, confluent-kafka: ``raw ck/s``) on the same raw
-topic measured in the same run (the ceiling a job reading that topic could reach), the ratio of the chain
-to the raw rate of the client it used, the peak
-RSS of this process (the FnApiRunner runs in-process), and the error figures (max |z| and the share of
-items within 3 stderr against the known truth). Medians over --repeats runs.
+For each mechanism and population size n: the three jobs (encode -> shuffle -> analyze) run one after the
+other, each in a fresh process as in production (``benchmarks/stage_process.py``), with signing, sealing,
+verification and the ledgers on, every job on the Kafka client of --kafka_client. Printed per job: Kafka
+records/s and messages (reports)/s over the job's whole run (planning, Beam start-up and commit included),
+peak RSS of its process, the raw consume rate of BOTH Kafka clients on the job's own input topic measured in
+the same run (``raw kp/s``: kafka-python, ``raw ck/s``: confluent-kafka), the job's rate over the raw rate of
+the client it used, and the share it
+reaches of its cryptography's own ceiling (``benchmarks/crypto_ceiling.py``: sets/s for encode and shuffle,
+messages/s for analyze); then the chain
+(n over the sum of the three wall times) and the error figures against the known truth (max |z| and the
+share of items within 3 standard errors). Medians over --repeats.
 
-    python benchmarks/pipeline.py --clients 20000 --repeats 3 [--kafka_client kafka-python]
+    python benchmarks/pipeline.py --clients 10000 100000 --mechanisms olh rappor --repeats 3
+    python benchmarks/pipeline.py --clients 100000 --kafka_client kafka-python
+    py-spy record --subprocesses --format raw -o prof.txt -- python benchmarks/pipeline.py --clients 100000
+    python benchmarks/profile_summary.py prof.txt
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+
+from benchmarks.crypto_ceiling import ceilings
+from benchmarks.stage_process import run_stage
 from pipelines.broker import LocalBroker
 from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.simulate import produce_population
-from pipelines.end_to_end import run
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
 from pipelines.job import JobConfig, default_keys_dir
 from transforms.kafka_config import CLIENTS, CONFLUENT, DEFAULT_CLIENT, KAFKA_PYTHON
-from transforms.kafkaio import read_topic
-from transforms.spec import load_spec
+from transforms.kafkaio import ensure_topics, read_topic
+from transforms.parallel import thread_count
+from transforms.spec import AnalysisSpec, load_spec
 from transforms.state.estimates_store import read_estimates
 
-
-def raw_consume_rates(bootstrap: str, topic: str) -> dict[str, float]:
-    """Records/s of reading ``topic`` whole (plan included) with each client, one after the other."""
-    rates = {}
-    for client in CLIENTS:
-        t0 = time.perf_counter()
-        rates[client] = len(read_topic(bootstrap, topic, client=client)) / (time.perf_counter() - t0)
-    return rates
+STAGES = ("encode", "shuffle", "analyze")
+INPUT = {"encode": "raw_topic", "shuffle": "reports_topic", "analyze": "shuffled_topic"}
+EPSILON = {"grr": 2.0, "olh": 2.0, "rappor": 4.0, "mm_hadamard": 1.0}
 
 
-def one_run(bootstrap: str, spec, n: int, tag: str, base: Path, client: str) -> dict[str, float]:
+def bench_spec(mechanism: str) -> AnalysisSpec:
+    """The app-language histogram (d = 64) with ``mechanism``; mm_hadamard as its example file calibrates it."""
+    if mechanism == "mm_hadamard":
+        return load_spec(example_path("app_language_multimessage.toml"))
+    return load_spec(example_path("app_language.toml")).with_mechanism(mechanism, EPSILON[mechanism])
+
+
+def raw_consume_rate(bootstrap: str, topic: str, client: str) -> float:
+    started = time.perf_counter()
+    n = len(read_topic(bootstrap, topic, client=client))
+    return n / (time.perf_counter() - started)
+
+
+def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_args: list[str],
+            client: str = DEFAULT_CLIENT) -> dict[str, float]:
+    spec = bench_spec(mechanism)
     window_ms = spec.window_seconds * 1000
     start = (int(time.time() * 1000) // window_ms - 3) * window_ms
-    population = synthesize(spec, n, start_ms=start, seed=hash(tag) % 2**31)
+    population = synthesize(spec, n, start_ms=start, seed=abs(hash(tag)) % 2**31)
     out = base / tag
     enrol_simulated(default_keys_dir(out), population.client_ids.tolist())
-    topics = {"raw_topic": f"raw-{tag}", "reports_topic": f"rep-{tag}"}
-    produce_population(bootstrap, spec, population, client=client, **topics)
-    raw = raw_consume_rates(bootstrap, topics["raw_topic"])
-    config = JobConfig(bootstrap=bootstrap, specs=(spec,), out_dir=out, shuffled_topic=f"shuf-{tag}",
-                       group_id=f"bench-{tag}", drain=True, kafka_client=client, **topics)
-    summary = run(config)
+    topics = {"raw_topic": f"raw-{tag}", "reports_topic": f"rep-{tag}", "shuffled_topic": f"shuf-{tag}"}
+    ensure_topics(bootstrap, [topics["reports_topic"], topics["shuffled_topic"]], partitions=3, client=client)
+    produce_population(bootstrap, spec, population, raw_topic=topics["raw_topic"],
+                       reports_topic=topics["reports_topic"], client=client)
+    config = JobConfig(bootstrap=bootstrap, specs=(spec,), out_dir=out, group_id=f"bench-{tag}", drain=True,
+                       kafka_client=client, **topics)
+    row: dict[str, float] = {}
+    for stage in STAGES:
+        result = run_stage(stage, config, beam_args)
+        raw = {c: raw_consume_rate(bootstrap, topics[INPUT[stage]], c) for c in CLIENTS}
+        row |= {f"{stage}_rec": result.records_per_s, f"{stage}_msg": result.messages_per_s,
+                f"{stage}_s": result.seconds, f"{stage}_rss": result.peak_rss_mb,
+                f"{stage}_kp": raw[KAFKA_PYTHON], f"{stage}_ck": raw[CONFLUENT],
+                f"{stage}_ratio": result.records_per_s / raw[client]}
+    row["chain"] = n / sum(row[f"{s}_s"] for s in STAGES)
+    per_set = row["encode_msg"] / row["encode_rec"] if row["encode_rec"] else 1.0
+    ceiling = ceilings(per_set, thread_count(0))
+    for stage in STAGES:
+        done = row[f"{stage}_msg"] if stage == "analyze" else row[f"{stage}_rec"]
+        row[f"{stage}_ceiling"], row[f"{stage}_of_ceiling"] = ceiling[stage], done / ceiling[stage]
     est = read_estimates(out).sort_by("item_index")
     truth = np.asarray(truth_table(spec, population)["frequency"])
     z = np.abs(np.asarray(est["raw_estimate"]) - truth * np.asarray(est["n_clients"]) / n) / np.asarray(est["stderr"])
-    stages = summary.stages
-    return {
-        "encode": stages["encode"].count("kafka_records_read") / stages["encode"].seconds,
-        "shuffle": stages["shuffle"].count("kafka_records_read") / stages["shuffle"].seconds,
-        "analyze_msgs": stages["analyze"].count("messages_analyzed") / stages["analyze"].seconds,
-        "chain": n / summary.seconds,
-        "raw_kp": raw[KAFKA_PYTHON],
-        "raw_ck": raw[CONFLUENT],
-        "consume": raw[client],
-        "max_z": float(z.max()),
-        "within3": float(np.mean(z <= 3)),
-    }
+    row["max_z"], row["within3"] = float(z.max()), float(np.mean(z <= 3))
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[20_000])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--mechanisms", nargs="+", default=["grr", "olh"])
+    parser.add_argument("--mechanisms", nargs="+", default=["olh"], choices=sorted(EPSILON))
+    parser.add_argument("--beam_args", default="", help="extra Beam/job flags for every job, e.g. "
+                                                       "'--crypto_threads=1'")
     parser.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
-                        help="the Kafka client every job uses (both are measured raw)")
+                        help="the Kafka client of every job (both clients' raw rates are measured)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    print(f"{'mechanism':<10}{'n':>9}{'encode/s':>10}{'shuffle/s':>11}{'analyze msg/s':>15}{'chain ev/s':>12}"
-          f"{'raw kp/s':>10}{'raw ck/s':>10}{'chain/raw':>10}{'max|z|':>8}{'in 3se':>8}   client {args.kafka_client}")
+    beam_args = args.beam_args.split()
+    print(f"jobs on {args.kafka_client}; ratio = job records/s over the raw rate of {args.kafka_client}")
+    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'raw kp/s':>10}{'raw ck/s':>10}"
+          f"{'ratio':>7}"
+          f"{'crypto/s':>10}{'of it':>7}{'peak MB':>9}{'wall s':>8}")
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         for mechanism in args.mechanisms:
-            spec = load_spec(example_path("app_language.toml")).with_mechanism(mechanism, 2.0)
             for n in args.clients:
-                runs = [one_run(broker.bootstrap, spec, n, f"{mechanism}-{n}-{r}", Path(tmp), args.kafka_client)
+                runs = [one_run(broker.bootstrap, mechanism, n, f"{mechanism}-{n}-{r}", Path(tmp), beam_args,
+                                args.kafka_client)
                         for r in range(args.repeats)]
                 med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-                print(f"{mechanism:<10}{n:>9,}{med['encode']:>10,.0f}{med['shuffle']:>11,.0f}"
-                      f"{med['analyze_msgs']:>15,.0f}{med['chain']:>12,.0f}{med['raw_kp']:>10,.0f}{med['raw_ck']:>10,.0f}"
-                      f"{med['chain'] / med['consume']:>10.3f}{max(r['max_z'] for r in runs):>8.2f}"
-                      f"{min(r['within3'] for r in runs):>8.1%}")
-    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
+                for stage in STAGES:
+                    print(f"{mechanism:<12}{n:>10,}  {stage:<8}{med[f'{stage}_rec']:>10,.0f}"
+                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_kp']:>10,.0f}{med[f'{stage}_ck']:>10,.0f}"
+                          f"{med[f'{stage}_ratio']:>7.3f}"
+                          f"{med[f'{stage}_ceiling']:>10,.0f}{med[f'{stage}_of_ceiling']:>7.2f}"
+                          f"{med[f'{stage}_rss']:>9,.0f}{med[f'{stage}_s']:>8.1f}")
+                print(f"{mechanism:<12}{n:>10,}  {'chain':<8}{med['chain']:>10,.0f} events/s   "
+                      f"max|z| {max(r['max_z'] for r in runs):.2f}, within 3 se "
+                      f"{min(r['within3'] for r in runs):.1%}")
 
 
 if __name__ == "__main__":

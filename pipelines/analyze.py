@@ -23,6 +23,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    DEAD_LETTERS,
     BoundedRun,
     JobConfig,
     RunSummary,
@@ -41,12 +42,13 @@ from transforms.analyze_release import (
     HELD,
     AssembleReleaseFn,
     DecodeReleaseFn,
+    OpenBatchFn,
     OpenedRelease,
     prior_runs,
 )
 from transforms.kafkaio import produce_records
 from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
-from transforms.sinks import WriteAvroFile
+from transforms.sinks import StageAvroRecords
 from transforms.staging import StageFn, load_staged
 from transforms.state.estimates_store import write_release_estimates
 from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
@@ -71,9 +73,9 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
                                                                                                    main="batches"))
     assembled = (decoded.batches
+                 | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads))
                  | "GroupRelease" >> beam.GroupByKey()
-                 | "AssembleAndOpen" >> beam.ParDo(AssembleReleaseFn(specs, keys, config.crypto_threads))
-                 .with_outputs(DEAD, HELD, main="releases"))
+                 | "Assemble" >> beam.ParDo(AssembleReleaseFn(specs, keys)).with_outputs(DEAD, HELD, main="releases"))
     by_id = {s.spec_id: s for s in specs}
     staging = str(run.staging)
     _ = (assembled.releases
@@ -82,7 +84,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = (assembled[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
          | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: kv[0].replace("/", "_"))))
     _ = ((decoded[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
-         | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
+         | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
 
 
 def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],
@@ -120,7 +122,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     started = time.perf_counter()
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
-        bounded = plan_run(config, STAGE, config.shuffled_topic)
+        bounded = plan_run(config, STAGE, config.shuffled_topic, options)
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
         written = 0

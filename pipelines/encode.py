@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    DEAD_LETTERS,
     BoundedRun,
     JobConfig,
     RunSummary,
@@ -31,7 +32,7 @@ from transforms.encode import EncodeEvents
 from transforms.kafkaio import WriteToKafka
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.seal import SealSetsFn
-from transforms.sinks import WriteAvroFile
+from transforms.sinks import StageAvroRecords
 
 STAGE = "encode"
 
@@ -55,7 +56,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
          | "Flatten" >> beam.FlatMap(lambda batch: batch)
          | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic, producer_config=config.kafka_config,
                                            client=config.kafka_client))
-    _ = dead | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter")
+    _ = dead | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter")
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
@@ -63,7 +64,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         raise ValueError("the encode job needs --reports_topic")
     started = time.perf_counter()
     with locked(config, STAGE):
-        bounded = plan_run(config, STAGE, config.raw_topic)
+        bounded = plan_run(config, STAGE, config.raw_topic, options)
         counters = run_pipeline(lambda p: build(p, bounded), options)
         keep_dead_letters(bounded, config.state / "dead_letters")
         finish_run(bounded, {}, {})

@@ -3,7 +3,8 @@
 A job is a service that runs as a sequence of bounded runs. Each run, under an exclusive lock on the job's
 ``--state_dir``, reads every partition from its *resume offset* (kept in the state dir; the consumer
 group's committed offset only on the very first run) to the end of the log, runs one Beam pipeline that
-stages its results in ``state_dir/staging/<run key>``, and then -- only after the pipeline succeeded --
+stages its results in ``state_dir/staging/<run key>`` (or under ``--staging_location``, a URL the workers of a
+cluster can write: ``gs://``, ``s3://``), and then -- only after the pipeline succeeded --
 the job's driver seals each release in the ledger, publishes it, moves the staged outputs into place and
 finally saves the new resume offsets (never past a record of a window that is still open) and commits
 them to the consumer group for lag monitoring. A crash anywhere before the state is saved re-runs with
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -22,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines.options import (
@@ -37,11 +39,14 @@ from pipelines.preflight import require_topics
 from transforms.kafka_config import DEFAULT_CLIENT, KafkaConfigError
 from transforms.kafka_config import validate as validate_kafka_config
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
+from transforms.sinks import avro_bytes, load_staged_avro
 from transforms.spec import AnalysisSpec, load_spec
-from transforms.state.files import StateLock, StateLocked
+from transforms.staging import check_location, clear_staging, is_url, join, prepare_staging
+from transforms.state.files import StateLock, StateLocked, atomic_write_bytes, create_exclusive
 from transforms.state.run_state import RunState, run_key
 
 LOG = logging.getLogger(__name__)
+DEAD_LETTERS = "dead_letters"  # the staged dead letters' file prefix (``transforms.sinks.StageAvroRecords``)
 CRASH_ENV = "ESA_CRASH_AT"  # fault injection for tests: kill -9 this process at a named point
 
 
@@ -112,6 +117,7 @@ class JobConfig:
     now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
     adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
     crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.parallel
+    staging_location: str | None = None  # where workers stage a run's results; default: STATE/staging
 
     @property
     def state(self) -> Path:
@@ -204,7 +210,28 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         max_skew_seconds=service.max_skew_seconds,
         adopt_group=service.adopt_consumer_group,
         crypto_threads=service.crypto_threads,
+        staging_location=staging_location_of(options),
     )
+
+
+def staging_location_of(options: PipelineOptions) -> str | None:
+    """``--staging_location`` (Beam's own flag, which Dataflow also stages its artifacts under), checked now.
+
+    On Dataflow it is required: the workers cannot write the driver's local state directory.
+    """
+    from pipelines.exit_codes import ConfigError
+
+    location = options.view_as(GoogleCloudOptions).staging_location or None
+    runner = str(options.view_as(StandardOptions).runner or "")
+    if runner.endswith("DataflowRunner") and not (location and is_url(location)):
+        raise ConfigError("DataflowRunner: the workers cannot write the driver's disk; give --staging_location "
+                          "gs://BUCKET/PREFIX (see docs/deployment.md)")
+    if location:
+        try:
+            check_location(location)
+        except ValueError as err:
+            raise ConfigError(f"--staging_location: {err}") from err
+    return location
 
 
 @dataclass
@@ -217,7 +244,7 @@ class BoundedRun:
     state: RunState
     plan: list[PartitionRange]
     key: str
-    staging: Path
+    staging: str  # a local directory or a URL (``s3://...``, ``gs://...``)
     now_ms: int
 
     @property
@@ -230,7 +257,27 @@ class BoundedRun:
                                     consumer_config=c.kafka_config, client=c.kafka_client)
 
 
-def plan_run(config: JobConfig, stage: str, topic: str) -> BoundedRun:
+def staging_root(config: JobConfig, stage: str) -> str:
+    """Where this job's runs stage: ``STATE/staging``, or ``LOCATION/esa-<stage>-<id>`` for a shared location.
+
+    The id is drawn once per state directory and kept in it, so two jobs (or two deployments) staging under
+    the same location never see each other's files: everything under the root belongs to the job that holds
+    the state directory's lock, which may therefore clear it.
+    """
+    if not config.staging_location:
+        return str(config.state / "staging")
+    id_path = config.state / "staging.id"
+    create_exclusive(id_path, secrets.token_hex(8).encode())  # no-op when it exists
+    staging_id = id_path.read_text().strip()
+    return join(config.staging_location, f"esa-{stage}-{staging_id}")
+
+
+def use_filesystem_options(options: PipelineOptions | None) -> None:
+    """Let the driver's own ``FileSystems`` calls use the job's options (object store endpoint, credentials)."""
+    FileSystems.set_options(options if options is not None else PipelineOptions([]))
+
+
+def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions | None = None) -> BoundedRun:
     """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
     state_path = config.state / "run_state.json"
     state = RunState.load(state_path)
@@ -250,10 +297,11 @@ def plan_run(config: JobConfig, stage: str, topic: str) -> BoundedRun:
                              start_offsets=resume or None)
     starts = {f"{r.topic}/{r.partition}": r.start for r in plan}
     key = run_key(starts, state.processed_until)
-    staging = config.state / "staging" / key
-    if staging.exists():
-        shutil.rmtree(staging)  # a crashed attempt with the same key: its staged files are redone
-    staging.mkdir(parents=True)
+    use_filesystem_options(options)
+    root = staging_root(config, stage)
+    clear_staging(root)  # crashed attempts (same key or older): their staged files are redone or stale
+    staging = join(root, key)
+    prepare_staging(staging)
     now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
     LOG.info("%s run %s: %d records planned from %s (resume %s)", stage, key, sum(r.stop - r.start for r in plan),
              topic, {r.partition: r.start for r in plan})
@@ -292,7 +340,10 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
                     client=run.config.kafka_client)
     except Exception as err:
         LOG.warning("could not commit offsets to group %s (state is saved): %s", run.config.group_id, err)
-    shutil.rmtree(run.staging, ignore_errors=True)
+    try:
+        clear_staging(run.staging)
+    except Exception as err:  # the run has committed; the next run clears its staging root anyway
+        LOG.warning("could not delete the staged files of run %s under %s: %s", run.key, run.staging, err)
     return new
 
 
@@ -328,22 +379,15 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
     stage and reason class (``dead_letter_counts/``: what may be shown outside the domain), and publish them
     to ``--dead_letter_topic`` if one is configured. Named by the run key, so a rerun replaces a crashed
     attempt's file and a later run adds a new one."""
-    import fastavro
-
     from schemas import encode_record
     from transforms.kafkaio import produce_records
     from transforms.state.dead_letters import ReasonCounts, write_counts
 
-    staged = run.staging / "dead_letters.avro"
-    if not staged.exists():
-        return None
-    with staged.open("rb") as f:
-        letters = list(fastavro.reader(f))
+    letters = load_staged_avro(run.staging, DEAD_LETTERS)
     if not letters:
         return None
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"dead-letters-{run.key}.avro"
-    staged.replace(target)
+    atomic_write_bytes(target, avro_bytes("DeadLetter", letters, run.key.encode()))
     write_counts(directory / "counts", run.key, ReasonCounts().add_letters(letters))
     config = run.config
     if config.dead_letter_topic:

@@ -16,6 +16,12 @@ directory, all under the key's lock together with the precondition check (``If-N
 ``If-Match: <etag>``). A write that returned has survived the kill of any process, and (with `fsync`) a
 crash of the machine; a write cut short leaves the previous version and at worst a stray temporary file.
 
+Multipart uploads (what Beam's S3 filesystem writes every file with, and what boto3 copies large objects
+with): parts are files under ``<root>/.uploads/<upload id>/`` until the upload is completed, which writes
+the object with the same durable PUT and removes the parts, or aborted. As on S3, every part but the last
+must hold at least 5 MiB and a completed upload needs at least one part. Unlike S3, the completed object's
+ETag is its content's MD5 (S3's is an MD5 of the parts' MD5s), so the invariant above holds for every object.
+
 Listing: tansu lists a partition's whole ``records/`` prefix on every fetch, so sorted key lists are kept
 per listed prefix (filled by one directory scan, then updated by every put and delete): paging through
 100,000 keys is one scan, not one per page.
@@ -26,8 +32,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import json
 import os
+import re
 import secrets
+import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -37,10 +46,22 @@ SUFFIX = ".obj"
 HEADER = 33  # hex MD5 + newline
 _STRIPES = 64
 _MAX_LISTINGS = 64
+UPLOADS = ".uploads"
+MIN_PART = 5 * 1024 * 1024  # S3's lower bound for every part of a multipart upload but the last
+MAX_PARTS = 10_000
+_UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class CorruptObjectError(RuntimeError):
     """An object file without its header: written by something else, or a damaged disk."""
+
+
+class UploadError(ValueError):
+    """A multipart request S3 would refuse; ``code`` is S3's error code, ``status`` its HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.code, self.status = code, status
 
 
 class ObjectMeta(NamedTuple):
@@ -136,29 +157,89 @@ class ObjectStore:
                 raise FileExistsError(key)
             if if_match is not None and (current is None or if_match not in ("*", current)):
                 raise FileExistsError(key)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
             digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
-            try:
-                with tmp.open("wb") as fh:
-                    fh.write(digest.encode() + b"\n")
-                    fh.write(data)
-                    if self.fsync:
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-            if self.fsync:
-                dir_fd = os.open(path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+            self._write_file(path, digest.encode() + b"\n", data)
             if current is None:
                 self._indexed(bucket, key, add=True)
         return f'"{digest}"'
+
+    def _write_file(self, path: Path, *chunks: bytes) -> None:
+        """Temporary sibling, fsync, rename over ``path``, fsync the directory: all or nothing."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            with tmp.open("wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        if self.fsync:
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+    # -- multipart uploads -------------------------------------------------------------------------------
+    def create_upload(self, bucket: str, key: str) -> str:
+        """Start a multipart upload of `bucket`/`key`; its id. FileNotFoundError if the bucket does not exist."""
+        self.path(bucket, key)  # validates the names
+        if not self.has_bucket(bucket):
+            raise FileNotFoundError(bucket)
+        upload_id = secrets.token_hex(16)
+        self._write_file(self.root / UPLOADS / upload_id / "target.json", json.dumps([bucket, key]).encode())
+        return upload_id
+
+    def _upload(self, upload_id: str, bucket: str, key: str) -> Path:
+        """The directory of a live upload of exactly `bucket`/`key` (S3: NoSuchUpload otherwise)."""
+        directory = self.root / UPLOADS / upload_id
+        try:
+            target = json.loads((directory / "target.json").read_bytes()) if _UPLOAD_ID.fullmatch(upload_id) else None
+        except FileNotFoundError:
+            target = None
+        if target != [bucket, key]:
+            raise UploadError("NoSuchUpload", f"no upload {upload_id!r} of {bucket}/{key}", 404)
+        return directory
+
+    def put_part(self, upload_id: str, bucket: str, key: str, number: int, data: bytes) -> str:
+        """Store part `number` (1..10000; a second put replaces it) and return its ETag."""
+        if not 1 <= number <= MAX_PARTS:
+            raise UploadError("InvalidArgument", f"part number {number} is not in 1..{MAX_PARTS}")
+        directory = self._upload(upload_id, bucket, key)
+        digest = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        self._write_file(directory / f"{number:05d}.part", digest.encode() + b"\n", data)
+        return f'"{digest}"'
+
+    def complete_upload(self, upload_id: str, bucket: str, key: str, parts: list[tuple[int, str]]) -> str:
+        """Join the listed parts (ascending numbers, ETags as returned) into the object; its ETag."""
+        directory = self._upload(upload_id, bucket, key)
+        if not parts:
+            raise UploadError("MalformedXML", "a multipart upload needs at least one part")
+        numbers = [n for n, _ in parts]
+        if numbers != sorted(set(numbers)):
+            raise UploadError("InvalidPartOrder", "parts must be listed in ascending order, once each")
+        chunks = []
+        for i, (number, etag) in enumerate(parts):
+            try:
+                raw = (directory / f"{number:05d}.part").read_bytes()
+            except FileNotFoundError:
+                raise UploadError("InvalidPart", f"part {number} was not uploaded") from None
+            if raw[: HEADER - 1].decode() != etag.strip().strip('"'):
+                raise UploadError("InvalidPart", f"part {number}: ETag {etag} does not match the uploaded part")
+            if i < len(parts) - 1 and len(raw) - HEADER < MIN_PART:
+                raise UploadError("EntityTooSmall", f"part {number} is under {MIN_PART} bytes and not the last")
+            chunks.append(raw[HEADER:])
+        etag = self.put(bucket, key, b"".join(chunks))
+        shutil.rmtree(directory, ignore_errors=True)
+        return etag
+
+    def abort_upload(self, upload_id: str, bucket: str, key: str) -> None:
+        shutil.rmtree(self._upload(upload_id, bucket, key), ignore_errors=True)
 
     def delete(self, bucket: str, key: str) -> None:
         path = self.path(bucket, key)

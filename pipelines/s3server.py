@@ -1,9 +1,13 @@
 """A loopback-only S3 endpoint over `pipelines.objectstore`: what tansu's ``s3://`` storage engine talks to.
 
 Served: GET/HEAD (with ``Range``, ``If-Match``, ``If-None-Match``), PUT (conditional, and CopyObject), DELETE,
-``POST ?delete``, ListObjectsV2 (prefix, delimiter, continuation token, start-after), HEAD and PUT bucket.
-Not served (501): multipart uploads, chunked uploads, versioning, ACLs. Requests are not authenticated (any
-signature is accepted): the server binds 127.0.0.1 only. HTTP/1.1 keep-alive, one thread per connection.
+``POST ?delete``, ListObjectsV2 (prefix, delimiter, continuation token, start-after), HEAD and PUT bucket, and
+multipart uploads (create, UploadPart, UploadPartCopy with a source range, complete, abort): Beam's S3
+filesystem writes every file as a multipart upload, boto3 copies large objects part by part. Bodies sent
+with ``aws-chunked`` content encoding (streaming uploads, trailing checksums) are decoded. Not served (501):
+HTTP chunked transfer encoding, ListParts and ListMultipartUploads, versioning, ACLs. Requests are not
+authenticated (any signature is accepted): the server binds 127.0.0.1 only. HTTP/1.1 keep-alive, one
+thread per connection.
 
     python -m pipelines.s3server --root DIR [--port P] [--bucket B] [--lock F] [--endpoint-file F] [--no-fsync]
 
@@ -31,7 +35,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
-from pipelines.objectstore import HEADER, CorruptObjectError, ObjectStore
+from pipelines.objectstore import HEADER, CorruptObjectError, ObjectStore, UploadError
+from pipelines.s3wire import decode_aws_chunked as _decode_aws_chunked
+from pipelines.s3wire import parse_range as _parse_range
 
 MAX_BODY = 256 * 1024 * 1024
 MAX_KEYS = 1000
@@ -45,6 +51,7 @@ def _iso(mtime: float) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stall
     server_version = "esa-objectstore"
     store: ObjectStore  # set on the subclass made by `make_server`
 
@@ -83,11 +90,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "EntityTooLarge", f"body over {MAX_BODY} bytes")
             self.close_connection = True
             return None
-        return self.rfile.read(length) if length else b""
+        body = self.rfile.read(length) if length else b""
+        encoding = self.headers.get("Content-Encoding", "").lower()
+        if "aws-chunked" in encoding or self.headers.get("x-amz-content-sha256", "").startswith("STREAMING-"):
+            body = _decode_aws_chunked(body)
+        return body
 
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
             fn()
+        except UploadError as exc:
+            self._error(exc.status, exc.code, str(exc))
         except CorruptObjectError as exc:
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalError", str(exc))
         except (KeyError, ValueError, ET.ParseError) as exc:  # bad key, range, number or XML
@@ -200,15 +213,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK)
             return
         if "partNumber" in query or "uploadId" in query:
-            self._error(HTTPStatus.NOT_IMPLEMENTED, "NotImplemented", "multipart uploads are not supported")
+            self._put_part(bucket, key, query, body)
             return
         source = self.headers.get("x-amz-copy-source")
         if source is not None:
-            src_bucket, _, src_key = unquote(source).lstrip("/").partition("/")
-            try:
-                body = self.store.read(src_bucket, src_key)
-            except FileNotFoundError:
-                self._error(HTTPStatus.NOT_FOUND, "NoSuchKey", src_key)
+            body = self._copy_source(source)
+            if body is None:
                 return
         try:
             etag = self.store.put(bucket, key, body, self.headers.get("If-Match"), self.headers.get("If-None-Match"))
@@ -226,25 +236,66 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(HTTPStatus.OK, b"", {"ETag": etag})
 
+    def _copy_source(self, source: str, byte_range: str | None = None) -> bytes | None:
+        """The bytes ``x-amz-copy-source`` names (``bucket/key[?versionId=..]``), or None after a 404/416."""
+        src_bucket, _, src_key = unquote(source.split("?", 1)[0]).lstrip("/").partition("/")
+        try:
+            data = self.store.read(src_bucket, src_key)
+        except FileNotFoundError:
+            self._error(HTTPStatus.NOT_FOUND, "NoSuchKey", src_key)
+            return None
+        if byte_range is None:
+            return data
+        parsed = _parse_range(byte_range, len(data))
+        if parsed is None or byte_range.strip().split("=", 1)[-1].startswith("-"):
+            self._error(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE, "InvalidRange", byte_range)
+            return None
+        return data[parsed[0]: parsed[1] + 1]
+
+    def _put_part(self, bucket: str, key: str, query: dict[str, list[str]], body: bytes) -> None:
+        """UploadPart, or UploadPartCopy when ``x-amz-copy-source`` is set (optionally a byte range of it)."""
+        upload_id, number = query.get("uploadId", [""])[0], int(query.get("partNumber", ["0"])[0])
+        source = self.headers.get("x-amz-copy-source")
+        if source is not None:
+            data = self._copy_source(source, self.headers.get("x-amz-copy-source-range"))
+            if data is None:
+                return
+            etag = self.store.put_part(upload_id, bucket, key, number, data)
+            result = (f'<?xml version="1.0" encoding="UTF-8"?><CopyPartResult xmlns="{_NS}"><ETag>'
+                      f"{escape(etag, _QUOT)}</ETag><LastModified>{_iso(time.time())}</LastModified></CopyPartResult>")
+            self._send(HTTPStatus.OK, result.encode())
+            return
+        self._send(HTTPStatus.OK, b"", {"ETag": self.store.put_part(upload_id, bucket, key, number, body)})
+
     def do_DELETE(self) -> None:
         self._guard(self._delete)
 
     def _delete(self) -> None:
-        bucket, key, _query = self._split()
+        bucket, key, query = self._split()
         self._body()
-        self.store.delete(bucket, key)
+        if "uploadId" in query:
+            self.store.abort_upload(query["uploadId"][0], bucket, key)
+        else:
+            self.store.delete(bucket, key)
         self._send(HTTPStatus.NO_CONTENT)
 
     def do_POST(self) -> None:
         self._guard(self._post)
 
     def _post(self) -> None:
-        bucket, _key, query = self._split()
+        bucket, key, query = self._split()
         body = self._body()
         if body is None:
             return
+        if key and "uploads" in query:
+            self._create_upload(bucket, key)
+            return
+        if key and "uploadId" in query:
+            self._complete_upload(bucket, key, query["uploadId"][0], body)
+            return
         if "delete" not in query:
-            self._error(HTTPStatus.NOT_IMPLEMENTED, "NotImplemented", "only POST ?delete is supported")
+            self._error(HTTPStatus.NOT_IMPLEMENTED, "NotImplemented",
+                        "only POST ?delete, ?uploads and ?uploadId are supported")
             return
         deleted = []
         for element in ET.fromstring(body).iter():
@@ -255,17 +306,28 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, result.encode())
 
 
-def _parse_range(header: str, size: int) -> tuple[int, int] | None:
-    """Inclusive byte range of a single-range `Range` header, or None when it cannot be satisfied."""
-    unit, _, spec = header.partition("=")
-    if unit.strip() != "bytes" or "," in spec:
-        return None
-    first, _, last = spec.strip().partition("-")
-    if not first:
-        start, end = max(size - int(last), 0), size - 1
-    else:
-        start, end = int(first), min(int(last), size - 1) if last else size - 1
-    return (start, end) if start <= end and start < size else None
+    def _create_upload(self, bucket: str, key: str) -> None:
+        try:
+            upload_id = self.store.create_upload(bucket, key)
+        except FileNotFoundError:
+            self._error(HTTPStatus.NOT_FOUND, "NoSuchBucket", bucket)
+            return
+        result = (f'<?xml version="1.0" encoding="UTF-8"?><InitiateMultipartUploadResult xmlns="{_NS}">'
+                  f"<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key><UploadId>{upload_id}</UploadId>"
+                  "</InitiateMultipartUploadResult>")
+        self._send(HTTPStatus.OK, result.encode())
+
+    def _complete_upload(self, bucket: str, key: str, upload_id: str, body: bytes) -> None:
+        parts = []
+        for part in ET.fromstring(body) if body else []:
+            fields = {child.tag.rsplit("}", 1)[-1]: (child.text or "") for child in part}
+            if part.tag.rsplit("}", 1)[-1] == "Part":
+                parts.append((int(fields["PartNumber"]), fields["ETag"]))
+        etag = self.store.complete_upload(upload_id, bucket, key, parts)
+        result = (f'<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResult xmlns="{_NS}">'
+                  f"<Location>/{escape(bucket)}/{escape(key)}</Location><Bucket>{escape(bucket)}</Bucket>"
+                  f"<Key>{escape(key)}</Key><ETag>{escape(etag, _QUOT)}</ETag></CompleteMultipartUploadResult>")
+        self._send(HTTPStatus.OK, result.encode())
 
 
 def make_server(root: Path, port: int = 0, *, buckets: tuple[str, ...] = (), fsync: bool = True

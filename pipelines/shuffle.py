@@ -26,6 +26,7 @@ import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.job import (
+    DEAD_LETTERS,
     BoundedRun,
     JobConfig,
     RunSummary,
@@ -41,7 +42,7 @@ from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
-from transforms.sinks import WriteAvroFile
+from transforms.sinks import StageAvroRecords
 from transforms.staging import StageFn, load_staged, stable_name
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
@@ -73,7 +74,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = ingress[VERIFIED] | "StageVerified" >> beam.ParDo(StageFn(staging, "verified", lambda v: stable_name(
         v[0], v[1][0], len(v[1]))))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
-         | "StageDeadLetters" >> WriteAvroFile(str(run.staging / "dead_letters.avro"), "DeadLetter"))
+         | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
 
 
 def shuffler_prf_key(config: JobConfig) -> bytes:
@@ -201,7 +202,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         republish_unpublished(config, ledger)
         if not config.reports_topic:
             raise ValueError("the shuffle job needs --reports_topic")
-        bounded = plan_run(config, STAGE, config.reports_topic)
+        bounded = plan_run(config, STAGE, config.reports_topic, options)
         crash_point("shuffle:before_pipeline")
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")

@@ -129,13 +129,82 @@ class DecodeReleaseFn(beam.DoFn):
         return batch, None
 
 
-class AssembleReleaseFn(beam.DoFn):
-    """(release id, [BatchElement]) -> OpenedRelease if whole; held offsets if incomplete; dead otherwise."""
+class OpenedBatch(NamedTuple):
+    """One release batch after opening: what assembly needs of it, with its messages already folded into the
+    mechanism's count arrays (O(domain) instead of O(messages): the GroupByKey of a release carries these)."""
+
+    header: tuple  # release id, spec, crowd, window end, batch count, sets, messages, deletions
+    batch_index: int
+    signature: bytes
+    source: SourceRef
+    n_messages: int  # messages the batch carries
+    counts: Any  # the mechanism's Accumulator for the messages that opened, or None if none did
+    opened: int  # messages that opened and decoded
+    failures: tuple[str, ...]  # why the others could not be used (their dead letters, if the release is taken)
+
+
+class OpenBatchFn(beam.DoFn):
+    """(release id, BatchElement) -> (release id, OpenedBatch): the analyzer opens each batch where it is read.
+
+    Why before the GroupByKey: grouping the sealed messages of a whole release would hold all of them (in the
+    runner's buffers and as Python objects) at once: ~1.1 kB per message, measured. Folded per batch, a
+    release costs its batch count times the accumulator size. A batch of a release that turns out incomplete
+    is opened again by the run that completes it; nothing is counted until the release is assembled.
+    """
 
     def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir = keys_dir
         self._threads = threads  # messages of a batch are opened on this many threads (0: one per core)
+
+    def setup(self) -> None:
+        from transforms.trust.keys import load_analyzer_private
+
+        self._private = load_analyzer_private(Path(self._keys_dir))
+
+    def process(self, keyed: tuple[str, BatchElement]) -> Iterator[tuple[str, OpenedBatch]]:
+        release_id, element = keyed
+        yield release_id, open_batch(self._specs[element.batch.spec_id], self._private, element, self._threads)
+
+
+def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads: int) -> OpenedBatch:
+    """Open and decode every message of one batch (on ``threads``) and fold the usable ones into counts."""
+    from transforms.trust.sealing import SealError, associated_data, open_sealed
+
+    batch, mechanism = element.batch, spec.randomizer
+
+    def open_one(message: Any) -> tuple[Any, str | None]:
+        ad = associated_data(spec.spec_id, batch.crowd_id, batch.window_end_ms, message.channel)
+        try:
+            return decode_payload(mechanism, open_sealed(private, message.sealed, ad), message.channel), None
+        except (SealError, ValueError) as err:
+            return None, f"unusable message: {err}"
+
+    rows, failures = [], []
+    for row, problem in map_ordered(open_one, batch.messages, threads):
+        if problem is None:
+            rows.append(row)
+        else:
+            failures.append(problem)
+    counts = None
+    if rows:
+        counts = mechanism.new_accumulator()
+        reports = rows_to_array(mechanism, rows)
+        counts.add(*count_clients(mechanism, reports))
+    return OpenedBatch(_header(batch), batch.batch_index, bytes(batch.signature), element.source,
+                       len(batch.messages), counts, len(rows), tuple(failures))
+
+
+class AssembleReleaseFn(beam.DoFn):
+    """(release id, [OpenedBatch]) -> OpenedRelease if whole; held offsets if incomplete; dead otherwise.
+
+    Also takes unopened ``BatchElement``s (opened here; tests and small jobs), so both shapes give one result.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0):
+        self._specs = {s.spec_id: s for s in specs}
+        self._keys_dir = keys_dir
+        self._threads = threads
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._held = Metrics.counter(NAMESPACE, "batches_held")
         self._duplicates = Metrics.counter(NAMESPACE, "batches_duplicate")
@@ -148,22 +217,27 @@ class AssembleReleaseFn(beam.DoFn):
 
         self._private = load_analyzer_private(Path(self._keys_dir))
 
-    def process(self, keyed: tuple[str, Iterable[BatchElement]]) -> Iterator[Any]:
+    def _opened(self, element: OpenedBatch | BatchElement) -> OpenedBatch:
+        if isinstance(element, OpenedBatch):
+            return element
+        return open_batch(self._specs[element.batch.spec_id], self._private, element, self._threads)
+
+    def process(self, keyed: tuple[str, Iterable[OpenedBatch | BatchElement]]) -> Iterator[Any]:
         release_id, elements = keyed
-        items = sorted(elements, key=lambda e: (e.batch.batch_index, tuple(e.source)))
-        first = items[0].batch
-        header = _header(first)
-        by_index: dict[int, BatchElement] = {}
+        items = sorted((self._opened(e) for e in elements), key=lambda b: (b.batch_index, tuple(b.source)))
+        header = items[0].header
+        _, spec_id, crowd_id, window_end_ms, batch_count, n_sets, n_messages, deleted = header
+        by_index: dict[int, OpenedBatch] = {}
         for item in items:
-            previous = by_index.get(item.batch.batch_index)
-            if _header(item.batch) != header or (previous and previous.batch.signature != item.batch.signature):
+            previous = by_index.get(item.batch_index)
+            if item.header != header or (previous and previous.signature != item.signature):
                 yield from self._refuse(items, "inconsistent release: batches disagree on its header or content")
                 return
             if previous is not None:
                 self._duplicates.inc()
                 continue
-            by_index[item.batch.batch_index] = item
-        if len(by_index) < first.batch_count:
+            by_index[item.batch_index] = item
+        if len(by_index) < batch_count:
             self._held.inc(len(by_index))
             earliest: dict[str, int] = {}
             for item in by_index.values():
@@ -172,64 +246,36 @@ class AssembleReleaseFn(beam.DoFn):
             for pkey, offset in earliest.items():
                 yield TaggedOutput(HELD, (pkey, offset))
             return
-        spec = self._specs[first.spec_id]
-        whole = [by_index[i] for i in range(first.batch_count)]
-        if sum(len(e.batch.messages) for e in whole) != first.n_messages:
+        spec = self._specs[spec_id]
+        whole = [by_index[i] for i in range(batch_count)]
+        if sum(b.n_messages for b in whole) != n_messages:
             yield from self._refuse(whole, "partial release: fewer messages than its header claims")
             return
-        if first.n_sets < spec.crowd.min_clients:
-            yield from self._refuse(whole, f"release of {first.n_sets} sets, below the spec's minimum crowd "
+        if n_sets < spec.crowd.min_clients:
+            yield from self._refuse(whole, f"release of {n_sets} sets, below the spec's minimum crowd "
                                            f"({spec.crowd.min_clients})")
             return
-        accumulator = self._open(spec, first, whole)
+        accumulator = CrowdAccumulator(spec.randomizer.new_accumulator(), deleted=deleted)
+        for item in whole:
+            if item.counts is not None:
+                accumulator.counts.merge(item.counts)
+            accumulator.messages += item.opened
+            self._messages.inc(item.opened)
         ends: dict[str, int] = {}
         for item in items:  # duplicate copies too: they were read (and counted) by the run that sealed it
             pkey = partition_key(item.source.topic, item.source.partition)
             ends[pkey] = max(ends.get(pkey, 0), item.source.offset + 1)
         self._analyzed.inc(len(whole))
-        yield OpenedRelease(release_id, first.spec_id, first.crowd_id, first.window_end_ms, first.n_sets,
-                            accumulator, ends)
+        yield OpenedRelease(release_id, spec_id, crowd_id, window_end_ms, n_sets, accumulator, ends)
         for item in whole:
-            yield from self._message_dead_letters(item)
+            for reason in item.failures:
+                self._messages_dead.inc()
+                yield _dead("analyze", reason, item.source)
 
-    def _refuse(self, items: Sequence[BatchElement], reason: str) -> Iterator[TaggedOutput]:
+    def _refuse(self, items: Sequence[OpenedBatch], reason: str) -> Iterator[TaggedOutput]:
         for item in items:
             self._dead.inc()
-            yield _dead("analyze", reason, item.source, item.batch.spec_id)
-
-    def _open(self, spec: AnalysisSpec, header: Any, whole: Sequence[BatchElement]) -> CrowdAccumulator:
-        from transforms.trust.sealing import SealError, associated_data, open_sealed
-
-        mechanism = spec.randomizer
-        accumulator = CrowdAccumulator(mechanism.new_accumulator(), deleted=header.deleted)
-        self._failures: list[tuple[SourceRef, str]] = []
-
-        def open_one(message: Any) -> tuple[Any, str | None]:
-            ad = associated_data(spec.spec_id, header.crowd_id, header.window_end_ms, message.channel)
-            try:
-                return decode_payload(mechanism, open_sealed(self._private, message.sealed, ad), message.channel), None
-            except (SealError, ValueError) as err:
-                return None, f"unusable message: {err}"
-
-        for item in whole:
-            rows = []
-            for row, problem in map_ordered(open_one, item.batch.messages, self._threads):
-                if problem is None:
-                    rows.append(row)
-                else:
-                    self._failures.append((item.source, problem))
-            if rows:
-                reports = rows_to_array(mechanism, rows)
-                messages, clients = count_clients(mechanism, reports)
-                accumulator.counts.add(messages, clients)
-                accumulator.messages += len(reports)
-            self._messages.inc(len(rows))
-        return accumulator
-
-    def _message_dead_letters(self, item: BatchElement) -> Iterator[TaggedOutput]:
-        for source, reason in [f for f in self._failures if f[0] == item.source]:
-            self._messages_dead.inc()
-            yield _dead("analyze", reason, source)
+            yield _dead("analyze", reason, item.source, item.header[1])
 
 
 def _header(batch: Any) -> tuple:

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # Build the Flex Template spec from the image of deploy/dataflow/Dockerfile and metadata.json, then launch it.
+#
+# A Flex Template launch is ONE bounded run (a backfill): the launcher VM is the driver, and its disk --
+# with the run's ledger and state -- is gone when it exits. A second launch on the same consumer group is
+# refused (its fresh state directory finds offsets another job committed); for a service, run the driver
+# as a long-running process instead (run_dataflow.sh, docs/deployment.md).
 set -euo pipefail
 
 : "${PROJECT:?GCP project id}"
@@ -19,9 +24,11 @@ if [[ -n "${LAUNCH:-}" ]]; then
     --project="$PROJECT" --region="$REGION" \
     --template-file-gcs-location="$BUCKET/templates/esa-run.json" \
     --temp-location="$BUCKET/tmp" \
+    --staging-location="$BUCKET/staging" \
     --additional-experiments=use_runner_v2 \
     --parameters=sdk_container_image="$FLEX_IMAGE" \
     --parameters=spec="$SPEC" \
     --parameters=kafka_bootstrap="$KAFKA_BOOTSTRAP" \
-    --parameters=kafka_io=python
+    --parameters=kafka_io=python \
+    --parameters=consumer_group="esa-backfill-$(date +%Y%m%d-%H%M%S)"
 fi

@@ -9,7 +9,10 @@
 #   * the SDK harness image of the root Dockerfile, pushed where the TaskManagers can pull it ($SDK_IMAGE),
 #     or, for ENVIRONMENT=EXTERNAL, that image running beside every TaskManager as a worker pool:
 #       docker run --net=host "$SDK_IMAGE" --worker_pool      (listens on localhost:50000)
-#   * --state_dir on a filesystem the SDK workers share with this driver (staging is written there).
+#   * a staging location the SDK workers and this driver can both reach ($STAGING_LOCATION): s3://bucket/prefix
+#     (boto3 is in the harness image; endpoint and credentials through --s3_* flags or the workers' own AWS
+#     environment), gs://..., or a directory on a filesystem they share. --state_dir and --keys_dir stay on
+#     this driver's local disk.
 set -euo pipefail
 
 : "${SPEC:?path of the analysis spec TOML}"
@@ -19,6 +22,7 @@ ENVIRONMENT="${ENVIRONMENT:-DOCKER}"           # DOCKER (TaskManagers start the 
 SDK_IMAGE="${SDK_IMAGE:-esa-telemetry-sdk:0.1.0}"
 WORKER_POOL="${WORKER_POOL:-localhost:50000}"
 OUTPUT_DIR="${OUTPUT_DIR:-out/flink}"
+: "${STAGING_LOCATION:?s3://bucket/prefix (or gs://..., or a shared directory) where the workers stage each run}"
 
 if [[ "$ENVIRONMENT" == "DOCKER" ]]; then
   ENV_CONFIG="$SDK_IMAGE"
@@ -32,6 +36,7 @@ exec esa run \
   --environment_type="$ENVIRONMENT" \
   --environment_config="$ENV_CONFIG" \
   --parallelism=2 \
+  --staging_location="$STAGING_LOCATION" \
   --spec="$SPEC" \
   --kafka_bootstrap="$KAFKA_BOOTSTRAP" \
   --consumer_group="${CONSUMER_GROUP:-esa-flink}" \

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -88,9 +88,10 @@ def worker_pool(log_dir: Path) -> Iterator[str]:
 
 
 def portable_options(job_endpoint: str, environment_type: str = "LOOPBACK",
-                     environment_config: str | None = None) -> PipelineOptions:
-    """Options that send a job to ``job_endpoint`` with the given SDK harness environment."""
+                     environment_config: str | None = None, extra: Sequence[str] = ()) -> PipelineOptions:
+    """Options that send a job to ``job_endpoint`` with the given SDK harness environment (plus ``extra``
+    flags, which reach the SDK workers too: an object store's endpoint and credentials, for example)."""
     args = ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}", f"--environment_type={environment_type}"]
     if environment_config:
         args.append(f"--environment_config={environment_config}")
-    return PipelineOptions(args)
+    return PipelineOptions([*args, *extra])

@@ -19,7 +19,7 @@ import apache_beam
 import pytest
 from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
 
-from pipelines.options import EsaKafkaOptions, EsaOptions
+from pipelines.options import EsaKafkaOptions, EsaOptions, EsaServiceOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DATAFLOW, FLINK = ROOT / "deploy" / "dataflow", ROOT / "deploy" / "flink"
@@ -31,6 +31,7 @@ def _esa_flags() -> set[str]:
     parser = argparse.ArgumentParser()
     EsaKafkaOptions._add_argparse_args(parser)
     EsaOptions._add_argparse_args(parser)
+    EsaServiceOptions._add_argparse_args(parser)
     return {a.dest for a in parser._actions if a.dest != "help"}
 
 
@@ -110,3 +111,14 @@ def test_flink_job_server_image_matches_beam_and_a_published_flink() -> None:
     flink, beam = re.search(r"apache/beam_flink(\d+\.\d+)_job_server:(\S+)", text).groups()
     assert beam == apache_beam.__version__
     assert flink in FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS
+
+
+@pytest.mark.parametrize("script", ESA_SCRIPTS, ids=lambda p: p.name)
+def test_cluster_scripts_stage_where_the_workers_can_write(script: Path) -> None:
+    """Workers on Dataflow or Flink cannot write the driver's disk: every cluster script names a staging
+    location (Dataflow's is the bucket), and Dataflow's driver keeps running on its own persistent state."""
+    text = script.read_text()
+    assert re.search(r"^\s*--staging_location=", text, flags=re.MULTILINE), script
+    if "DataflowRunner" in text:
+        assert re.search(r'--staging_location="\$BUCKET/', text)
+        assert "--state_dir=" in text and "--follow" in text

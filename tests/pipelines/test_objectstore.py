@@ -70,7 +70,7 @@ def test_get_head_range_delete_and_errors(url: str) -> None:
     assert _call("GET", f"{url}/nobucket/obj")[0] == 404
     assert _call("PUT", f"{url}/nobucket/obj", b"x")[0] == 404
     assert _call("GET", f"{url}/b/a/../../etc/passwd")[0] == 400  # keys never leave the bucket directory
-    assert _call("POST", f"{url}/b/obj?uploads", b"")[0] == 501
+    assert _call("POST", f"{url}/b/obj?restore", b"")[0] == 501  # multipart: tests/deploy/test_s3_staging.py
     assert _call("PUT", f"{url}/b/obj", b"x", If_None_Match="*")[0] == 200
 
 
