@@ -157,7 +157,9 @@ class _KpProducer:
         return self._error
 
     def flush(self, timeout_s: float) -> None:
-        self._p.flush(timeout=timeout_s)  # raises KafkaTimeoutError if records are still unsent
+        # Unsent records raise kafka-python's KafkaTimeoutError, as before this interface existed: the CLI
+        # maps kafka errors to "Kafka unreachable" (exit 4).
+        self._p.flush(timeout=timeout_s)
 
     def close(self) -> None:
         self._p.close(timeout=5)

@@ -344,15 +344,15 @@ def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
     n = 0
     try:
         elements = iter(values)
-        while chunk := out.send_many(topic, itertools.islice(elements, progress_every)):
-            n += chunk
-            if out.error() is not None:
-                break
-            if progress is not None and chunk == progress_every:
-                progress(n)
-            if chunk < progress_every:
-                break
         try:
+            while chunk := out.send_many(topic, itertools.islice(elements, progress_every)):
+                n += chunk
+                if out.error() is not None:
+                    break
+                if progress is not None and chunk == progress_every:
+                    progress(n)
+                if chunk < progress_every:
+                    break
             out.flush(flush_timeout_s)
         except KafkaWriteError as err:
             raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {err}") from err
