@@ -50,6 +50,7 @@ __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "Kafk
 
 _log = logging.getLogger(__name__)
 _BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
+_BATCH_BYTES = 8 * 1024 * 1024  # ... and bytes: 2,000 release batches of 512 KiB would be one 1 GiB element
 _READ_CHUNK = 20_000  # records asked of one poll while reading a range (never past its stop)
 
 
@@ -190,9 +191,9 @@ class _ReadPartitionRangeFn(beam.DoFn):
         for batch in _read_range(self._consumer, r, self._stall_s):
             n += len(batch)
             self._read.inc(len(batch))
-            for start in range(0, len(batch), _BATCH_ELEMENT) if self._batched else ():
-                yield batch[start:start + _BATCH_ELEMENT]
-            if not self._batched:
+            if self._batched:
+                yield from element_batches(batch)
+            else:
                 yield from batch
         if n:
             _log.info("read %d records of %s[%d] in %.2fs", n, r.topic, r.partition, time.monotonic() - t0)
@@ -201,6 +202,21 @@ class _ReadPartitionRangeFn(beam.DoFn):
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def element_batches(records: list[KafkaRecord], max_records: int = _BATCH_ELEMENT,
+                    max_bytes: int = _BATCH_BYTES) -> Iterator[list[KafkaRecord]]:
+    """Consecutive slices of ``records`` with at most ``max_records`` records and, unless one record alone is
+    larger, ``max_bytes`` of values: a runner holds an element (and its bundle) in memory whole."""
+    start, size = 0, 0
+    for i, record in enumerate(records):
+        length = len(record.value) if record.value is not None else 0
+        if i > start and (i - start >= max_records or size + length > max_bytes):
+            yield records[start:i]
+            start, size = i, 0
+        size += length
+    if start < len(records):
+        yield records[start:]
 
 
 class ReadFromKafkaBounded(beam.PTransform):
