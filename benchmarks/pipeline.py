@@ -2,15 +2,18 @@
 
 For each mechanism and population size n: the three jobs (encode -> shuffle -> analyze) run one after the
 other, each in a fresh process as in production (``benchmarks/stage_process.py``), with signing, sealing,
-verification and the ledgers on. Printed per job: Kafka records/s and messages (reports)/s over the job's
-whole run (planning, Beam start-up and commit included), peak RSS of its process, and that rate over the
-raw consume rate of the Kafka client on the job's own input topic, measured in the same run, and the share it
+verification and the ledgers on, every job on the Kafka client of --kafka_client. Printed per job: Kafka
+records/s and messages (reports)/s over the job's whole run (planning, Beam start-up and commit included),
+peak RSS of its process, the raw consume rate of BOTH Kafka clients on the job's own input topic measured in
+the same run (``raw kp/s``: kafka-python, ``raw ck/s``: confluent-kafka), the job's rate over the raw rate of
+the client it used, and the share it
 reaches of its cryptography's own ceiling (``benchmarks/crypto_ceiling.py``: sets/s for encode and shuffle,
 messages/s for analyze); then the chain
 (n over the sum of the three wall times) and the error figures against the known truth (max |z| and the
 share of items within 3 standard errors). Medians over --repeats.
 
     python benchmarks/pipeline.py --clients 10000 100000 --mechanisms olh rappor --repeats 3
+    python benchmarks/pipeline.py --clients 100000 --kafka_client kafka-python
     py-spy record --subprocesses --format raw -o prof.txt -- python benchmarks/pipeline.py --clients 100000
     python benchmarks/profile_summary.py prof.txt
 """
@@ -37,6 +40,7 @@ from pipelines.demo.simulate import produce_population
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
 from pipelines.job import JobConfig, default_keys_dir
+from transforms.kafka_config import CLIENTS, CONFLUENT, DEFAULT_CLIENT, KAFKA_PYTHON
 from transforms.kafkaio import ensure_topics, read_topic
 from transforms.parallel import thread_count
 from transforms.spec import AnalysisSpec, load_spec
@@ -54,13 +58,14 @@ def bench_spec(mechanism: str) -> AnalysisSpec:
     return load_spec(example_path("app_language.toml")).with_mechanism(mechanism, EPSILON[mechanism])
 
 
-def raw_consume_rate(bootstrap: str, topic: str) -> float:
+def raw_consume_rate(bootstrap: str, topic: str, client: str) -> float:
     started = time.perf_counter()
-    n = len(read_topic(bootstrap, topic))
+    n = len(read_topic(bootstrap, topic, client=client))
     return n / (time.perf_counter() - started)
 
 
-def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_args: list[str]) -> dict[str, float]:
+def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_args: list[str],
+            client: str = DEFAULT_CLIENT) -> dict[str, float]:
     spec = bench_spec(mechanism)
     window_ms = spec.window_seconds * 1000
     start = (int(time.time() * 1000) // window_ms - 3) * window_ms
@@ -68,18 +73,19 @@ def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_a
     out = base / tag
     enrol_simulated(default_keys_dir(out), population.client_ids.tolist())
     topics = {"raw_topic": f"raw-{tag}", "reports_topic": f"rep-{tag}", "shuffled_topic": f"shuf-{tag}"}
-    ensure_topics(bootstrap, [topics["reports_topic"], topics["shuffled_topic"]], partitions=3)
+    ensure_topics(bootstrap, [topics["reports_topic"], topics["shuffled_topic"]], partitions=3, client=client)
     produce_population(bootstrap, spec, population, raw_topic=topics["raw_topic"],
-                       reports_topic=topics["reports_topic"])
+                       reports_topic=topics["reports_topic"], client=client)
     config = JobConfig(bootstrap=bootstrap, specs=(spec,), out_dir=out, group_id=f"bench-{tag}", drain=True,
-                       **topics)
+                       kafka_client=client, **topics)
     row: dict[str, float] = {}
     for stage in STAGES:
         result = run_stage(stage, config, beam_args)
-        raw = raw_consume_rate(bootstrap, topics[INPUT[stage]])
+        raw = {c: raw_consume_rate(bootstrap, topics[INPUT[stage]], c) for c in CLIENTS}
         row |= {f"{stage}_rec": result.records_per_s, f"{stage}_msg": result.messages_per_s,
-                f"{stage}_s": result.seconds, f"{stage}_rss": result.peak_rss_mb, f"{stage}_raw": raw,
-                f"{stage}_ratio": result.records_per_s / raw}
+                f"{stage}_s": result.seconds, f"{stage}_rss": result.peak_rss_mb,
+                f"{stage}_kp": raw[KAFKA_PYTHON], f"{stage}_ck": raw[CONFLUENT],
+                f"{stage}_ratio": result.records_per_s / raw[client]}
     row["chain"] = n / sum(row[f"{s}_s"] for s in STAGES)
     per_set = row["encode_msg"] / row["encode_rec"] if row["encode_rec"] else 1.0
     ceiling = ceilings(per_set, thread_count(0))
@@ -100,20 +106,26 @@ def main() -> None:
     parser.add_argument("--mechanisms", nargs="+", default=["olh"], choices=sorted(EPSILON))
     parser.add_argument("--beam_args", default="", help="extra Beam/job flags for every job, e.g. "
                                                        "'--crypto_threads=1'")
+    parser.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
+                        help="the Kafka client of every job (both clients' raw rates are measured)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     beam_args = args.beam_args.split()
-    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'raw rec/s':>10}{'ratio':>7}"
+    print(f"jobs on {args.kafka_client}; ratio = job records/s over the raw rate of {args.kafka_client}")
+    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'raw kp/s':>10}{'raw ck/s':>10}"
+          f"{'ratio':>7}"
           f"{'crypto/s':>10}{'of it':>7}{'peak MB':>9}{'wall s':>8}")
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         for mechanism in args.mechanisms:
             for n in args.clients:
-                runs = [one_run(broker.bootstrap, mechanism, n, f"{mechanism}-{n}-{r}", Path(tmp), beam_args)
+                runs = [one_run(broker.bootstrap, mechanism, n, f"{mechanism}-{n}-{r}", Path(tmp), beam_args,
+                                args.kafka_client)
                         for r in range(args.repeats)]
                 med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
                 for stage in STAGES:
                     print(f"{mechanism:<12}{n:>10,}  {stage:<8}{med[f'{stage}_rec']:>10,.0f}"
-                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_raw']:>10,.0f}{med[f'{stage}_ratio']:>7.3f}"
+                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_kp']:>10,.0f}{med[f'{stage}_ck']:>10,.0f}"
+                          f"{med[f'{stage}_ratio']:>7.3f}"
                           f"{med[f'{stage}_ceiling']:>10,.0f}{med[f'{stage}_of_ceiling']:>7.2f}"
                           f"{med[f'{stage}_rss']:>9,.0f}{med[f'{stage}_s']:>8.1f}")
                 print(f"{mechanism:<12}{n:>10,}  {'chain':<8}{med['chain']:>10,.0f} events/s   "

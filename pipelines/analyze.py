@@ -118,7 +118,8 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
     if config.estimates_topic and stored.status != "published":
         produce_records(config.bootstrap, config.estimates_topic,
                         ((f"{opened.release_id}:{r['item_index']}".encode(), encode_record("Estimate", r, check=False))
-                         for r in rows), producer_config=config.kafka_config)
+                         for r in rows), producer_config=config.kafka_config,
+                         client=config.kafka_client)
     crash_point("analyze:after_publish")
     ledger.mark_published(key)
     return written

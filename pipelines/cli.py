@@ -479,7 +479,7 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if isinstance(err, ValueError):  # bad arguments, bad parameters
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)
-    if type(err).__module__.startswith("kafka"):  # not importing kafka here keeps `esa privacy` fast
+    if type(err).__module__.startswith(("kafka", "confluent_kafka", "cimpl")):  # no kafka import: fast `esa privacy`
         print(f"esa {command}: cannot talk to Kafka: {err}", file=sys.stderr)
         return int(ExitCode.KAFKA_UNREACHABLE)
     return None

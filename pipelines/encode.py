@@ -54,7 +54,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
     _ = (reports
          | "SealAndSign" >> beam.ParDo(SealSetsFn(specs, str(config.keys)))
          | "Flatten" >> beam.FlatMap(lambda batch: batch)
-         | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic, producer_config=config.kafka_config))
+         | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic, producer_config=config.kafka_config,
+                                           client=config.kafka_client))
     _ = dead | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter")
 
 

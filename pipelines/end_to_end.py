@@ -67,7 +67,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> ChainSumma
 
         config = replace(config, reports_topic=f"{config.raw_topic}-reports")
     ensure_topics(config.bootstrap, [config.reports_topic, config.shuffled_topic], partitions=3,
-                  client_config=config.kafka_config)
+                  client_config=config.kafka_config, client=config.kafka_client)
     summary = ChainSummary()
     summary.stages["encode"] = encode.run(config.for_stage("encode"), options)
     summary.stages["shuffle"] = shuffle.run(config.for_stage("shuffle"), options)

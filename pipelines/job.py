@@ -36,6 +36,8 @@ from pipelines.options import (
     local_runner_requested,
 )
 from pipelines.preflight import require_topics
+from transforms.kafka_config import DEFAULT_CLIENT, KafkaConfigError
+from transforms.kafka_config import validate as validate_kafka_config
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
 from transforms.sinks import avro_bytes, load_staged_avro
 from transforms.spec import AnalysisSpec, load_spec
@@ -106,6 +108,7 @@ class JobConfig:
     seed: int | None = None
     kafka_io: str = "python"
     kafka_config: dict[str, Any] = field(default_factory=dict)
+    kafka_client: str = DEFAULT_CLIENT  # "confluent" or "kafka-python" (transforms.kafka_clients)
     drain: bool = False
     out_of_orderness_seconds: int = 600
     idle_timeout_seconds: int = 300
@@ -177,6 +180,13 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         raise ConfigError("--kafka_io xlang (Beam's unbounded Java KafkaIO) is not wired to the release ledger yet: "
                           "the exactly-once jobs read bounded ranges with the Python reader, on any runner; see "
                           "docs/deployment.md")
+    kafka_config = kafka_client_config(kafka.kafka_config)
+    try:
+        validate_kafka_config(kafka.kafka_client, kafka_config)
+    except KafkaConfigError as err:
+        from pipelines.exit_codes import ConfigError
+
+        raise ConfigError(f"--kafka_config {kafka.kafka_config}: {err}") from None
     return JobConfig(
         bootstrap=kafka.kafka_bootstrap,
         specs=tuple(load_spec(p) for p in esa.spec),
@@ -191,7 +201,8 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         estimates_topic=kafka.estimates_topic or None,
         seed=esa.seed,
         kafka_io=kafka.kafka_io,
-        kafka_config=kafka_client_config(kafka.kafka_config),
+        kafka_config=kafka_config,
+        kafka_client=kafka.kafka_client,
         drain=service.drain,
         out_of_orderness_seconds=service.out_of_orderness_seconds,
         idle_timeout_seconds=service.idle_timeout_seconds,
@@ -243,7 +254,7 @@ class BoundedRun:
     def reader(self) -> ReadFromKafkaBounded:
         c = self.config
         return ReadFromKafkaBounded(c.bootstrap, self.topic, c.group_id, batched=True, plan=self.plan,
-                                    consumer_config=c.kafka_config)
+                                    consumer_config=c.kafka_config, client=c.kafka_client)
 
 
 def staging_root(config: JobConfig, stage: str) -> str:
@@ -273,7 +284,8 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
     require_topics(config.bootstrap, [topic])  # a typo'd topic is an error naming the closest one, never created
     resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
     if not resume and not config.adopt_group:
-        owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config)
+        owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config,
+                                  client=config.kafka_client)
         if owned:
             raise GroupInUse(
                 f"consumer group {config.group_id!r} has committed offsets on {topic!r} ({owned}) but the state "
@@ -281,6 +293,7 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
                 "job's --state_dir, another --consumer_group, or --adopt_consumer_group to start from the "
                 "group's offsets")
     plan = plan_bounded_read(config.bootstrap, topic, config.group_id, consumer_config=config.kafka_config,
+                             client=config.kafka_client,
                              start_offsets=resume or None)
     starts = {f"{r.topic}/{r.partition}": r.start for r in plan}
     key = run_key(starts, state.processed_until)
@@ -323,7 +336,8 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
     new.save(run.config.state / "run_state.json")
     commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]
     try:
-        commit_plan(run.config.bootstrap, run.config.group_id, commit, run.config.kafka_config)
+        commit_plan(run.config.bootstrap, run.config.group_id, commit, run.config.kafka_config,
+                    client=run.config.kafka_client)
     except Exception as err:
         LOG.warning("could not commit offsets to group %s (state is saved): %s", run.config.group_id, err)
     try:
@@ -379,5 +393,5 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
     if config.dead_letter_topic:
         produce_records(config.bootstrap, config.dead_letter_topic,
                         (encode_record("DeadLetter", letter, check=False) for letter in letters),
-                        producer_config=config.kafka_config)
+                        producer_config=config.kafka_config, client=config.kafka_client)
     return target

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
+
 
 class EsaKafkaOptions(PipelineOptions):
     """Where the streams are."""
@@ -26,6 +28,10 @@ class EsaKafkaOptions(PipelineOptions):
                             help="file of extra Kafka client settings, one key=value per line (TLS/SASL: "
                                  "security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile, sasl_mechanism, "
                                  "sasl_plain_username, sasl_plain_password, ...); see docs/operations.md")
+        parser.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
+                            help="Kafka client library of the python reader and of every producer: confluent "
+                                 "(confluent-kafka/librdkafka, several times faster) or kafka-python (pure Python); "
+                                 "--kafka_config keys are translated for confluent (docs/operations.md)")
         parser.add_argument("--kafka_io", default="python", choices=["python", "xlang"],
                             help="python: kafka-python source (DirectRunner); xlang: Beam's Java KafkaIO "
                                  "(Dataflow/Flink, needs an expansion service)")

@@ -106,7 +106,7 @@ def publish(config: JobConfig, release_id: str, path: Path) -> int:
     acknowledged."""
     return produce_records(config.bootstrap, config.shuffled_topic,
                            ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path))),
-                           producer_config=config.kafka_config)
+                           producer_config=config.kafka_config, client=config.kafka_client)
 
 
 def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:

@@ -2,8 +2,9 @@
 
 Why not Beam's KafkaIO: it is a Java cross-language transform, so it needs a JVM expansion service,
 which the local FnApiRunner setup does not have (`read_from_kafka(..., implementation="xlang")` keeps it
-available for Dataflow/Flink). kafka-python sits behind `_consumer`/`_producer`/`_admin` so a faster
-client (confluent-kafka) can be slotted in.
+available for Dataflow/Flink). The client library sits behind `transforms.kafka_clients`: confluent-kafka
+(librdkafka, the default: several times faster) or kafka-python, chosen per call with ``client=``
+(``--kafka_client`` for the jobs); the semantics below live here, once, for both.
 
 Bounded-read semantics: a job reads, per partition, [committed offset of its group, end of log at plan
 time) and commits the end only after the pipeline finished successfully (`run_and_commit`): a failed
@@ -17,6 +18,7 @@ so the planner seeks to the reported end and polls until the log is quiet.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -25,24 +27,31 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult, PipelineState
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.structs import OffsetAndMetadata
+
+from transforms.kafka_clients import (
+    CLIENT_ID,
+    MAX_RECORDS,
+    Consumer,
+    Element,
+    KafkaReadError,
+    KafkaRecord,
+    KafkaWriteError,
+    Producer,
+    consumer,
+    create_topics,
+    producer,
+    split_element,
+)
+from transforms.kafka_config import DEFAULT_CLIENT, check_client
+
+__all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "KafkaWriteError", "PartitionRange",
+           "ReadFromKafkaBounded", "WriteToKafka", "commit_plan", "committed_offsets", "ensure_topics",
+           "plan_bounded_read", "produce_records", "read_from_kafka", "read_topic", "run_and_commit"]
 
 _log = logging.getLogger(__name__)
-
-CLIENT_ID = "esa-telemetry"
-_MAX_RECORDS = 100_000  # per poll: few large polls, not kafka-python's default of 500
 _BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
-Element = bytes | tuple[bytes | None, bytes]
-
-
-class KafkaRecord(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes
+_BATCH_BYTES = 8 * 1024 * 1024  # ... and bytes: 2,000 release batches of 512 KiB would be one 1 GiB element
+_READ_CHUNK = 20_000  # records asked of one poll while reading a range (never past its stop)
 
 
 class PartitionRange(NamedTuple):
@@ -54,156 +63,110 @@ class PartitionRange(NamedTuple):
     stop: int
 
 
-class KafkaReadError(RuntimeError):
-    """A bounded read made no progress (broker gone, records deleted under us)."""
-
-
-class KafkaWriteError(RuntimeError):
-    """The broker refused or timed out a produced record."""
-
-
-def _consumer(bootstrap: str, group_id: str | None = None, **config: Any) -> KafkaConsumer:
-    """Manual-assignment consumer; never auto-commits (offsets are committed after success only)."""
-    settings: dict[str, Any] = {
-        "client_id": CLIENT_ID, "enable_auto_commit": False, "auto_offset_reset": "earliest",
-        "max_poll_interval_ms": 5000,  # tansu: group operations are prompt only with a short interval
-        "max_partition_fetch_bytes": 16 * 1024 * 1024,
-    }
-    settings.update(config)
-    return KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, **settings)
-
-
-def _producer(bootstrap: str, **config: Any) -> KafkaProducer:
-    settings: dict[str, Any] = {"client_id": CLIENT_ID, "acks": "all", "linger_ms": 20,
-                                "batch_size": 512 * 1024}
-    settings.update(config)
-    return KafkaProducer(bootstrap_servers=bootstrap, **settings)
-
-
-_ADMIN_KEYS = ("security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version")
-
-
-def _admin(bootstrap: str, **config: Any) -> KafkaAdminClient:
-    """An admin client with the security settings of ``config`` (consumer-only settings are dropped)."""
-    settings = {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
-    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID, **settings)
-
-
-def _split(element: Element) -> tuple[bytes | None, bytes]:
-    if isinstance(element, tuple):
-        key, value = element
-        return key, value
-    if isinstance(element, bytes | bytearray):
-        return None, bytes(element)
-    raise TypeError(f"Kafka elements must be bytes or (key, value) tuples, got {type(element).__name__}")
-
-
 def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
-                  client_config: Mapping[str, Any] | None = None) -> None:
+                  client_config: Mapping[str, Any] | None = None, *, client: str = DEFAULT_CLIENT) -> None:
     """Create `topics` with `partitions` partitions; existing topics are left as they are."""
-    admin = _admin(bootstrap, **dict(client_config or {}))
-    try:
-        spec = {t: {"num_partitions": partitions, "replication_factor": 1} for t in topics}
-        response = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
-        for result in response.get("topics", []):
-            if result["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-                raise RuntimeError(f"cannot create topic {result['name']!r}: {result.get('error_message')}")
-    finally:
-        admin.close()
+    create_topics(client, bootstrap, list(topics), partitions, dict(client_config or {}))
 
 
-def _probe_real_end(consumer: KafkaConsumer, reported: Mapping[TopicPartition, int], idle_polls: int,
-                    idle_poll_ms: int, max_probe_s: float) -> dict[TopicPartition, int]:
-    """Seek to the reported ends and poll until `idle_polls` consecutive polls return nothing."""
-    consumer.assign(list(reported))
-    for tp, offset in reported.items():
-        consumer.seek(tp, offset)
-    empty, deadline = 0, time.monotonic() + max_probe_s
-    while empty < idle_polls and time.monotonic() < deadline:  # deadline: a busy producer never goes quiet
-        batch = consumer.poll(timeout_ms=idle_poll_ms, max_records=_MAX_RECORDS)
-        empty = 0 if any(batch.values()) else empty + 1
-    return {tp: max(offset, consumer.position(tp)) for tp, offset in reported.items()}
+def _probe_real_end(probe: Consumer, topic: str, reported: Mapping[int, int], idle_polls: int,
+                    idle_poll_ms: int, max_probe_s: float) -> dict[int, int]:
+    """Seek to the reported ends and poll until the log has been quiet for `idle_polls` x `idle_poll_ms`.
+
+    Short polls, not `idle_polls` polls of `idle_poll_ms`: librdkafka's consume() returns only when its batch
+    is full or its timeout is over, so a long poll that does find the tail would cost its whole timeout."""
+    probe.assign(topic, reported)
+    quiet_s, step_s = idle_polls * idle_poll_ms / 1000, min(0.05, idle_poll_ms / 1000)
+    start = last_data = time.monotonic()
+    while (now := time.monotonic()) - last_data < quiet_s and now - start < max_probe_s:  # a busy producer
+        if probe.poll(step_s, MAX_RECORDS):  # never goes quiet: the deadline ends the probe
+            last_data = time.monotonic()
+    return {p: max(offset, probe.position(topic, p)) for p, offset in reported.items()}
 
 
 def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_polls: int = 2,
                       idle_poll_ms: int = 300, max_probe_s: float = 10.0,
                       consumer_config: Mapping[str, Any] | None = None,
-                      start_offsets: Mapping[int, int] | None = None) -> list[PartitionRange]:
+                      start_offsets: Mapping[int, int] | None = None,
+                      client: str = DEFAULT_CLIENT) -> list[PartitionRange]:
     """Per partition: start = ``start_offsets`` (a job's own durable resume point), else the committed
     offset of `group_id`, else the beginning; stop = real end of log."""
     config = dict(consumer_config or {})
-    probe = _consumer(bootstrap, fetch_max_wait_ms=100, **config)
+    probe = consumer(client, bootstrap, **{"fetch_max_wait_ms": 100, **config})
     try:
-        partitions = probe.partitions_for_topic(topic)
+        partitions = probe.partitions(topic)
         if not partitions:
             raise ValueError(f"topic {topic!r} does not exist on {bootstrap}")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        begin = probe.beginning_offsets(tps)
-        ends = _probe_real_end(probe, probe.end_offsets(tps), idle_polls, idle_poll_ms, max_probe_s)
+        begin, reported = probe.offsets(topic, partitions)
+        ends = _probe_real_end(probe, topic, reported, idle_polls, idle_poll_ms, max_probe_s)
     finally:
         probe.close()
-    committed: dict[TopicPartition, int | None] = {}
+    committed: dict[int, int | None] = {}
     if start_offsets:
-        committed = {tp: start_offsets.get(tp.partition) for tp in tps}
+        committed = {p: start_offsets.get(p) for p in partitions}
     elif group_id is not None:
-        grouped = _consumer(bootstrap, group_id, **config)
+        grouped = consumer(client, bootstrap, group_id, **config)
         try:
-            committed = {tp: grouped.committed(tp) for tp in tps}
+            committed = grouped.committed(topic, partitions)
         finally:
-            grouped.close(autocommit=False)
+            grouped.close()
     plan = []
-    for tp in tps:
-        done = committed.get(tp)
-        start = begin[tp] if done is None else max(done, begin[tp])
-        if start > ends[tp]:
-            _log.warning("%s: committed offset %d is past the end %d; reading nothing", tp, start, ends[tp])
-            start = ends[tp]
-        plan.append(PartitionRange(topic, tp.partition, start, ends[tp]))
+    for p in partitions:
+        done = committed.get(p)
+        start = begin[p] if done is None else max(done, begin[p])
+        if start > ends[p]:
+            _log.warning("%s[%d]: committed offset %d is past the end %d; reading nothing", topic, p, start, ends[p])
+            start = ends[p]
+        plan.append(PartitionRange(topic, p, start, ends[p]))
     _log.info("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
               group_id, [(r.partition, r.start, r.stop) for r in plan])
     return plan
 
 
 def committed_offsets(bootstrap: str, group_id: str, topic: str,
-                      consumer_config: Mapping[str, Any] | None = None) -> dict[int, int]:
+                      consumer_config: Mapping[str, Any] | None = None, *,
+                      client: str = DEFAULT_CLIENT) -> dict[int, int]:
     """Partition -> offset committed by ``group_id`` on ``topic`` (partitions without a commit are left out)."""
-    consumer = _consumer(bootstrap, group_id, **dict(consumer_config or {}))
+    grouped = consumer(client, bootstrap, group_id, **dict(consumer_config or {}))
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        found = {p: consumer.committed(TopicPartition(topic, p)) for p in sorted(partitions)}
+        found = grouped.committed(topic, grouped.partitions(topic))
     finally:
-        consumer.close(autocommit=False)
+        grouped.close()
     return {p: int(o) for p, o in found.items() if o is not None}
 
 
 def commit_plan(bootstrap: str, group_id: str, plan: Iterable[PartitionRange],
-                consumer_config: Mapping[str, Any] | None = None) -> None:
+                consumer_config: Mapping[str, Any] | None = None, *, client: str = DEFAULT_CLIENT) -> None:
     """Commit `stop` of every range for `group_id`."""
-    offsets = {TopicPartition(r.topic, r.partition): OffsetAndMetadata(r.stop, "", -1) for r in plan}
-    consumer = _consumer(bootstrap, group_id, **dict(consumer_config or {}))
+    by_topic: dict[str, dict[int, int]] = {}
+    for r in plan:
+        by_topic.setdefault(r.topic, {})[r.partition] = r.stop
+    grouped = consumer(client, bootstrap, group_id, **dict(consumer_config or {}))
     try:
-        consumer.commit(offsets)
+        for topic, offsets in by_topic.items():
+            grouped.commit(topic, offsets)
     finally:
-        consumer.close(autocommit=False)
-    _log.info("committed %s for group %s", {tp.partition: om.offset for tp, om in offsets.items()}, group_id)
+        grouped.close()
+    _log.info("committed %s for group %s", by_topic, group_id)
 
 
-def _read_range(consumer: KafkaConsumer, r: PartitionRange, stall_timeout_s: float,
+def _read_range(reader: Consumer, r: PartitionRange, stall_timeout_s: float,
                 poll_ms: int = 500) -> Iterator[list[KafkaRecord]]:
     """Yield batches holding exactly the records with start <= offset < stop."""
     if r.start >= r.stop:
         return
-    tp = TopicPartition(r.topic, r.partition)
-    consumer.assign([tp])
-    consumer.seek(tp, r.start)
+    reader.assign(r.topic, {r.partition: r.start})
     position, last_progress = r.start, time.monotonic()
     while position < r.stop:
-        polled = consumer.poll(timeout_ms=poll_ms, max_records=_MAX_RECORDS).get(tp, [])
-        batch = [KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value)
-                 for m in polled if r.start <= m.offset < r.stop]
+        # Never ask for more than is left: librdkafka's consume() waits for a full batch or the timeout.
+        polled = reader.poll(poll_ms / 1000, min(_READ_CHUNK, r.stop - position))
+        if polled and polled[0].offset >= r.start and polled[-1].offset < r.stop:
+            batch = polled  # offsets rise within the one assigned partition: nothing to cut
+        else:
+            batch = [m for m in polled if m.partition == r.partition and r.start <= m.offset < r.stop]
         if batch:
             yield batch
-        now, new_position = time.monotonic(), consumer.position(tp)
+        now, new_position = time.monotonic(), reader.position(r.topic, r.partition)
         if new_position > position:  # position, not record count: skips gaps such as transaction markers
             position, last_progress = new_position, now
         elif now - last_progress > stall_timeout_s:
@@ -213,14 +176,14 @@ def _read_range(consumer: KafkaConsumer, r: PartitionRange, stall_timeout_s: flo
 
 class _ReadPartitionRangeFn(beam.DoFn):
     def __init__(self, bootstrap: str, consumer_config: Mapping[str, Any], stall_timeout_s: float,
-                 batched: bool = False) -> None:
+                 batched: bool = False, client: str = DEFAULT_CLIENT) -> None:
         self._bootstrap, self._config, self._stall_s = bootstrap, dict(consumer_config), stall_timeout_s
-        self._batched = batched
+        self._batched, self._client = batched, check_client(client)
         self._read = Metrics.counter("esa", "kafka_records_read")
-        self._consumer: KafkaConsumer | None = None
+        self._consumer: Consumer | None = None
 
     def setup(self) -> None:
-        self._consumer = _consumer(self._bootstrap, **self._config)
+        self._consumer = consumer(self._client, self._bootstrap, **self._config)
 
     def process(self, r: PartitionRange) -> Iterator[KafkaRecord | list[KafkaRecord]]:
         assert self._consumer is not None
@@ -228,17 +191,32 @@ class _ReadPartitionRangeFn(beam.DoFn):
         for batch in _read_range(self._consumer, r, self._stall_s):
             n += len(batch)
             self._read.inc(len(batch))
-            for start in range(0, len(batch), _BATCH_ELEMENT) if self._batched else ():
-                yield batch[start:start + _BATCH_ELEMENT]
-            if not self._batched:
+            if self._batched:
+                yield from element_batches(batch)
+            else:
                 yield from batch
         if n:
             _log.info("read %d records of %s[%d] in %.2fs", n, r.topic, r.partition, time.monotonic() - t0)
 
     def teardown(self) -> None:
         if self._consumer is not None:
-            self._consumer.close(autocommit=False)
+            self._consumer.close()
             self._consumer = None
+
+
+def element_batches(records: list[KafkaRecord], max_records: int = _BATCH_ELEMENT,
+                    max_bytes: int = _BATCH_BYTES) -> Iterator[list[KafkaRecord]]:
+    """Consecutive slices of ``records`` with at most ``max_records`` records and, unless one record alone is
+    larger, ``max_bytes`` of values: a runner holds an element (and its bundle) in memory whole."""
+    start, size = 0, 0
+    for i, record in enumerate(records):
+        length = len(record.value) if record.value is not None else 0
+        if i > start and (i - start >= max_records or size + length > max_bytes):
+            yield records[start:i]
+            start, size = i, 0
+        size += length
+    if start < len(records):
+        yield records[start:]
 
 
 class ReadFromKafkaBounded(beam.PTransform):
@@ -247,13 +225,13 @@ class ReadFromKafkaBounded(beam.PTransform):
     Planning happens in `expand` (one instance = one application). Elements are `KafkaRecord`s with the
     default timestamp, or lists of up to 2,000 of them with ``batched=True`` (downstream stages then
     work on whole batches); event time is assigned downstream. Call `commit_offsets()` (or `run_and_commit`)
-    only after the pipeline succeeded.
+    only after the pipeline succeeded. ``client`` picks the Kafka library (`transforms.kafka_clients`).
     """
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, *,
                  consumer_config: Mapping[str, Any] | None = None, stall_timeout_s: float = 30.0,
                  batched: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 plan: list[PartitionRange] | None = None) -> None:
+                 plan: list[PartitionRange] | None = None, client: str = DEFAULT_CLIENT) -> None:
         super().__init__()
         self.start_offsets = dict(start_offsets or {})
         self.fixed_plan = plan
@@ -261,22 +239,23 @@ class ReadFromKafkaBounded(beam.PTransform):
         self.bootstrap, self.topic, self.group_id = bootstrap, topic, group_id
         self.consumer_config = dict(consumer_config or {})
         self.stall_timeout_s = stall_timeout_s
+        self.client = check_client(client)
         self.plan: list[PartitionRange] | None = None
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         self.plan = self.fixed_plan if self.fixed_plan is not None else plan_bounded_read(
             self.bootstrap, self.topic, self.group_id, consumer_config=self.consumer_config,
-            start_offsets=self.start_offsets)
+            start_offsets=self.start_offsets, client=self.client)
         return (pbegin
                 | "Plan" >> beam.Create(self.plan)
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadPartitionRangeFn(self.bootstrap, self.consumer_config,
-                                                             self.stall_timeout_s, self.batched)))
+                                                             self.stall_timeout_s, self.batched, self.client)))
 
     def commit_offsets(self) -> None:
         if self.plan is None:
             raise RuntimeError("commit_offsets() before the transform was applied to a pipeline")
-        commit_plan(self.bootstrap, self.group_id, self.plan, self.consumer_config)
+        commit_plan(self.bootstrap, self.group_id, self.plan, self.consumer_config, client=self.client)
 
 
 def run_and_commit(pipeline: beam.Pipeline, *readers: ReadFromKafkaBounded | None) -> PipelineResult:
@@ -293,17 +272,18 @@ def run_and_commit(pipeline: beam.Pipeline, *readers: ReadFromKafkaBounded | Non
 
 def read_from_kafka(pipeline_or_pbegin: beam.Pipeline | beam.pvalue.PBegin, *, bootstrap: str, topic: str,
                     group_id: str, implementation: str = "python", label: str | None = None,
-                    readers: list[ReadFromKafkaBounded] | None = None, **xlang_options: Any) -> beam.PCollection:
+                    readers: list[ReadFromKafkaBounded] | None = None, client: str = DEFAULT_CLIENT,
+                    **xlang_options: Any) -> beam.PCollection:
     """Read `topic` as `KafkaRecord`s with the Python bounded reader or Beam's cross-language KafkaIO.
 
-    "python": the reader is appended to `readers` (if given) so the driver can `run_and_commit` it.
-    "xlang" (Dataflow/Flink): needs a Java expansion service (none here), is unbounded unless
-    `max_num_records`/`max_read_time` is in `xlang_options`, and commits offsets itself on bundle
-    finalization (`commit_offset_in_finalize`); nothing is appended to `readers`.
+    "python": the reader (with Kafka library ``client``) is appended to `readers` (if given) so the driver
+    can `run_and_commit` it. "xlang" (Dataflow/Flink): needs a Java expansion service (none here), is
+    unbounded unless `max_num_records`/`max_read_time` is in `xlang_options`, and commits offsets itself on
+    bundle finalization (`commit_offset_in_finalize`); nothing is appended to `readers`.
     """
     label = label or f"ReadKafka[{topic}]"
     if implementation == "python":
-        reader = ReadFromKafkaBounded(bootstrap, topic, group_id)
+        reader = ReadFromKafkaBounded(bootstrap, topic, group_id, client=client)
         if readers is not None:
             readers.append(reader)
         return pipeline_or_pbegin | label >> reader
@@ -324,35 +304,36 @@ def _row_to_record(row: Any) -> KafkaRecord:
 
 class _WriteFn(beam.DoFn):
     def __init__(self, bootstrap: str, topic: str, producer_config: Mapping[str, Any],
-                 flush_timeout_s: float) -> None:
+                 flush_timeout_s: float, client: str = DEFAULT_CLIENT) -> None:
         self._bootstrap, self._topic, self._config = bootstrap, topic, dict(producer_config)
-        self._flush_timeout_s = flush_timeout_s
+        self._flush_timeout_s, self._client = flush_timeout_s, check_client(client)
         self._written = Metrics.counter("esa", "kafka_records_written")
-        self._producer: KafkaProducer | None = None
-        self._error: BaseException | None = None
+        self._producer: Producer | None = None
 
     def setup(self) -> None:
-        self._producer = _producer(self._bootstrap, **self._config)
-
-    def _on_error(self, exc: BaseException) -> None:
-        self._error = self._error or exc  # runs on the sender thread; the bundle raises it
+        self._producer = producer(self._client, self._bootstrap, **self._config)
 
     def process(self, element: Element) -> None:
         assert self._producer is not None
-        key, value = _split(element)
-        self._producer.send(self._topic, key=key, value=value).add_errback(self._on_error)
+        key, value = split_element(element)
+        self._producer.send(self._topic, key, value)
         self._written.inc()
 
     def finish_bundle(self) -> None:
         assert self._producer is not None
-        self._producer.flush(timeout=self._flush_timeout_s)
-        error, self._error = self._error, None
-        if error is not None:
+        try:
+            self._producer.flush(self._flush_timeout_s)
+        except KafkaWriteError as err:
+            raise KafkaWriteError(f"writing to {self._topic} on {self._bootstrap} failed: {err}") from err
+        error = self._producer.error()
+        if error is not None:  # a refused record poisons this producer: the retried bundle gets a fresh one
+            self.teardown()
+            self.setup()
             raise KafkaWriteError(f"writing to {self._topic} on {self._bootstrap} failed: {error}") from error
 
     def teardown(self) -> None:
         if self._producer is not None:
-            self._producer.close(timeout=5)
+            self._producer.close()
             self._producer = None
 
 
@@ -360,9 +341,9 @@ class WriteToKafka(beam.PTransform):
     """Writes `bytes` or `(key, value)` elements to `topic`; a bundle fails unless every record was acked."""
 
     def __init__(self, bootstrap: str, topic: str, *, producer_config: Mapping[str, Any] | None = None,
-                 flush_timeout_s: float = 60.0) -> None:
+                 flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> None:
         super().__init__()
-        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, flush_timeout_s)
+        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, flush_timeout_s, client)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
         return pcoll | "Produce" >> beam.ParDo(self._fn)
@@ -371,37 +352,43 @@ class WriteToKafka(beam.PTransform):
 def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                     producer_config: Mapping[str, Any] | None = None,
                     progress: Callable[[int], None] | None = None, progress_every: int = 10_000,
-                    flush_timeout_s: float = 60.0) -> int:
+                    flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> int:
     """Produce `values` outside Beam (simulator, tests); returns the count, raises on the first failure."""
-    producer = _producer(bootstrap, **dict(producer_config or {}))
-    errors: list[BaseException] = []
+    if progress_every < 1:
+        raise ValueError(f"progress_every must be positive, got {progress_every}")
+    out = producer(client, bootstrap, **dict(producer_config or {}))
     n = 0
     try:
-        for n, element in enumerate(values, start=1):
-            key, value = _split(element)
-            producer.send(topic, key=key, value=value).add_errback(errors.append)
-            if n % progress_every == 0:
-                if errors:
+        elements = iter(values)
+        try:
+            while chunk := out.send_many(topic, itertools.islice(elements, progress_every)):
+                n += chunk
+                if out.error() is not None:
                     break
-                if progress is not None:
+                if progress is not None and chunk == progress_every:
                     progress(n)
-        producer.flush(timeout=flush_timeout_s)
-        if progress is not None and not errors and n % progress_every:
+                if chunk < progress_every:
+                    break
+            out.flush(flush_timeout_s)
+        except KafkaWriteError as err:
+            raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {err}") from err
+        error = out.error()
+        if progress is not None and error is None and n % progress_every:
             progress(n)
     finally:
-        producer.close(timeout=5)
-    if errors:
-        raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {errors[0]}") from errors[0]
+        out.close()
+    if error is not None:
+        raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {error}") from error
     _log.info("produced %d records to %s", n, topic)
     return n
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0,
-               consumer_config: Mapping[str, Any] | None = None) -> list[KafkaRecord]:
+               consumer_config: Mapping[str, Any] | None = None, client: str = DEFAULT_CLIENT) -> list[KafkaRecord]:
     """The whole topic, beginning to real end, outside Beam; `timeout_s` bounds time without progress."""
-    plan = plan_bounded_read(bootstrap, topic, None, consumer_config=consumer_config)
-    consumer = _consumer(bootstrap, **dict(consumer_config or {}))
+    plan = plan_bounded_read(bootstrap, topic, None, consumer_config=consumer_config, client=client)
+    reader = consumer(client, bootstrap, **dict(consumer_config or {}))
     try:
-        return [rec for r in plan for batch in _read_range(consumer, r, timeout_s) for rec in batch]
+        return [rec for r in plan for batch in _read_range(reader, r, timeout_s) for rec in batch]
     finally:
-        consumer.close(autocommit=False)
+        reader.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -19,6 +19,7 @@ from apache_beam.transforms import window
 
 from schemas import avro_file_schema, encode_record
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA, arrow_schema_of
+from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import WriteToKafka
 from transforms.staging import Location, StagingDoFn, join, read_listed, staged_files, write_staged
 
@@ -61,16 +62,18 @@ class WriteAvroFile(beam.PTransform):
 class WriteRecordsToKafka(beam.PTransform):
     """Records of one of our schemas -> Avro single-object messages on a Kafka topic."""
 
-    def __init__(self, bootstrap: str, topic: str, schema_name: str):
+    def __init__(self, bootstrap: str, topic: str, schema_name: str, *, client: str = DEFAULT_CLIENT,
+                 producer_config: Mapping[str, Any] | None = None):
         super().__init__()
         self._bootstrap, self._topic, self._schema_name = bootstrap, topic, schema_name
+        self._client, self._config = client, dict(producer_config or {})
 
     def expand(self, rows: beam.PCollection) -> beam.PDone:
         name = self._schema_name
         return (
             rows
             | "Serialize" >> beam.Map(lambda r: encode_record(name, r, check=False))
-            | "Kafka" >> WriteToKafka(self._bootstrap, self._topic)
+            | "Kafka" >> WriteToKafka(self._bootstrap, self._topic, producer_config=self._config, client=self._client)
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pipelines.demo.population import Population, avro_value
 from schemas import SCHEMA_VERSION, encode_record
 from transforms.event_values import client_inputs, event_value
+from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import ensure_topics, produce_records
 from transforms.mechanisms.base import channel_count, encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng, seeded_rng
@@ -114,15 +115,16 @@ def _out_of_domain(valid: tuple[str, dict]) -> tuple[str, dict]:
 
 def produce_population(bootstrap: str, spec: AnalysisSpec, population: Population, *, raw_topic: str,
                        reports_topic: str, bad_per_kind: int = 0, partitions: int = 3, seed: int | None = None,
-                       progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
+                       progress: Callable[[int, int], None] | None = None,
+                       client: str = DEFAULT_CLIENT) -> dict[str, int]:
     """Create topics and produce the population (then any bad records); returns records per topic."""
-    ensure_topics(bootstrap, [raw_topic, reports_topic], partitions=partitions)
-    n = produce_records(bootstrap, raw_topic, telemetry_messages(spec, population),
+    ensure_topics(bootstrap, [raw_topic, reports_topic], partitions=partitions, client=client)
+    n = produce_records(bootstrap, raw_topic, telemetry_messages(spec, population), client=client,
                         progress=(lambda done: progress(done, len(population))) if progress else None)
     produced = {raw_topic: n, reports_topic: 0}
     if bad_per_kind:
         bad = bad_records(spec, population, bad_per_kind, seed)
-        produced[raw_topic] += produce_records(bootstrap, raw_topic, bad["raw"])
-        produced[reports_topic] += produce_records(bootstrap, reports_topic, bad["reports"])
+        produced[raw_topic] += produce_records(bootstrap, raw_topic, bad["raw"], client=client)
+        produced[reports_topic] += produce_records(bootstrap, reports_topic, bad["reports"], client=client)
     LOG.info("produced %s", produced)
     return produced

@@ -17,6 +17,7 @@ from apache_beam.runners.runner import PipelineResult
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.broker import BrokerError, LocalBroker
+from transforms.kafka_config import CLIENTS, CONFLUENT, KAFKA_PYTHON
 from transforms.kafkaio import (
     KafkaRecord,
     PartitionRange,
@@ -32,7 +33,16 @@ from transforms.kafkaio import (
 )
 
 pytestmark = pytest.mark.slow
-FAST_FAIL = {"bootstrap_timeout_ms": 2000, "max_block_ms": 2000, "request_timeout_ms": 2000}
+FAST_FAIL = {  # give up on an unreachable broker within seconds, in each client's own settings
+    KAFKA_PYTHON: {"bootstrap_timeout_ms": 2000, "max_block_ms": 2000, "request_timeout_ms": 2000},
+    CONFLUENT: {"delivery_timeout_ms": 2000, "socket_timeout_ms": 2000},
+}
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request: pytest.FixtureRequest) -> str:
+    """Every test below runs once per Kafka client library."""
+    return str(request.param)
 
 
 def _pipeline() -> beam.Pipeline:
@@ -48,9 +58,10 @@ def _triples(records: list[KafkaRecord]) -> list[tuple[int, int, bytes]]:
     return [(r.partition, r.offset, r.value) for r in records]
 
 
-def _read_and_commit(bootstrap: str, topic: str, group: str, expected: list[tuple[int, int, bytes]]) -> int:
+def _read_and_commit(bootstrap: str, topic: str, group: str, expected: list[tuple[int, int, bytes]],
+                     client: str) -> int:
     """One bounded job: assert it sees exactly `expected`, commit, return the records-read counter."""
-    reader = ReadFromKafkaBounded(bootstrap, topic, group)
+    reader = ReadFromKafkaBounded(bootstrap, topic, group, client=client)
     p = _pipeline()
     assert_that(p | reader | beam.Map(lambda r: (r.partition, r.offset, r.value)), equal_to(expected))
     return _counter(run_and_commit(p, reader), "kafka_records_read")
@@ -63,71 +74,73 @@ def _closed_port() -> int:
 
 
 def test_bounded_read_reads_each_record_once_and_resumes_after_commit(broker: LocalBroker,
-                                                                      topic_name: str) -> None:
+                                                                      topic_name: str, client: str) -> None:
     bootstrap, group, n = broker.bootstrap, f"{topic_name}-job", 20_000
-    ensure_topics(bootstrap, [topic_name], partitions=3)
-    ensure_topics(bootstrap, [topic_name], partitions=3)  # idempotent
+    ensure_topics(bootstrap, [topic_name], partitions=3, client=client)
+    ensure_topics(bootstrap, [topic_name], partitions=3, client=client)  # idempotent
     values = [b"v%06d" % i for i in range(n)]
     progress: list[int] = []
     t0 = time.perf_counter()
-    assert produce_records(bootstrap, topic_name, values, progress=progress.append, progress_every=5000) == n
+    assert produce_records(bootstrap, topic_name, values, progress=progress.append, progress_every=5000,
+                           client=client) == n
     produce_s = time.perf_counter() - t0
     assert progress == [5000, 10000, 15000, 20000]
 
     # Ground truth: every value once, offsets 0..count-1 in every partition (no record past a short end).
-    truth = _triples(read_topic(bootstrap, topic_name))
+    truth = _triples(read_topic(bootstrap, topic_name, client=client))
     assert sorted(v for _, _, v in truth) == values
     per_partition = {p: sorted(o for q, o, _ in truth if q == p) for p in range(3)}
     assert all(offsets == list(range(len(offsets))) and offsets for offsets in per_partition.values())
 
     t0 = time.perf_counter()
-    assert _read_and_commit(bootstrap, topic_name, group, truth) == n
+    assert _read_and_commit(bootstrap, topic_name, group, truth, client) == n
     read_s = time.perf_counter() - t0
     print(f"\nproduce_records: {n / produce_s:,.0f} rec/s; ReadFromKafkaBounded job: {n / read_s:,.0f} rec/s")
 
-    plan = plan_bounded_read(bootstrap, topic_name, group)
+    plan = plan_bounded_read(bootstrap, topic_name, group, client=client)
     assert [(r.start, r.stop) for r in plan] == [(len(per_partition[p]),) * 2 for p in range(3)]
-    assert _read_and_commit(bootstrap, topic_name, group, []) == 0
+    assert _read_and_commit(bootstrap, topic_name, group, [], client) == 0
 
     more = [b"w%03d" % i for i in range(100)]
-    produce_records(bootstrap, topic_name, more)
-    new = [t for t in _triples(read_topic(bootstrap, topic_name)) if t[2] in set(more)]
+    produce_records(bootstrap, topic_name, more, client=client)
+    new = [t for t in _triples(read_topic(bootstrap, topic_name, client=client)) if t[2] in set(more)]
     assert len(new) == 100 and all(o >= len(per_partition[p]) for p, o, _ in new)
-    assert _read_and_commit(bootstrap, topic_name, group, new) == 100
+    assert _read_and_commit(bootstrap, topic_name, group, new, client) == 100
 
 
 def _explode(record: KafkaRecord) -> KafkaRecord:
     raise ValueError(f"boom at offset {record.offset}")
 
 
-def test_failed_run_commits_nothing(broker: LocalBroker, topic_name: str) -> None:
+def test_failed_run_commits_nothing(broker: LocalBroker, topic_name: str, client: str) -> None:
     bootstrap, group = broker.bootstrap, f"{topic_name}-job"
-    ensure_topics(bootstrap, [topic_name], partitions=2)
-    produce_records(bootstrap, topic_name, [(b"k%d" % i, b"v%d" % i) for i in range(50)])
+    ensure_topics(bootstrap, [topic_name], partitions=2, client=client)
+    produce_records(bootstrap, topic_name, [(b"k%d" % i, b"v%d" % i) for i in range(50)], client=client)
 
-    reader = ReadFromKafkaBounded(bootstrap, topic_name, group)
+    reader = ReadFromKafkaBounded(bootstrap, topic_name, group, client=client)
     p = _pipeline()
     _ = p | reader | beam.Map(_explode)
     with pytest.raises(Exception, match="boom"):
         run_and_commit(p, reader)
-    plan = plan_bounded_read(bootstrap, topic_name, group)
+    plan = plan_bounded_read(bootstrap, topic_name, group, client=client)
     assert all(r.start == 0 for r in plan) and sum(r.stop for r in plan) == 50
 
     readers: list[ReadFromKafkaBounded] = []
     p = _pipeline()
-    records = read_from_kafka(p, bootstrap=bootstrap, topic=topic_name, group_id=group, readers=readers)
+    records = read_from_kafka(p, bootstrap=bootstrap, topic=topic_name, group_id=group, readers=readers,
+                              client=client)
     assert_that(records | beam.Map(lambda r: (r.key, r.value)),
                 equal_to([(b"k%d" % i, b"v%d" % i) for i in range(50)]))
     run_and_commit(p, *readers)
-    assert all(r.start == r.stop for r in plan_bounded_read(bootstrap, topic_name, group))
+    assert all(r.start == r.stop for r in plan_bounded_read(bootstrap, topic_name, group, client=client))
 
 
-def test_read_that_cannot_reach_its_stop_fails_clearly(broker: LocalBroker, topic_name: str) -> None:
-    ensure_topics(broker.bootstrap, [topic_name])
-    produce_records(broker.bootstrap, topic_name, [b"only", b"two"])
+def test_read_that_cannot_reach_its_stop_fails_clearly(broker: LocalBroker, topic_name: str, client: str) -> None:
+    ensure_topics(broker.bootstrap, [topic_name], client=client)
+    produce_records(broker.bootstrap, topic_name, [b"only", b"two"], client=client)
     p = _pipeline()
     _ = (p | beam.Create([PartitionRange(topic_name, 0, 0, 5)])
-         | beam.ParDo(_ReadPartitionRangeFn(broker.bootstrap, {}, stall_timeout_s=1.0)))
+         | beam.ParDo(_ReadPartitionRangeFn(broker.bootstrap, {}, stall_timeout_s=1.0, client=client)))
     with pytest.raises(Exception, match=rf"no progress reading {topic_name}\[0\].*at offset 2, planned \[0, 5\)"):
         p.run().wait_until_finish()
 
@@ -137,34 +150,35 @@ def test_unknown_implementation_is_rejected() -> None:
         read_from_kafka(_pipeline(), bootstrap="127.0.0.1:1", topic="t", group_id="g", implementation="java")
 
 
-def test_write_to_kafka_writes_every_element(broker: LocalBroker, topic_name: str) -> None:
-    ensure_topics(broker.bootstrap, [topic_name], partitions=2)
+def test_write_to_kafka_writes_every_element(broker: LocalBroker, topic_name: str, client: str) -> None:
+    ensure_topics(broker.bootstrap, [topic_name], partitions=2, client=client)
     plain = [b"p%04d" % i for i in range(1500)]
     keyed = [(b"key%d" % (i % 7), b"k%04d" % i) for i in range(1500)]
     p = _pipeline()
-    _ = p | beam.Create([*plain, *keyed]) | WriteToKafka(broker.bootstrap, topic_name)
+    _ = p | beam.Create([*plain, *keyed]) | WriteToKafka(broker.bootstrap, topic_name, client=client)
     result = p.run()
     result.wait_until_finish()
     assert _counter(result, "kafka_records_written") == 3000
-    records = read_topic(broker.bootstrap, topic_name)
+    records = read_topic(broker.bootstrap, topic_name, client=client)
     assert Counter((r.key, r.value) for r in records) == Counter([(None, v) for v in plain] + keyed)
 
 
-def test_write_to_unreachable_broker_fails_fast() -> None:
+def test_write_to_unreachable_broker_fails_fast(client: str) -> None:
     bootstrap = f"127.0.0.1:{_closed_port()}"
     p = _pipeline()
-    _ = p | beam.Create([b"x", b"y"]) | WriteToKafka(bootstrap, "nowhere", producer_config=FAST_FAIL)
+    _ = p | beam.Create([b"x", b"y"]) | WriteToKafka(bootstrap, "nowhere", producer_config=FAST_FAIL[client],
+                                                         client=client)
     t0 = time.monotonic()
-    with pytest.raises(Exception, match=r"bootstrap|[Tt]imeout"):
+    with pytest.raises(Exception, match=r"bootstrap|[Tt]imeout|timed out"):
         p.run().wait_until_finish()
     assert time.monotonic() - t0 < 15
 
 
-def test_local_broker_lifecycle(broker: LocalBroker) -> None:
+def test_local_broker_lifecycle(broker: LocalBroker, client: str) -> None:
     with LocalBroker() as local:
         assert local.bootstrap.startswith("127.0.0.1:") and local.running
         assert local.bootstrap != broker.bootstrap
-        ensure_topics(local.bootstrap, ["lifecycle"])
+        ensure_topics(local.bootstrap, ["lifecycle"], client=client)
         port = local.port
     assert not local.running
     local.stop()  # second stop is a no-op
@@ -191,13 +205,14 @@ def test_run_broker_forever_serves_until_sigint() -> None:
             proc.wait()
 
 
-def test_batched_read_yields_lists_covering_every_record_once(broker: LocalBroker, topic_name: str) -> None:
+def test_batched_read_yields_lists_covering_every_record_once(broker: LocalBroker, topic_name: str,
+                                                             client: str) -> None:
     """batched=True (what the end-to-end pipeline uses): lists of at most 2,000 records, none lost or repeated."""
     bootstrap = broker.bootstrap
-    ensure_topics(bootstrap, [topic_name], partitions=2)
-    produce_records(bootstrap, topic_name, [b"b%05d" % i for i in range(5_000)])
-    truth = _triples(read_topic(bootstrap, topic_name))
-    reader = ReadFromKafkaBounded(bootstrap, topic_name, f"{topic_name}-job", batched=True)
+    ensure_topics(bootstrap, [topic_name], partitions=2, client=client)
+    produce_records(bootstrap, topic_name, [b"b%05d" % i for i in range(5_000)], client=client)
+    truth = _triples(read_topic(bootstrap, topic_name, client=client))
+    reader = ReadFromKafkaBounded(bootstrap, topic_name, f"{topic_name}-job", batched=True, client=client)
     p = _pipeline()
     batches = p | reader
     sizes_ok = batches | "SizesOk" >> beam.Map(lambda b: isinstance(b, list) and 0 < len(b) <= 2_000)

@@ -1,0 +1,388 @@
+"""Two Kafka client libraries behind one small interface: kafka-python (pure Python) and confluent-kafka
+(librdkafka, C).
+
+Why both: confluent-kafka reads and writes several times faster (benchmarks/kafka_clients.py), while
+kafka-python needs no native library. `transforms.kafkaio` keeps the semantics (bounded ranges, the
+end-of-log probe, commit after success) and only asks a client for these primitives: partitions, offsets,
+assign-and-seek, poll, position, committed/commit, send/flush, create topics. Both consumers use manual
+assignment and never auto-commit; both producers use acks=all and report every unacknowledged record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from transforms.kafka_config import CONFLUENT, KAFKA_PYTHON, check_client, to_librdkafka
+
+_log = logging.getLogger(__name__)
+CLIENT_ID = "esa-telemetry"
+MAX_RECORDS = 100_000  # per poll: few large polls (kafka-python's default is 500)
+_NO_GROUP = "esa-telemetry-unused"  # librdkafka insists on a group.id; manual assignment never joins it
+
+
+Element = bytes | tuple[bytes | None, bytes]
+
+
+def split_element(element: Element) -> tuple[bytes | None, bytes]:
+    """(key, value) of a produced element: ``bytes`` (no key) or a ``(key, value)`` tuple."""
+    if isinstance(element, tuple):
+        key, value = element
+        return key, value
+    if isinstance(element, bytes | bytearray):
+        return None, bytes(element)
+    raise TypeError(f"Kafka elements must be bytes or (key, value) tuples, got {type(element).__name__}")
+
+
+class KafkaRecord(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes
+
+
+class KafkaReadError(RuntimeError):
+    """A bounded read made no progress (broker gone, records deleted under us)."""
+
+
+class KafkaWriteError(RuntimeError):
+    """The broker refused or timed out a produced record."""
+
+
+class Consumer(Protocol):
+    def partitions(self, topic: str) -> list[int]: ...
+    def offsets(self, topic: str, partitions: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]: ...
+    def assign(self, topic: str, starts: Mapping[int, int]) -> None: ...
+    def poll(self, timeout_s: float, max_records: int = MAX_RECORDS) -> list[KafkaRecord]: ...
+    def position(self, topic: str, partition: int) -> int: ...
+    def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]: ...
+    def commit(self, topic: str, offsets: Mapping[int, int]) -> None: ...
+    def close(self) -> None: ...
+
+
+class Producer(Protocol):
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None: ...
+    def send_many(self, topic: str, elements: Iterable[Element]) -> int: ...
+    def error(self) -> BaseException | None: ...
+    def flush(self, timeout_s: float) -> None: ...
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- kafka-python
+
+_ADMIN_KEYS = ("security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version", "bootstrap_timeout_ms")
+
+
+class _KpConsumer:
+    def __init__(self, bootstrap: str, group_id: str | None, config: Mapping[str, Any]) -> None:
+        from kafka import KafkaConsumer
+
+        settings: dict[str, Any] = {
+            "client_id": CLIENT_ID, "enable_auto_commit": False, "auto_offset_reset": "earliest",
+            "max_poll_interval_ms": 5000,  # tansu: group operations are prompt only with a short interval
+            "max_partition_fetch_bytes": 16 * 1024 * 1024,
+        }
+        settings.update(config)
+        self._c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, **settings)
+
+    @staticmethod
+    def _tp(topic: str, partition: int) -> Any:
+        from kafka import TopicPartition
+
+        return TopicPartition(topic, partition)
+
+    def partitions(self, topic: str) -> list[int]:
+        return sorted(self._c.partitions_for_topic(topic) or ())
+
+    def offsets(self, topic: str, partitions: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]:
+        tps = [self._tp(topic, p) for p in partitions]
+        begin, end = self._c.beginning_offsets(tps), self._c.end_offsets(tps)
+        return {tp.partition: o for tp, o in begin.items()}, {tp.partition: o for tp, o in end.items()}
+
+    def assign(self, topic: str, starts: Mapping[int, int]) -> None:
+        tps = {p: self._tp(topic, p) for p in starts}
+        self._c.assign(list(tps.values()))
+        for p, offset in starts.items():
+            self._c.seek(tps[p], offset)
+
+    def poll(self, timeout_s: float, max_records: int = MAX_RECORDS) -> list[KafkaRecord]:
+        polled = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        return [KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value)
+                for messages in polled.values() for m in messages]
+
+    def position(self, topic: str, partition: int) -> int:
+        return int(self._c.position(self._tp(topic, partition)))
+
+    def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
+        return {p: self._c.committed(self._tp(topic, p)) for p in partitions}
+
+    def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
+        from kafka.structs import OffsetAndMetadata
+
+        self._c.commit({self._tp(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+
+    def close(self) -> None:
+        self._c.close(autocommit=False)
+
+
+class _KpProducer:
+    def __init__(self, bootstrap: str, config: Mapping[str, Any]) -> None:
+        from kafka import KafkaProducer
+
+        settings: dict[str, Any] = {"client_id": CLIENT_ID, "acks": "all", "linger_ms": 20,
+                                    "batch_size": 512 * 1024}
+        settings.update(config)
+        self._p = KafkaProducer(bootstrap_servers=bootstrap, **settings)
+        self._error: BaseException | None = None
+
+    def _on_error(self, exc: BaseException) -> None:
+        self._error = self._error or exc  # runs on the sender thread
+
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._p.send(topic, key=key, value=value).add_errback(self._on_error)
+
+    def send_many(self, topic: str, elements: Iterable[Element]) -> int:
+        n = 0
+        for element in elements:
+            key, value = split_element(element)
+            self.send(topic, key, value)
+            n += 1
+        return n
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def flush(self, timeout_s: float) -> None:
+        # Unsent records raise kafka-python's KafkaTimeoutError, as before this interface existed: the CLI
+        # maps kafka errors to "Kafka unreachable" (exit 4).
+        self._p.flush(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._p.close(timeout=5)
+
+
+def _kp_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, config: Mapping[str, Any]) -> None:
+    from kafka import KafkaAdminClient
+
+    settings = {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID, **settings)
+    try:
+        spec = {t: {"num_partitions": partitions, "replication_factor": 1} for t in topics}
+        response = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
+        for result in response.get("topics", []):
+            if result["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+                raise RuntimeError(f"cannot create topic {result['name']!r}: {result.get('error_message')}")
+    finally:
+        admin.close()
+
+
+# ---------------------------------------------------------------- confluent-kafka (librdkafka)
+
+_TIMEOUT_S = 15.0  # metadata, offsets and commits
+_LOG = logging.getLogger("kafka.librdkafka")  # under "kafka": quieted with kafka-python's logs
+
+
+def _rd_settings(bootstrap: str) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "logger": _LOG}
+
+
+class _CkConsumer:
+    def __init__(self, bootstrap: str, group_id: str | None, config: Mapping[str, Any]) -> None:
+        from confluent_kafka import Consumer as RdConsumer
+
+        settings = _rd_settings(bootstrap)
+        settings.update({
+            "group.id": group_id or _NO_GROUP, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            # Manual assignment never joins the group, so these only bound a misuse; measured prompt on tansu
+            # (commit/committed in ~2 ms) with these as with librdkafka's defaults.
+            "session.timeout.ms": 10_000, "max.poll.interval.ms": 10_000,
+            "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "queued.max.messages.kbytes": 256 * 1024, "fetch.wait.max.ms": 100,
+        })
+        settings.update(to_librdkafka(config))
+        self._c = RdConsumer(settings)
+        self._next: dict[tuple[str, int], int] = {}  # last delivered offset + 1, per partition
+
+    def partitions(self, topic: str) -> list[int]:
+        meta = self._c.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        return sorted(meta.partitions)
+
+    def offsets(self, topic: str, partitions: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]:
+        from confluent_kafka import TopicPartition
+
+        marks = {p: self._c.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S) for p in partitions}
+        return {p: int(low) for p, (low, _) in marks.items()}, {p: int(high) for p, (_, high) in marks.items()}
+
+    def assign(self, topic: str, starts: Mapping[int, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        self._c.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
+        self._next = {(topic, p): o for p, o in starts.items()}
+
+    def poll(self, timeout_s: float, max_records: int = MAX_RECORDS) -> list[KafkaRecord]:
+        messages = self._c.consume(num_messages=max(1, min(max_records, 1_000_000)), timeout=timeout_s)
+        out: list[KafkaRecord] = []
+        append, make = out.append, tuple.__new__  # the hot loop: ~6 C calls per record, no keyword parsing
+        for m in messages:
+            if m.error() is not None:
+                self._on_error(m)
+                continue
+            append(make(KafkaRecord, (m.topic(), m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value())))
+        # Where each partition got to; with one partition assigned (a range read) its last record says it.
+        self._next.update({(r.topic, r.partition): r.offset + 1 for r in (out[-1:] if len(self._next) == 1 else out)})
+        return out
+
+    @staticmethod
+    def _on_error(m: Any) -> None:
+        from confluent_kafka import KafkaError
+
+        err = m.error()
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal() or not err.retriable():
+            raise KafkaReadError(f"reading {m.topic()}[{m.partition()}]: {err}")
+        _log.warning("transient Kafka read error: %s", err)
+
+    def position(self, topic: str, partition: int) -> int:
+        from confluent_kafka import TopicPartition
+
+        reported = self._c.position([TopicPartition(topic, partition)])[0].offset
+        return max(int(reported), self._next.get((topic, partition), -1))
+
+    def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
+        from confluent_kafka import TopicPartition
+
+        found = self._c.committed([TopicPartition(topic, p) for p in partitions], timeout=_TIMEOUT_S)
+        failed = [tp for tp in found if tp.error is not None]
+        if failed:
+            raise RuntimeError(f"committed offsets of {topic}[{failed[0].partition}]: {failed[0].error}")
+        return {tp.partition: (int(tp.offset) if tp.offset >= 0 else None) for tp in found}
+
+    def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        done = self._c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+        failed = [tp for tp in done or () if tp.error is not None]
+        if failed:
+            raise RuntimeError(f"commit of {topic} refused: {failed[0].error}")
+
+    def close(self) -> None:
+        self._c.close()
+
+
+class _CkProducer:
+    def __init__(self, bootstrap: str, config: Mapping[str, Any]) -> None:
+        from confluent_kafka import Producer as RdProducer
+
+        settings = _rd_settings(bootstrap)
+        settings.update({
+            "acks": "all", "linger.ms": 20, "batch.size": 1_000_000, "batch.num.messages": 100_000,
+            "compression.type": "none", "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 512 * 1024,
+            "partitioner": "murmur2_random",  # keyed records land where kafka-python (and Java) put them
+        })
+        settings.update(to_librdkafka(config))
+        settings["on_delivery"] = self._on_delivery  # one producer-wide report callback, none per record
+        self._p = RdProducer(settings)
+        self._error: BaseException | None = None
+
+    def _on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is not None and self._error is None:
+            from confluent_kafka import KafkaException
+
+            self._error = KafkaException(err)
+
+    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                self._p.produce(topic, value, key)
+                return
+            except BufferError:  # local queue full: let deliveries drain
+                self._p.poll(0.05)
+
+    def send_many(self, topic: str, elements: Iterable[Element]) -> int:
+        produce, poll = self._p.produce, self._p.poll  # the hot loop: one C call per record
+        n = 0
+        for n, element in enumerate(elements, start=1):
+            key, value = element if type(element) is tuple else split_element(element)
+            try:
+                produce(topic, value, key)
+            except BufferError:
+                self.send(topic, key, value)
+            if not n % 10_000:  # serve delivery reports now and then, not per record
+                poll(0)
+        return n
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def flush(self, timeout_s: float) -> None:
+        left = self._p.flush(timeout_s)
+        if left:
+            self._p.purge()
+            self._p.flush(0)
+            raise KafkaWriteError(f"{left} record(s) not acknowledged within {timeout_s:g} s"
+                                  + (f": {self._error}" if self._error else ""))
+
+    def close(self) -> None:
+        self._p.purge()  # anything unflushed was never acknowledged; its caller already raised
+        self._p.flush(0)
+
+
+def _ck_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, config: Mapping[str, Any]) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    settings = _rd_settings(bootstrap)
+    settings.update({k: v for k, v in to_librdkafka(config).items()
+                     if k.startswith(("security.", "ssl.", "sasl.", "socket.", "client."))})
+    admin = AdminClient(settings)
+    futures = admin.create_topics([NewTopic(t, partitions, 1) for t in topics], operation_timeout=_TIMEOUT_S,
+                                  request_timeout=_TIMEOUT_S)
+    for topic, future in futures.items():
+        try:
+            future.result(timeout=_TIMEOUT_S + 5)
+        except Exception as exc:
+            err = exc.args[0] if exc.args else None
+            if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"cannot create topic {topic!r}: {exc}") from exc
+    deadline = time.monotonic() + _TIMEOUT_S  # like kafka-python's wait_for_metadata
+    while time.monotonic() < deadline:
+        known = admin.list_topics(timeout=_TIMEOUT_S).topics
+        if all(t in known and known[t].error is None for t in topics):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"topics {list(topics)} were created but did not appear in the metadata of {bootstrap}")
+
+
+# ---------------------------------------------------------------- selection
+
+def consumer(client: str, bootstrap: str, group_id: str | None = None, **config: Any) -> Consumer:
+    """A manual-assignment consumer of library ``client``; never auto-commits."""
+    if check_client(client) == CONFLUENT:
+        return _CkConsumer(bootstrap, group_id, config)
+    return _KpConsumer(bootstrap, group_id, config)
+
+
+def producer(client: str, bootstrap: str, **config: Any) -> Producer:
+    """An acks=all producer of library ``client``."""
+    if check_client(client) == CONFLUENT:
+        return _CkProducer(bootstrap, config)
+    return _KpProducer(bootstrap, config)
+
+
+def create_topics(client: str, bootstrap: str, topics: Sequence[str], partitions: int,
+                  config: Mapping[str, Any]) -> None:
+    """Create ``topics``; existing ones are left as they are."""
+    if check_client(client) == CONFLUENT:
+        _ck_create_topics(bootstrap, topics, partitions, config)
+    else:
+        assert client == KAFKA_PYTHON
+        _kp_create_topics(bootstrap, topics, partitions, config)
