@@ -37,7 +37,7 @@ def test_enroll_save_load_round_trip_and_idempotence(tmp_path: Path) -> None:
     assert [loaded.public_key(i) for i in ids] == keys
     assert loaded.enrolled_at_ms(ids[3]) == registry.enrolled_at_ms(ids[3])
     assert loaded.verifier(ids[1]).public_bytes_raw() == keys[1]
-    assert loaded.verifier(ids[1]) is loaded.verifier(ids[1])  # cached
+    assert loaded.verifier("f" * 32) is None and loaded.verifier("not hex") is None
     assert loaded.verifier("f" * 32) is None
     table = pq.read_table(path)
     assert table.schema.field("public_key").type == pa.binary(32)
@@ -106,3 +106,25 @@ def test_fleet_cache_is_bounded_and_refuses_a_short_master() -> None:
     assert fleet.public_key("c0") == first  # evicted, then derived again identically
     with pytest.raises(ValueError, match="at least 16 bytes"):
         SimulatedFleet(b"short")
+
+
+def test_loaded_registry_is_compact_and_exact_for_ids_ending_in_zero_bytes(tmp_path: Path) -> None:
+    """Loaded rows sit in numpy arrays (numpy's bytes dtype drops trailing NULs: lookups must not)."""
+    keys, zero_tail = [], None
+    while zero_tail is None or len(keys) < 300:
+        key = Ed25519PrivateKey.generate().public_key().public_bytes_raw()
+        keys.append(key)
+        if device_id_of(key).endswith("00") and zero_tail is None:
+            zero_tail = key
+    registry = DeviceRegistry()
+    registry.enroll(keys)
+    path = tmp_path / "devices.parquet"
+    registry.save(path)
+    loaded = DeviceRegistry.load(path)
+    assert len(loaded) == len(keys) and sorted(loaded) == sorted(device_id_of(k) for k in keys)
+    assert all(loaded.public_key(device_id_of(k)) == k for k in keys)
+    zid = device_id_of(zero_tail)
+    assert loaded.public_key(zid) == zero_tail and loaded.public_key(zid[:-2] + "01") != zero_tail
+    assert loaded.public_key(zid[:-2]) is None  # 15 bytes: not an id, even if it is a prefix
+    arrays = (loaded._ids, loaded._id_bytes, loaded._keys, loaded._times)
+    assert sum(a.nbytes for a in arrays) / len(keys) <= 72  # 16 + 16 + 32 + 8 bytes per device
