@@ -39,6 +39,16 @@ class StageResult:
         return self.messages / self.seconds if self.seconds else 0.0
 
 
+def _vm_hwm_mb() -> float:
+    """This process's own peak RSS. Not ``ru_maxrss``: Linux carries into it the RSS the process had before
+    ``exec`` (a copy of the forking parent's), so a child of a large benchmark would report the parent."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux
+
+
 def _child(stage: str, config: Any, beam_args: list[str]) -> StageResult:
     import logging
 
@@ -52,7 +62,7 @@ def _child(stage: str, config: Any, beam_args: list[str]) -> StageResult:
     summary = job.run(config.for_stage(stage), PipelineOptions(beam_args))
     seconds = time.perf_counter() - started
     records, messages = (summary.count(name) for name in COUNTERS[stage])
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _vm_hwm_mb()
     return StageResult(stage, seconds, records, messages, peak, dict(summary.counters))
 
 
