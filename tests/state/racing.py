@@ -43,3 +43,18 @@ def spawn(code: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE,
                             text=True, env=env)
+
+
+def kill_9_when_ready(code: str, *args: str, after_s: float) -> subprocess.Popen[str]:
+    """Run ``code`` (which prints "ready" once it is busy), SIGKILL it ``after_s`` later, wait for it."""
+    import signal
+    import time
+
+    child = spawn(code, *args)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        time.sleep(after_s)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    return child

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.state.racing import race, spawn
+from tests.state.racing import kill_9_when_ready, race, spawn
 from transforms.state.files import (
     StateError,
     StateLock,
@@ -89,13 +89,7 @@ def _complete(path: Path) -> bool:
 
 @pytest.mark.parametrize("kill_after_s", [0.0, 0.05, 0.13, 0.31])
 def test_kill_9_while_writing_leaves_only_complete_files(tmp_path: Path, kill_after_s: float) -> None:
-    child = spawn(WRITER, str(tmp_path), str(2 << 20))
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        time.sleep(kill_after_s)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    child = kill_9_when_ready(WRITER, str(tmp_path), str(2 << 20), after_s=kill_after_s)
     assert child.returncode == -signal.SIGKILL
     visible = [p for p in tmp_path.iterdir() if not is_temp(p.name)]
     assert all(p.name.startswith(("replace-", "exclusive-")) for p in visible), visible
@@ -123,13 +117,7 @@ NAIVE_WRITER = """
 
 def test_the_check_detects_partial_files_of_a_naive_writer(tmp_path: Path) -> None:
     # Negative control: the same kill and the same check catch a writer that writes in place.
-    child = spawn(NAIVE_WRITER, str(tmp_path), str(1 << 20))
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        time.sleep(0.02)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_9_when_ready(NAIVE_WRITER, str(tmp_path), str(1 << 20), after_s=0.02)
     assert any(not _complete(p) for p in tmp_path.iterdir())
 
 

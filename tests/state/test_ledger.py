@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.state.racing import race, spawn
+from tests.state.racing import kill_9_when_ready, race
 from transforms.state.files import StateError, create_exclusive
 from transforms.state.ledger import PUBLISHED, SEALED, ReleaseEntry, ReleaseKey, ReleaseLedger, release_id_for
 
@@ -149,13 +148,7 @@ SEALER = """
 
 @pytest.mark.parametrize("kill_after_s", [0.02, 0.2])
 def test_kill_9_while_sealing_and_publishing_leaves_a_readable_ledger(tmp_path: Path, kill_after_s: float) -> None:
-    child = spawn(SEALER, str(tmp_path))
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        time.sleep(kill_after_s)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_9_when_ready(SEALER, str(tmp_path), after_s=kill_after_s)
     found = list(ReleaseLedger(tmp_path).entries())  # raises on any partial entry
     assert found and all(e.extra["pad"] == "x" * 200_000 for e in found)
     windows = sorted(e.key.window_end_ms for e in found)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.state.racing import race, spawn
+from tests.state.racing import kill_9_when_ready, race
 from transforms.state.files import StateError
 from transforms.state.ledger import SEALED, WITHHELD, WITHHELD_DIR, ReleaseEntry, ReleaseKey, ReleaseLedger
 
@@ -130,13 +128,7 @@ BATCHER = """
 
 
 def test_kill_9_while_batching_leaves_whole_batches(tmp_path: Path) -> None:
-    child = spawn(BATCHER, str(tmp_path))
-    try:
-        assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        time.sleep(0.3)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_9_when_ready(BATCHER, str(tmp_path), after_s=0.3)
     found = list(ReleaseLedger(tmp_path).entries())  # raises on any partial batch
     runs: dict[str, int] = {}
     for e in found:
