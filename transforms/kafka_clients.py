@@ -292,6 +292,9 @@ class _CkProducer:
             "compression.type": "none", "queue.buffering.max.messages": 100_000,
             "queue.buffering.max.kbytes": 32 * 1024,
             "partitioner": "murmur2_random",  # keyed records land where kafka-python (and Java) put them
+            # Unkeyed records spread over every partition, as kafka-python spreads them: the sticky default put a
+            # whole bounded burst (20k records) in one partition, leaving the readers' parallelism unused.
+            "sticky.partitioning.linger.ms": 0,
         })
         settings.update(to_librdkafka(config))
         settings["on_delivery"] = self._on_delivery  # one producer-wide report callback, none per record

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
@@ -106,6 +107,20 @@ def test_bounded_read_reads_each_record_once_and_resumes_after_commit(broker: Lo
     new = [t for t in _triples(read_topic(bootstrap, topic_name, client=client)) if t[2] in set(more)]
     assert len(new) == 100 and all(o >= len(per_partition[p]) for p, o, _ in new)
     assert _read_and_commit(bootstrap, topic_name, group, new, client) == 100
+
+
+def test_unkeyed_burst_spreads_over_every_partition(broker: LocalBroker, topic_name: str, client: str) -> None:
+    """Readers parallelize by partition: a burst of unkeyed records must not land in one of them.
+
+    librdkafka's sticky partitioner (its default) put 20,000 records written in a few milliseconds into one
+    partition. Each record now picks a partition at random, so each of 3 gets Binomial(3000, 1/3): mean 1000,
+    standard deviation 26; at least 700 is 11 standard deviations below the mean.
+    """
+    ensure_topics(broker.bootstrap, [topic_name], partitions=3, client=client)
+    produce_records(broker.bootstrap, topic_name, [b"u%05d" % i for i in range(3000)], client=client)
+    per_partition = np.bincount([r.partition for r in read_topic(broker.bootstrap, topic_name, client=client)],
+                                minlength=3)
+    assert per_partition.sum() == 3000 and per_partition.min() >= 700, per_partition
 
 
 def _explode(record: KafkaRecord) -> KafkaRecord:
