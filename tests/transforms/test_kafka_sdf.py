@@ -1,0 +1,103 @@
+"""The unbounded Kafka SDF on Beam's FnApiRunner against a real broker, on both client libraries; and its
+watermark estimator on its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from transforms.kafka_config import CLIENTS
+from transforms.kafka_sdf import PartitionWatermark, ReadFromKafkaUnbounded, SourceClock
+from transforms.kafkaio import committed_offsets, ensure_topics, produce_records
+
+N_FIRST, N_SECOND = 600, 150
+STOP_IDLE_MS = 1500
+
+
+class _AppendRecord(beam.DoFn):
+    """Append (partition, offset, value) of every record to a file (the runner runs in this process, but a
+    file also holds across SDK worker processes)."""
+
+    def __init__(self, path: str):
+        self._path = path
+
+    def process(self, record) -> None:
+        line = json.dumps([record.partition, record.offset, record.value.decode()]) + "\n"
+        fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+def _read_all(broker, topic: str, group: str, client: str, out: Path) -> list[tuple[int, int, str]]:
+    started = time.monotonic()
+    with beam.Pipeline(runner=FnApiRunner()) as pipeline:
+        _ = (pipeline
+             | ReadFromKafkaUnbounded(broker.bootstrap, topic, group, client=client, batched=False,
+                                      clock=SourceClock(stop_after_idle_ms=STOP_IDLE_MS))
+             | beam.ParDo(_AppendRecord(str(out))))
+    seconds = time.monotonic() - started
+    assert seconds >= STOP_IDLE_MS / 1000  # it waited for the idle time before it stopped
+    if not out.exists():
+        return []
+    return [tuple(json.loads(line)) for line in out.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_every_record_once_then_only_newer_ones(broker, topic_name: str, tmp_path: Path, client: str) -> None:
+    ensure_topics(broker.bootstrap, [topic_name], partitions=3, client=client)
+    first = [f"a{i}".encode() for i in range(N_FIRST)]
+    produce_records(broker.bootstrap, topic_name, first, client=client)
+    group = f"{topic_name}-g"
+
+    got = _read_all(broker, topic_name, group, client, tmp_path / "first.jsonl")
+    assert sorted(v for _, _, v in got) == sorted(v.decode() for v in first)  # each exactly once
+    assert len({(p, o) for p, o, _ in got}) == N_FIRST
+    assert len({p for p, _, _ in got}) == 3  # spread over the three partitions, each read
+    ends = {p: max(o for q, o, _ in got if q == p) + 1 for p in range(3)}
+    assert committed_offsets(broker.bootstrap, group, topic_name, client=client) == ends  # on finalize
+
+    second = [f"b{i}".encode() for i in range(N_SECOND)]
+    produce_records(broker.bootstrap, topic_name, second, client=client)
+    again = _read_all(broker, topic_name, group, client, tmp_path / "second.jsonl")
+    assert sorted(v for _, _, v in again) == sorted(v.decode() for v in second)
+    assert all(o >= ends[p] for p, o, _ in again)
+
+
+def test_empty_topic_stops_after_idle(broker, topic_name: str, tmp_path: Path) -> None:
+    ensure_topics(broker.bootstrap, [topic_name], partitions=1)
+    assert _read_all(broker, topic_name, f"{topic_name}-g", CLIENTS[0], tmp_path / "none.jsonl") == []
+    assert committed_offsets(broker.bootstrap, f"{topic_name}-g", topic_name) == {}
+
+
+def test_watermark_follows_max_event_time_then_wall_clock_when_idle() -> None:
+    clock = SourceClock(out_of_orderness_ms=600_000, idle_timeout_ms=300_000)
+    wm = PartitionWatermark((None, None, 1_000_000))
+    assert wm.advance(1_000_000, clock) is None  # nothing seen, not idle yet
+    wm.observe(5_000_000, 1_000_100)
+    assert wm.advance(1_000_200, clock) == 5_000_000 - 600_000
+    wm.observe(4_000_000, 1_000_300)  # an older event never moves it back
+    assert wm.advance(1_000_400, clock) == 4_400_000
+    # idle: 300 s after the last record, the wall clock (minus out-of-orderness) takes over if later
+    assert wm.advance(1_000_300 + 299_999, clock) == 4_400_000
+    later = 9_000_000
+    assert wm.advance(later, clock) == later - 600_000
+    assert wm.get_estimator_state() == (later - 600_000, 5_000_000, 1_000_300)
+    restored = PartitionWatermark(wm.get_estimator_state())  # what a checkpointed residual resumes with
+    assert restored.watermark_ms() == later - 600_000 and restored.idle_ms(later) == later - 1_000_300
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="out_of_orderness"):
+        SourceClock(out_of_orderness_ms=-1)
+    with pytest.raises(ValueError, match="stop_after_idle"):
+        SourceClock(stop_after_idle_ms=-5)
+    with pytest.raises(ValueError, match="consumer group"):
+        ReadFromKafkaUnbounded("127.0.0.1:1", "t", "")
