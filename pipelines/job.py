@@ -118,6 +118,7 @@ class JobConfig:
     adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
     crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.parallel
     staging_location: str | None = None  # where workers stage a run's results; default: STATE/staging
+    stop_after_idle_seconds: float | None = None  # --kafka_io sdf: end the stream after this long without data
 
     @property
     def state(self) -> Path:
@@ -174,12 +175,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
                            options.view_as(EsaServiceOptions))
     if not esa.spec:
         raise ValueError("at least one --spec FILE.toml is required")
-    if kafka.kafka_io != "python":
-        from pipelines.exit_codes import ConfigError
-
-        raise ConfigError("--kafka_io xlang (Beam's unbounded Java KafkaIO) is not wired to the release ledger yet: "
-                          "the exactly-once jobs read bounded ranges with the Python reader, on any runner; see "
-                          "docs/deployment.md")
+    check_kafka_io(options)
     kafka_config = kafka_client_config(kafka.kafka_config)
     try:
         validate_kafka_config(kafka.kafka_client, kafka_config)
@@ -201,6 +197,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         estimates_topic=kafka.estimates_topic or None,
         seed=esa.seed,
         kafka_io=kafka.kafka_io,
+        stop_after_idle_seconds=kafka.stop_after_idle_seconds,
         kafka_config=kafka_config,
         kafka_client=kafka.kafka_client,
         drain=service.drain,
@@ -212,6 +209,29 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         crypto_threads=service.crypto_threads,
         staging_location=staging_location_of(options),
     )
+
+
+def check_kafka_io(options: PipelineOptions) -> None:
+    """``--kafka_io``: python (bounded runs) or sdf (the streaming shuffler); xlang stays refused."""
+    from pipelines.exit_codes import ConfigError
+
+    kafka, service = options.view_as(EsaKafkaOptions), options.view_as(EsaServiceOptions)
+    if kafka.kafka_io == "xlang":
+        raise ConfigError("--kafka_io xlang (Beam's unbounded Java KafkaIO) is not wired to the release ledger: use "
+                          "--kafka_io sdf (the Python unbounded source, which is) or the bounded python reader; see "
+                          "docs/deployment.md")
+    if kafka.stop_after_idle_seconds is not None and kafka.stop_after_idle_seconds < 0:
+        raise ConfigError(f"--stop_after_idle_seconds must be >= 0, got {kafka.stop_after_idle_seconds}")
+    if kafka.kafka_io != "sdf":
+        if kafka.stop_after_idle_seconds is not None:
+            raise ConfigError("--stop_after_idle_seconds applies to --kafka_io sdf only")
+        return
+    if service.follow:
+        raise ConfigError("--kafka_io sdf is one continuous pipeline already: drop --follow")
+    if local_runner_requested(options) and kafka.stop_after_idle_seconds is None:
+        raise ConfigError("--kafka_io sdf on the local runner needs --stop_after_idle_seconds: it runs the source "
+                          "to completion before any window is released (on Flink or Dataflow, pass --streaming "
+                          "instead)")
 
 
 def staging_location_of(options: PipelineOptions) -> str | None:

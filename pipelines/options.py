@@ -32,9 +32,16 @@ class EsaKafkaOptions(PipelineOptions):
                             help="Kafka client library of the python reader and of every producer: confluent "
                                  "(confluent-kafka/librdkafka, several times faster) or kafka-python (pure Python); "
                                  "--kafka_config keys are translated for confluent (docs/operations.md)")
-        parser.add_argument("--kafka_io", default="python", choices=["python", "xlang"],
-                            help="python: kafka-python source (DirectRunner); xlang: Beam's Java KafkaIO "
-                                 "(Dataflow/Flink, needs an expansion service)")
+        parser.add_argument("--kafka_io", default="python", choices=["python", "sdf", "xlang"],
+                            help="python: bounded runs (read to the end of the log, then release), on any runner; "
+                                 "sdf (esa shuffle only): one streaming pipeline with an unbounded Python source "
+                                 "that runs until stopped (Flink/Dataflow with --streaming; the local runners need "
+                                 "--stop_after_idle_seconds); xlang: Beam's Java KafkaIO, refused (see "
+                                 "docs/deployment.md)")
+        parser.add_argument("--stop_after_idle_seconds", type=float, default=None,
+                            help="--kafka_io sdf: finish once no record arrived for this long on any partition "
+                                 "(default: never; required on the local runners, which run the source to "
+                                 "completion before the stages after it)")
 
 
 class EsaOptions(PipelineOptions):

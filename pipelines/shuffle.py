@@ -37,7 +37,7 @@ from pipelines.job import (
     plan_run,
     run_pipeline,
 )
-from pipelines.release_files import file_digest, iter_batches, part_name, write_release
+from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
 from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
@@ -125,58 +125,86 @@ def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
     return done
 
 
-def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
-    """The release step, one staged release at a time: durable file -> ledger seal -> publish -> mark
-    published. Withheld windows are sealed together at the end (one durable batch)."""
-    from transforms.trust.keys import load_shuffler_signer
+def withheld_entry(key: ReleaseKey, source_ends: dict[str, int], run_key: str) -> ReleaseEntry:
+    """The ledger entry of a window the crowd threshold withheld: sealed, never published, its reports late."""
     from transforms.trust.release import release_id_of
+
+    return ReleaseEntry(key=key, release_id=release_id_of(key.spec_id, key.crowd_id, key.window_end_ms),
+                        digest="withheld", n_sets=0, n_messages=0, batches=0, source_ends=source_ends,
+                        run_key=run_key, sealed_at_ms=int(time.time() * 1000), status=WITHHELD)
+
+
+def release_key(parts: Sequence[ReleasePart]) -> ReleaseKey:
+    return ReleaseKey(parts[0].spec_id, parts[0].crowd_id, parts[0].window_end_ms)
+
+
+def is_withheld(parts: Sequence[ReleasePart]) -> bool:
+    return sum(p.n_sets for p in parts) == 0
+
+
+def seal_written(config: JobConfig, ledger: ReleaseLedger, written: ReleaseFile, source_ends: dict[str, int],
+                 run_key: str) -> bool:
+    """One release written to its durable file (not withheld): ledger seal -> publish -> mark published.
+
+    False when the window was already sealed with another digest (by an earlier or a racing run): this
+    release is discarded and the sealed one stays, at most one release per window ever.
+    """
+    key = written.key
+    stored = ledger.get(key)
+    if stored is not None and stored.digest != written.digest:
+        written.discard()  # never overwrite the file of what was released (or withheld) before
+        LOG.error("window %s of %s crowd %s was already sealed by run %s; this run's release is discarded",
+                  key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
+        return False
+    written.commit()
+    entry = ReleaseEntry(key=key, release_id=written.release_id, digest=written.digest, n_sets=written.n_sets,
+                         n_messages=written.n_messages, batches=written.batches, source_ends=source_ends,
+                         run_key=run_key, sealed_at_ms=int(time.time() * 1000))
+    stored, created = ledger.seal(entry)
+    if not created and stored.digest != written.digest:
+        LOG.error("window %s of %s crowd %s was already released by run %s; this run's release is discarded",
+                  key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
+        return False
+    crash_point("shuffle:after_seal")
+    if stored.status != "published":
+        publish(config, written.release_id, written.path)
+        crash_point("shuffle:after_publish")
+        ledger.mark_published(key)
+    return True
+
+
+def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
+    """The release step, one staged release at a time (``seal_written``). Withheld windows are sealed
+    together at the end (one durable batch)."""
+    from transforms.trust.keys import load_shuffler_signer
 
     config = run.config
     released, conflicts = 0, 0
     withheld: list[ReleaseEntry] = []
     signer: tuple | None = None
     for parts in staged_releases(run.staging):
-        key = ReleaseKey(parts[0].spec_id, parts[0].crowd_id, parts[0].window_end_ms)
-        if sum(p.n_sets for p in parts) == 0:  # withheld by the crowd threshold: sealed as such, never published
-            withheld.append(ReleaseEntry(key=key, release_id=release_id_of(key.spec_id, key.crowd_id,
-                                                                           key.window_end_ms),
-                                         digest="withheld", n_sets=0, n_messages=0, batches=0,
-                                         source_ends=run.source_ends, run_key=run.key,
-                                         sealed_at_ms=int(time.time() * 1000), status=WITHHELD))
+        if is_withheld(parts):  # withheld by the crowd threshold: sealed as such, never published
+            withheld.append(withheld_entry(release_key(parts), run.source_ends, run.key))
             continue
         signer = signer or load_shuffler_signer(config.keys)
         written = write_release(config.state / "releases", parts, *signer)
-        del parts
-        stored = ledger.get(key)
-        if stored is not None and stored.digest != written.digest:
-            written.discard()  # never overwrite the file of what was released (or withheld) before
+        del parts  # the release is in its file: hold one release's messages at a time, never two
+        if seal_written(config, ledger, written, run.source_ends, run.key):
+            released += 1
+        else:
             conflicts += 1
-            LOG.error("window %s of %s crowd %s was already sealed by run %s; this run's release is discarded",
-                      key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
-            continue
-        written.commit()
-        entry = ReleaseEntry(key=key, release_id=written.release_id, digest=written.digest, n_sets=written.n_sets,
-                             n_messages=written.n_messages, batches=written.batches, source_ends=run.source_ends,
-                             run_key=run.key, sealed_at_ms=int(time.time() * 1000))
-        stored, created = ledger.seal(entry)
-        if not created and stored.digest != written.digest:
-            conflicts += 1
-            LOG.error("window %s of %s crowd %s was already released by run %s; this run's release is discarded",
-                      key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
-            continue
-        crash_point("shuffle:after_seal")
-        if stored.status != "published":
-            publish(config, written.release_id, written.path)
-            crash_point("shuffle:after_publish")
-            ledger.mark_published(key)
-        released += 1
     # A window another attempt sealed stays as it was sealed; this attempt's "withheld" is then not recorded.
     ledger.seal_many(withheld)
     return released, conflicts
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
-    """One bounded run of the shuffler (see the module doc)."""
+    """One bounded run of the shuffler (see the module doc); ``--kafka_io sdf``: the streaming shuffler
+    (``pipelines.stream_shuffle``), which runs until its source stops."""
+    if config.kafka_io == "sdf":
+        from pipelines import stream_shuffle
+
+        return stream_shuffle.run(config, options)
     started = time.perf_counter()
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")

@@ -24,7 +24,9 @@ Semantics, those of KafkaIO's ``commitOffsetsInFinalize``:
   believes authenticated sets (``transforms.stream_windows.SetEventTimes``);
 * ``stop_after_idle_seconds`` (None: never) finishes a partition once no record arrived for that long: the
   local runners run a source to completion before the stages after it, so a test or a one-off catch-up needs
-  an end. On Flink or Dataflow leave it unset.
+  an end. On Flink or Dataflow leave it unset. A file at ``stop_path`` (the driver writes it on SIGTERM)
+  finishes every partition at its next checkpoint: the source ends, the watermark goes to the end of time
+  and every open window fires, a drain that works on any runner.
 
 Elements: with ``batched=True`` lists of records (``kafkaio.element_batches``, what ``IngressFn`` takes),
 timestamped with the partition's watermark when emitted (a batch spans many event times; downstream windows
@@ -196,7 +198,7 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
     def __init__(self, bootstrap: str, group_id: str, *, consumer_config: Mapping[str, Any] | None = None,
                  client: str = DEFAULT_CLIENT, event_times: EventTimes | None = None,
                  clock: SourceClock = SourceClock(), batched: bool = True, poll_seconds: float = 0.2,
-                 max_bundle_seconds: float = 2.0, defer_seconds: float = 0.5):
+                 max_bundle_seconds: float = 2.0, defer_seconds: float = 0.5, stop_path: str | None = None):
         if not group_id:
             raise ValueError("the unbounded reader commits offsets: give it a consumer group")
         if poll_seconds <= 0 or max_bundle_seconds <= 0 or defer_seconds < 0:
@@ -206,6 +208,7 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
         self._times = event_times if event_times is not None else KafkaTimestamps()
         self._clock, self._batched = clock, batched
         self._poll_s, self._bundle_s, self._defer_s = poll_seconds, max_bundle_seconds, defer_seconds
+        self._stop_path, self._stop_checked = stop_path, 0.0
         self._restrictions = _PartitionRestrictions(bootstrap, group_id, self._config, self._client)
         self._read = Metrics.counter("esa", "kafka_records_read")
         self._commits = Metrics.counter("esa", "kafka_offsets_committed")
@@ -294,14 +297,25 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
             now = wall_ms()
             watermark.advance(now, self._clock)
             stop = self._clock.stop_after_idle_ms
-            if stop is not None and got == 0 and watermark.idle_ms(now) >= stop:
-                LOG.info("%s[%d]: no record for %.1f s; finishing at offset %d", topic, partition,
-                         watermark.idle_ms(now) / 1000, position)
+            idle = stop is not None and got == 0 and watermark.idle_ms(now) >= stop
+            if idle or self._stop_requested():
+                LOG.info("%s[%d]: %s; finishing at offset %d", topic, partition,
+                         f"no record for {watermark.idle_ms(now) / 1000:.1f} s" if idle else "stop requested",
+                         position)
                 tracker.try_claim(restriction.stop)  # claims nothing: marks the restriction done
             else:
                 tracker.defer_remainder(Duration(seconds=0 if got else self._defer_s))
         if got:
             finalizer.register(lambda: self._commit(topic, partition, position))
+
+    def _stop_requested(self) -> bool:
+        """Whether the driver asked for a graceful stop (a file at ``stop_path``), looked at once a second."""
+        if self._stop_path is None or time.monotonic() - self._stop_checked < 1.0:
+            return False
+        self._stop_checked = time.monotonic()
+        from apache_beam.io.filesystems import FileSystems
+
+        return bool(FileSystems.exists(self._stop_path))
 
     def _elements(self, records: list[KafkaRecord], watermark_ms: int | None) -> Iterator[Any]:
         floor = MIN_TIMESTAMP if watermark_ms is None else Timestamp(micros=watermark_ms * 1000)

@@ -1,0 +1,168 @@
+"""The streaming shuffler's release agent: the driver-side loop that seals and publishes what the pipeline
+staged, one release at a time, while the pipeline keeps running.
+
+Why in the driver and not in the pipeline: the ledger's create-if-absent and its ``flock`` need one POSIX
+filesystem (docs/deployment.md), which a cluster's workers do not share; the driver keeps the ledger, the
+release files and the keys on its own disk, as the bounded jobs do. The workers write each release's parts,
+then a completion marker (``transforms.stream_windows``); the agent acts on a release only once its marker is
+there, through the same ``seal_written`` step as the bounded path: write the signed release file (fsync),
+seal it (a window sealed before with another digest is refused: at most one release per window, ever),
+publish it, mark it published, and only then delete its staged files. A driver killed anywhere in between
+finds the release again at its next start: sealed but unpublished releases are republished byte for byte,
+staged ones are sealed (to the same digest) or found sealed already.
+
+Dead letters are staged in batches by the workers; the agent moves them into the stage's dead-letter
+directory (one Avro file per collection, named by the staged files it holds, so a collection redone after a
+crash replaces its own file) and publishes them to ``--dead_letter_topic`` if one is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.job import JobConfig
+from pipelines.release_files import write_release
+from pipelines.shuffle import is_withheld, release_key, seal_written, withheld_entry
+from transforms.sinks import avro_bytes
+from transforms.staging import StagingError, clear_staging, is_url, join, load_staged, read_listed, staged_files
+from transforms.state.files import atomic_write_bytes
+from transforms.state.ledger import ReleaseLedger
+from transforms.stream_windows import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
+
+LOG = logging.getLogger("esa.release_agent")
+
+
+@dataclass
+class AgentTotals:
+    """What the agent did so far (for the progress log and the job's summary)."""
+
+    released: int = 0
+    withheld: int = 0
+    conflicts: int = 0
+    dead_letters: int = 0
+    windows: list[tuple[str, str | None, int]] = field(default_factory=list)
+
+
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0] if is_url(path) else str(Path(path).parent)
+
+
+def _remove(paths: list[str]) -> None:
+    if not paths:
+        return
+    if is_url(paths[0]):
+        FileSystems.delete(paths)
+        return
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
+
+
+class ReleaseAgent:
+    """Seals and publishes the releases staged under ``root`` (see the module doc)."""
+
+    def __init__(self, config: JobConfig, ledger: ReleaseLedger, root: str, run_key: str):
+        self._config, self._ledger, self._root, self._run_key = config, ledger, root, run_key
+        self._signer: tuple | None = None
+        self.totals = AgentTotals()
+
+    def step(self) -> int:
+        """Handle every release whose marker is staged, then collect staged dead letters; returns the releases
+        handled."""
+        markers = staged_files(join(self._root, RELEASES), f"*/{MARKER}-*.pkl")
+        for marker in markers:
+            self._release(_parent(marker))
+        self._collect_dead_letters()
+        return len(markers)
+
+    def _release(self, directory: str) -> None:
+        from transforms.trust.keys import load_shuffler_signer
+
+        marker: StagedRelease = load_staged(directory, MARKER)[0]
+        parts = load_staged(directory, PART)  # in sub-key order (their staging names)
+        if tuple(p.subkey for p in parts) != marker.subkeys:
+            raise StagingError(f"staged release {directory} has parts {[p.subkey for p in parts]} but its marker "
+                               f"lists {list(marker.subkeys)}: the staging location is damaged")
+        key = release_key(parts)
+        if is_withheld(parts):
+            self._ledger.seal_many([withheld_entry(key, marker.source_ends, self._run_key)])
+            self.totals.withheld += 1
+        else:
+            self._signer = self._signer or load_shuffler_signer(self._config.keys)
+            written = write_release(self._config.state / "releases", parts, *self._signer)
+            del parts
+            if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
+                self.totals.released += 1
+                self.totals.windows.append((key.spec_id, key.crowd_id, key.window_end_ms))
+                LOG.info("released window ending %d of %s crowd %s (%d sets)", key.window_end_ms, key.spec_id,
+                         key.crowd_id, written.n_sets)
+            else:
+                self.totals.conflicts += 1
+        clear_staging(directory)
+
+    def _collect_dead_letters(self) -> None:
+        from transforms.state.dead_letters import ReasonCounts, write_counts
+
+        files = staged_files(join(self._root, DEAD_DIR), "dead-*.pkl")
+        if not files:
+            return
+        letters: dict[str, dict[str, Any]] = {}
+        for path in files:
+            for name, data in _staged_items(path):
+                letters.setdefault(name, pickle.loads(data))
+        ordered = [letters[name] for name in sorted(letters)]
+        digest = hashlib.sha256("\n".join(sorted(letters)).encode()).hexdigest()[:16]
+        directory = self._config.state / "dead_letters"
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(directory / f"dead-letters-stream-{digest}.avro",
+                           avro_bytes("DeadLetter", ordered, digest.encode()))
+        write_counts(directory / "counts", f"stream-{digest}", ReasonCounts().add_letters(ordered))
+        if self._config.dead_letter_topic:
+            from schemas import encode_record
+            from transforms.kafkaio import produce_records
+
+            produce_records(self._config.bootstrap, self._config.dead_letter_topic,
+                            (encode_record("DeadLetter", letter, check=False) for letter in ordered),
+                            producer_config=self._config.kafka_config, client=self._config.kafka_client)
+        _remove(files)
+        self.totals.dead_letters += len(ordered)
+
+
+def _staged_items(path: str) -> list[tuple[str, bytes]]:
+    """The (name, pickled element) pairs of one staged batch file (``transforms.staging.write_batch``)."""
+    from transforms.staging import FORMAT, VERSION
+
+    try:
+        obj = pickle.loads(read_listed(path))
+    except Exception as err:
+        raise StagingError(f"staged file {path} is damaged: {err}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("version") != VERSION:
+        raise StagingError(f"staged file {path} is not a staged batch of this version")
+    return obj["items"]
+
+
+def committed_total(config: JobConfig) -> int:
+    """Records the source has committed for the group so far (summed over partitions): the progress measure
+    a streaming job has without asking its runner."""
+    from transforms.kafkaio import committed_offsets
+
+    try:
+        found = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,
+                                  client=config.kafka_client)
+    except Exception as err:  # progress only: never stop the agent for it
+        LOG.debug("committed offsets unavailable: %s", err)
+        return -1
+    return sum(found.values())
+
+
+def progress(totals: AgentTotals, committed: int, start_committed: int, seconds: float) -> str:
+    rate = (committed - start_committed) / seconds if seconds > 0 and committed >= 0 else 0.0
+    return (f"{totals.released} release(s), {totals.withheld} withheld, {totals.conflicts} refused, "
+            f"{totals.dead_letters} dead letter(s); {max(committed - start_committed, 0):,} records committed "
+            f"({rate:,.0f}/s)")

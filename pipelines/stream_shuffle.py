@@ -1,0 +1,229 @@
+"""The streaming shuffler (``esa shuffle --kafka_io sdf``): one unbounded pipeline, windows closed by the
+runner's watermark, each release sealed and published by the driver's release agent while it runs.
+
+The pipeline (on the workers): the unbounded source (``transforms.kafka_sdf``: commit on finalize, a
+per-partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged) -> each set in
+its crowd's event-time window (``transforms.stream_windows.CrowdWindows``: on time at window end + allowed
+lateness, as the bounded ``WindowClock``) -> late panes dead-lettered -> the unchanged ``Shuffle`` (dedupe,
+threshold, delete, permute) with every fired window treated as closed -> release parts staged, then each
+release's completion marker. The driver (this module): holds the state lock, starts the pipeline without
+blocking (a thread around the local runner; ``PortableRunner.run`` is asynchronous anyway), and runs the
+release agent (``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it
+writes the stop file, which finishes the source, so the runner fires every open window (a drain), and the
+agent releases what was staged before it exits.
+
+Semantics, and how they differ from the bounded runs: offsets are committed when the runner finalizes a
+bundle, so windows still open live in the runner's state (Flink/Dataflow checkpoints and snapshots). A job
+restarted *with* its snapshot (Flink savepoint, Dataflow ``--update``) loses nothing; restarted without it,
+the reports of windows open at that moment are lost -- never released twice: the ledger knows every window
+released, and ingress dead-letters what arrives for it as late.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.transforms import trigger
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.timestamp import Duration
+
+from pipelines.job import (
+    GroupInUse,
+    JobConfig,
+    RunSummary,
+    esa_counters,
+    locked,
+    staging_root,
+    use_filesystem_options,
+)
+from pipelines.options import local_runner_requested
+from pipelines.preflight import require_topics
+from pipelines.release_agent import ReleaseAgent, committed_total, progress
+from pipelines.service import StopRequest
+from pipelines.shuffle import STAGE, republish_unpublished, shuffler_prf_key
+from transforms.analyze_release import prior_runs
+from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn
+from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
+from transforms.shuffle import Shuffle, WindowClock
+from transforms.staging import StageFn, clear_staging, is_url, join, write_staged
+from transforms.state.files import create_exclusive, read_json
+from transforms.state.ledger import ReleaseLedger
+from transforms.state.run_state import RunState
+from transforms.state.verified_sets import VerifiedSets
+from transforms.stream_windows import (
+    DEAD_DIR,
+    ENDS,
+    STOP_FILE,
+    CrowdWindows,
+    LateGateFn,
+    MarkReleaseFn,
+    SetEventTimes,
+    StagePartFn,
+    WallClockTimePolicy,
+    letter_name,
+)
+
+LOG = logging.getLogger("esa.stream_shuffle")
+AGENT_POLL_SECONDS = 0.5
+PROGRESS_SECONDS = 10.0
+GROUP_FILE = "stream_group.json"
+
+
+def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, root: str, run_key: str) -> None:
+    """The streaming shuffle graph (see the module doc)."""
+    specs = list(config.specs)
+    state = RunState.load(config.state / "run_state.json")
+    prior = replace(prior_runs(state, (e for s in specs for e in ledger.entries(s.spec_id)), run_key),
+                    verified=VerifiedSets.load(config.state))
+    now = wall_ms()
+    max_age_ms, max_skew_ms = config.max_age_seconds * 1000, config.max_skew_seconds * 1000
+    registry = str(config.keys / "registry" / "devices.parquet")
+    stop_ms = None if config.stop_after_idle_seconds is None else int(config.stop_after_idle_seconds * 1000)
+    source = ReadFromKafkaUnbounded(
+        config.bootstrap, str(config.reports_topic), config.group_id, consumer_config=config.kafka_config,
+        client=config.kafka_client, event_times=SetEventTimes(specs, registry, max_age_ms, max_skew_ms),
+        clock=SourceClock(config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000, stop_ms),
+        batched=True, stop_path=join(root, STOP_FILE))
+    ingress = (pipeline | "ReadReports" >> source
+               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior,
+                                                   WallClockTimePolicy(now, max_age_ms, max_skew_ms),
+                                                   config.crypto_threads))
+               .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
+    gated = (ingress.sets
+             | "CrowdWindows" >> beam.WindowInto(
+                 CrowdWindows(specs), trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+                 accumulation_mode=trigger.AccumulationMode.DISCARDING,
+                 allowed_lateness=Duration(seconds=config.max_age_seconds))
+             | "GroupWindow" >> beam.GroupByKey()
+             | "LateGate" >> beam.ParDo(LateGateFn()).with_outputs(DEAD, ENDS, main="on_time"))
+    # The runner closed the window: the shuffle's own clock must not hold anything back.
+    no_times = pipeline | "NoRunTimes" >> beam.Create([]).with_output_types(tuple[str, int])
+    clock = WindowClock(now, 0, 0, drain=True)
+    released, _, shuffle_dead, _ = (gated.on_time, no_times) | "Shuffle" >> Shuffle(
+        specs, shuffler_prf_key(config), clock, {s.spec_id: s.crowd.subkeys for s in specs})
+    tokens = released | "StageParts" >> beam.ParDo(StagePartFn(root))
+    _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()
+         | "MarkReleases" >> beam.ParDo(MarkReleaseFn(root)))
+    letters = [pcoll | f"Unwindow{i}" >> beam.WindowInto(GlobalWindows())
+               for i, pcoll in enumerate((ingress[DEAD], gated[DEAD], shuffle_dead))]
+    _ = (letters | "AllDead" >> beam.Flatten()
+         | "StageDeadLetters" >> beam.ParDo(StageFn(join(root, DEAD_DIR), "dead", letter_name)))
+
+
+class PipelineThread:
+    """Runs a pipeline to its end on a thread, so the driver's release agent works meanwhile."""
+
+    def __init__(self, build_fn: Callable[[beam.Pipeline], None], options: PipelineOptions | None):
+        options = options or PipelineOptions([])
+        runner = FnApiRunner() if local_runner_requested(options) else None
+        self._pipeline = beam.Pipeline(runner=runner, options=options)
+        build_fn(self._pipeline)
+        self._result: Any = None
+        self._state: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="esa-stream-pipeline", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._pipeline.run()
+            self._state = self._result.wait_until_finish()
+        except BaseException as err:  # handed to the driver's thread in counters()
+            self._error = err
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def counters(self) -> dict[str, int]:
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"the streaming pipeline failed: {self._error}") from self._error
+        if str(self._state) not in {"DONE", "PipelineState.DONE"}:
+            raise RuntimeError(f"the streaming pipeline ended in state {self._state}")
+        return esa_counters(self._result)
+
+
+def claim_group(config: JobConfig) -> None:
+    """A fresh state directory refuses a consumer group that another job has committed for (as bounded runs
+    do), unless ``--adopt_consumer_group``; once claimed (``stream_group.json``) the group is this job's."""
+    from transforms.kafkaio import committed_offsets
+
+    path = config.state / GROUP_FILE
+    claim = {"group": config.group_id, "topic": config.reports_topic}
+    if path.exists():
+        if read_json(path) != claim:
+            raise GroupInUse(f"state directory {config.state} streams {read_json(path)}, not {claim}: use another "
+                             "--state_dir per group and topic")
+        return
+    state = RunState.load(config.state / "run_state.json")
+    ran_bounded = any(k.rsplit("/", 1)[0] == config.reports_topic for k in state.resume)
+    owned = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,
+                              client=config.kafka_client)
+    if owned and not ran_bounded and not config.adopt_group:
+        raise GroupInUse(f"consumer group {config.group_id!r} has committed offsets on {config.reports_topic!r} "
+                         f"({owned}) but the state directory {config.state} has never run {STAGE}: use that job's "
+                         "--state_dir, another --consumer_group, or --adopt_consumer_group")
+    import json
+
+    create_exclusive(path, json.dumps(claim, sort_keys=True).encode())
+
+
+def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
+    """The streaming shuffler, until its source ends (``--stop_after_idle_seconds``) or a signal stops it."""
+    started = time.perf_counter()
+    if not config.reports_topic:
+        raise ValueError("the shuffle job needs --reports_topic")
+    with locked(config, STAGE):
+        ledger = ReleaseLedger(config.state / "ledger")
+        republish_unpublished(config, ledger)
+        require_topics(config.bootstrap, [config.reports_topic])
+        claim_group(config)
+        use_filesystem_options(options)
+        root = join(staging_root(config, STAGE), "stream")
+        if not is_url(root):
+            Path(root).mkdir(parents=True, exist_ok=True)
+        clear_staging(join(root, STOP_FILE))
+        run_key = f"stream-{secrets.token_hex(6)}"
+        agent = ReleaseAgent(config, ledger, root, run_key)
+        agent.step()  # what a previous driver left staged
+        start_committed = committed_total(config)
+        LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,
+                 config.shuffled_topic, config.group_id, root)
+        pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
+        last_log = time.monotonic()
+        with StopRequest() as stop:
+            stopping = False
+            while pipeline.running():
+                agent.step()
+                if stop.requested and not stopping:
+                    stopping = True
+                    LOG.warning("stopping: the source finishes, every open window fires, then the agent drains")
+                    write_staged(join(root, STOP_FILE), b"stop\n")
+                if time.monotonic() - last_log >= PROGRESS_SECONDS:
+                    last_log = time.monotonic()
+                    LOG.info("%s", progress(agent.totals, committed_total(config), start_committed,
+                                            time.perf_counter() - started))
+                time.sleep(AGENT_POLL_SECONDS)
+            counters = pipeline.counters()
+            agent.step()  # the windows the end of the source fired
+        clear_staging(join(root, STOP_FILE))
+    seconds = time.perf_counter() - started
+    LOG.info("streaming shuffle %s ended after %.1f s: %s", run_key, seconds,
+             progress(agent.totals, committed_total(config), start_committed, seconds))
+    parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
+             "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
+             "released": counters.get("sets_released", 0)}
+    totals = agent.totals
+    return RunSummary(counters, config.out_dir, seconds, STAGE, parts,
+                      {"releases": totals.released, "conflicts": totals.conflicts, "withheld": totals.withheld,
+                       "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters})

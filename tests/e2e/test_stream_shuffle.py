@@ -1,0 +1,101 @@
+"""``esa shuffle --kafka_io sdf`` on the FnApiRunner against a real broker: the streaming shuffler releases
+what the bounded ``--drain`` shuffler releases (identical estimates), once per window ever; clients re-sent
+for a released window are late; a window a bounded run sealed is never released again by the stream."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pipelines import analyze, shuffle
+from pipelines.demo.population import synthesize
+from pipelines.job import JobConfig
+from tests.e2e.chain_harness import (
+    SPEC_PATH,
+    estimate_rows,
+    ledger_entries,
+    new_chain,
+    produce,
+    recent_start,
+    run_inline,
+    topic_records,
+)
+from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.spec import load_spec
+
+pytestmark = pytest.mark.slow
+N, WINDOWS, IDLE_S = 1500, 2, 2.0
+
+
+def streaming(config: JobConfig, **changes: object) -> JobConfig:
+    return replace(config, kafka_io="sdf", stop_after_idle_seconds=IDLE_S, **changes)
+
+
+@pytest.fixture(scope="module")
+def chains(broker, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One population encoded once; shuffled by the bounded --drain job (``bounded``) and by the streaming job
+    (``stream``, its own state, group and shuffled topic); each analyzed by the bounded analyzer."""
+    spec = load_spec(SPEC_PATH)
+    base = tmp_path_factory.mktemp("stream")
+    bounded = new_chain(broker.bootstrap, base, "bounded")
+    population = synthesize(spec, N, windows=WINDOWS, start_ms=recent_start(spec.window_seconds * 1000, back=4),
+                            seed=11)
+    produce(bounded, population, bad_per_kind=1)
+    first = run_inline(bounded, ("encode", "shuffle", "analyze"))
+    stream = replace(bounded, shuffled=f"{bounded.shuffled}-sdf", out=base / "sdf", group=f"{bounded.group}-sdf")
+    ensure_topics(broker.bootstrap, [stream.shuffled], partitions=3)
+    summary = shuffle.run(streaming(stream.config("shuffle")))
+    analyzed = analyze.run(stream.config("analyze"))
+    return {"bounded": bounded, "stream": stream, "summary": summary, "analyzed": analyzed,
+            "bounded_shuffle": first["shuffle"]}
+
+
+def test_streaming_shuffle_equals_the_bounded_drain(chains: dict) -> None:
+    summary = chains["summary"]
+    assert summary.balanced, summary.accounting
+    assert summary.extra["releases"] == WINDOWS and summary.extra["conflicts"] == 0
+    assert summary.count("sets_late") == 0
+    rows = estimate_rows(chains["stream"])
+    assert rows and rows == estimate_rows(chains["bounded"])
+    assert [e.digest for e in ledger_entries(chains["stream"], "shuffle")] == \
+        [e.digest for e in ledger_entries(chains["bounded"], "shuffle")]  # byte-identical releases
+    assert summary.parts["dead_lettered"] > 0  # the injected bad records, kept in the stage's own domain
+    assert list((chains["stream"].state("shuffle") / "dead_letters").glob("dead-letters-stream-*.avro"))
+    assert not list((chains["stream"].state("shuffle") / "staging" / "stream" / "releases").iterdir())
+
+
+def test_resent_clients_are_late_and_nothing_is_released_twice(chains: dict, broker) -> None:
+    stream = chains["stream"]
+    before, shuffled_before = estimate_rows(stream), topic_records(broker.bootstrap, stream.shuffled)
+    resent = [r.value for r in read_topic(broker.bootstrap, stream.reports)]
+    produce_records(broker.bootstrap, stream.reports, resent)  # byte-identical copies, after the release
+    again = shuffle.run(streaming(stream.config("shuffle")))
+    assert again.balanced, again.accounting
+    assert again.count("kafka_records_read") == len(resent)  # only the new records: the rest was committed
+    assert again.extra["releases"] == 0
+    authenticated = chains["summary"].count("sets_authenticated")
+    assert again.count("sets_late") == authenticated  # every set of a released window: late, dead-lettered
+    assert len(ledger_entries(stream, "shuffle")) == WINDOWS
+    assert topic_records(broker.bootstrap, stream.shuffled) == shuffled_before
+    assert analyze.run(stream.config("analyze")).count("kafka_records_read") == 0
+    assert estimate_rows(stream) == before
+
+
+def test_a_window_sealed_by_a_bounded_run_is_not_released_by_the_stream(chains: dict, broker) -> None:
+    bounded = chains["bounded"]
+    entries = ledger_entries(bounded, "shuffle")
+    shuffled_before = topic_records(broker.bootstrap, bounded.shuffled)
+    # The bounded job's own state (and ledger), a fresh group: the stream reads every record again.
+    config = streaming(bounded.config("shuffle"), group_id=f"{bounded.group}-fresh")
+    again = shuffle.run(config)
+    assert again.balanced, again.accounting
+    assert again.extra["releases"] == 0 and again.extra["conflicts"] == 0
+    # What the bounded run read is a re-read (part of its releases, or dead-lettered by it already); anything
+    # newer on the topic (the previous test's re-sent copies, if it ran) is dead-lettered, never released.
+    read_by_bounded = chains["bounded_shuffle"].count("kafka_records_read")
+    assert again.count("records_reread") == read_by_bounded
+    assert again.parts["dead_lettered"] == again.count("kafka_records_read") - read_by_bounded
+    assert again.parts["released"] == 0 and again.parts["deleted"] == 0
+    assert ledger_entries(bounded, "shuffle") == entries
+    assert topic_records(broker.bootstrap, bounded.shuffled) == shuffled_before

@@ -1,0 +1,222 @@
+"""The shuffler's streaming stages: event-time windows in the runner, late panes dead-lettered, releases
+staged with a completion marker for the driver's release agent.
+
+The bounded jobs decide which windows are closed themselves (``transforms.shuffle.WindowClock``). A streaming
+pipeline leaves it to the runner: every authenticated set is put in the Beam window of its crowd,
+``CrowdWindows``: ``[end - size + lateness, end + lateness)`` for the spec's window ``[end - size, end)``, so
+the runner's on-time pane fires once the watermark passes *window end + allowed lateness*, exactly when the
+bounded ``WindowClock`` closes it. Beam's own allowed lateness is then used for something else: how long
+after that the runner still keeps a window's (tiny, DISCARDING) trigger state so that later sets come out
+as a LATE pane and are dead-lettered as late (``LateGateFn``) instead of being dropped silently. It is the
+ingress's ``max_age`` (older sets are refused at ingress anyway).
+
+After the gate the unchanged ``transforms.shuffle.Shuffle`` runs with a clock that treats every window it
+sees as closed (``drain``): only on-time panes reach it, one per window. Its parts are staged one file per
+part under ``releases/<release id>/``; when all parts of a release are staged (one on-time pane, grouped per
+crowd) a marker ``done-*.pkl`` is written, last, with the part list and, per partition, the end offset of
+the window's records (the ledger's ``source_ends``: a re-read below it is a re-read, above it is late).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.coders import coders
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.transforms import window
+from apache_beam.transforms.window import IntervalWindow
+from apache_beam.utils.timestamp import Timestamp
+
+from transforms.ingress import DEAD, NAMESPACE, SetElement, TimePolicy
+from transforms.kafka_clients import KafkaRecord
+from transforms.kafka_sdf import wall_ms
+from transforms.records import dead_letter
+from transforms.shuffle import ReleasePart
+from transforms.spec import AnalysisSpec
+from transforms.staging import StagingDoFn, is_url, join, stable_name, write_batch
+
+LOG = logging.getLogger(__name__)
+ENDS = "source_ends"
+RELEASES, DEAD_DIR, STOP_FILE = "releases", "dead", "STOP"
+MARKER, PART = "done", "part"
+LATE_REASON = "late: its window was already released"
+
+
+def _ms(timestamp_ms: int) -> Timestamp:
+    return Timestamp(micros=timestamp_ms * 1000)
+
+
+@dataclass(frozen=True)
+class WallClockTimePolicy(TimePolicy):
+    """Ingress's event-time bounds against the wall clock of each check, not a run's start: a streaming
+    pipeline runs for months (``now_ms`` is only the clock at start, kept for the error messages)."""
+
+    def problem(self, event_time_ms: int, now_ms: int | None = None) -> str | None:
+        return super().problem(event_time_ms, wall_ms() if now_ms is None else now_ms)
+
+
+class SetEventTimes:
+    """The watermark policy of the shuffler's source: the largest event time of a polled chunk that belongs
+    to an *authenticated* set within ingress's time bounds.
+
+    A forged far-future event time would otherwise move the watermark and close windows early. Only a
+    sample (the chunk's last ``sample`` records, where a time-ordered stream has its latest times) is
+    decoded, and only the best ``tries`` candidates have their signature verified: a few verifications per
+    chunk instead of one per record. A sample can only under-estimate the maximum, which delays windows,
+    never closes one early.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, max_age_ms: int, max_skew_ms: int,
+                 sample: int = 256, tries: int = 4):
+        self._spec_ids = frozenset(s.spec_id for s in specs)
+        self._registry_path, self._max_age_ms, self._max_skew_ms = registry_path, max_age_ms, max_skew_ms
+        self._sample, self._tries = sample, tries
+        self._registry: Any = None
+
+    def setup(self) -> None:
+        import schemas  # noqa: F401  (schemas must import before trust's decoders)
+        from transforms.trust.devices import DeviceRegistry
+
+        self._registry = DeviceRegistry.load(self._registry_path)
+
+    def max_event_ms(self, records: Sequence[KafkaRecord]) -> int | None:
+        from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
+
+        now = wall_ms()
+        candidates = []
+        for record in records[-self._sample:]:
+            try:
+                message_set = decode_message_set(record.value)
+            except Exception:  # anything undecodable is ingress's to dead-letter, not a time to believe
+                continue
+            t = message_set.event_time_ms
+            if message_set.spec_id in self._spec_ids and now - self._max_age_ms <= t <= now + self._max_skew_ms:
+                candidates.append((t, message_set))
+        candidates.sort(key=lambda c: -c[0])
+        for t, message_set in candidates[:self._tries]:
+            try:
+                verify_message_set(message_set, self._registry)
+            except AuthError:
+                continue
+            return t
+        return None
+
+
+class CrowdWindows(window.NonMergingWindowFn):
+    """Each ingress group ``((spec, crowd, window_end, bucket), sets)`` in ``[end - size + L, end + L)``, L the
+    spec's allowed lateness (see the module doc). Assigned from the key, not the element's timestamp."""
+
+    def __init__(self, specs: Iterable[AnalysisSpec]):
+        self._shape = {s.spec_id: (s.window_seconds * 1000, s.allowed_lateness_seconds * 1000) for s in specs}
+
+    def assign(self, context: window.WindowFn.AssignContext) -> list[IntervalWindow]:
+        (spec_id, _, window_end, _), _ = context.element
+        size, lateness = self._shape[spec_id]
+        return [IntervalWindow(_ms(window_end - size + lateness), _ms(window_end + lateness))]
+
+    def get_window_coder(self) -> coders.Coder:
+        return coders.IntervalWindowCoder()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CrowdWindows) and other._shape == self._shape
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._shape.items())))
+
+
+class LateGateFn(beam.DoFn):
+    """A crowd window's grouped sets: an on-time pane goes on to the shuffle (and says where the window's
+    records end, per partition); a LATE pane -- sets for a window the runner already fired -- is dead-lettered,
+    set by set, and never released."""
+
+    def __init__(self) -> None:
+        self._late = Metrics.counter(NAMESPACE, "sets_late")
+        self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
+
+    def process(self, keyed: tuple[tuple[str, str | None, int, int], Iterable[bytes]],
+                pane: Any = beam.DoFn.PaneInfoParam) -> Iterator[Any]:
+        key, blobs = keyed
+        blobs = list(blobs)
+        items: list[SetElement] = [item for blob in blobs for item in pickle.loads(blob)]
+        if pane.timing == beam.utils.windowed_value.PaneInfoTiming.LATE:
+            self._late.inc(len(items))
+            self._dead.inc(len(items))
+            for item in items:
+                yield TaggedOutput(DEAD, dead_letter("shuffle", LATE_REASON, source=item.source,
+                                                     spec_id=item.spec_id))
+            return
+        ends: dict[str, int] = {}
+        for item in items:
+            pkey = f"{item.source.topic}/{item.source.partition}"
+            ends[pkey] = max(ends.get(pkey, 0), item.source.offset + 1)
+        crowd = key[:3]
+        for pkey, end in ends.items():
+            yield TaggedOutput(ENDS, (crowd, (pkey, end)))
+        for blob in blobs:
+            yield key, blob
+
+
+def release_dir(root: str, part: ReleasePart | tuple[str, str | None, int]) -> str:
+    from transforms.trust.release import release_id_of
+
+    spec_id, crowd, end = (part.spec_id, part.crowd_id, part.window_end_ms) if isinstance(part, ReleasePart) else part
+    return join(root, RELEASES, release_id_of(spec_id, crowd, end))
+
+
+def _stage(directory: str, prefix: str, named: list[tuple[str, bytes]]) -> None:
+    if not is_url(directory):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    write_batch(directory, prefix, named)
+
+
+class StagePartFn(StagingDoFn):
+    """Stage one release part in its own file now (not at the end of the bundle) and say so downstream:
+    the token leaves only after the file is written, so the marker that follows them is written last."""
+
+    def process(self, part: ReleasePart) -> Iterator[tuple[tuple[str, str | None, int], int]]:
+        _stage(release_dir(self._directory, part), PART,
+               [(f"{part.subkey:05d}", pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))])
+        yield (part.spec_id, part.crowd_id, part.window_end_ms), part.subkey
+
+
+class StagedRelease(NamedTuple):
+    """The marker of a staged release: its crowd, the sub-keys of its parts, its records' end offsets."""
+
+    crowd: tuple[str, str | None, int]
+    subkeys: tuple[int, ...]
+    source_ends: dict[str, int]
+
+
+class MarkReleaseFn(StagingDoFn):
+    """(crowd, {"parts": sub-keys, "ends": (partition, end)}) -> the release's marker, written last."""
+
+    def __init__(self, directory: str):
+        super().__init__(directory)
+        self._staged = Metrics.counter(NAMESPACE, "releases_staged")
+
+    def process(self, keyed: tuple[tuple[str, str | None, int], dict[str, Iterable[Any]]]) -> Iterator[None]:
+        crowd, joined = keyed
+        subkeys = tuple(sorted(set(joined["parts"])))
+        if not subkeys:
+            return iter(())  # every set of the window was dead-lettered: nothing to release (as in bounded runs)
+        ends: dict[str, int] = {}
+        for pkey, end in joined["ends"]:
+            ends[pkey] = max(ends.get(pkey, 0), end)
+        marker = StagedRelease(crowd, subkeys, ends)
+        _stage(release_dir(self._directory, crowd), MARKER, [(MARKER, pickle.dumps(marker))])
+        self._staged.inc()
+        return iter(())
+
+
+def letter_name(letter: dict[str, Any]) -> str:
+    """A dead letter's staging name: its position and reason (unique per letter, stable across retries)."""
+    return stable_name(letter.get("topic"), letter.get("partition"), letter.get("offset"), letter.get("stage"),
+                       hashlib.sha256(repr(sorted(letter.items())).encode()).hexdigest()[:16])
