@@ -33,9 +33,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.transforms import trigger
 from apache_beam.transforms.window import GlobalWindows
-from apache_beam.utils.timestamp import Duration
 
 from pipelines.job import (
     GroupInUse,
@@ -64,8 +62,7 @@ from transforms.stream_windows import (
     DEAD_DIR,
     ENDS,
     STOP_FILE,
-    CrowdWindows,
-    LateGateFn,
+    GateWindows,
     MarkReleaseFn,
     SetEventTimes,
     StagePartFn,
@@ -99,13 +96,7 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
                                                    WallClockTimePolicy(now, max_age_ms, max_skew_ms),
                                                    config.crypto_threads))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
-    gated = (ingress.sets
-             | "CrowdWindows" >> beam.WindowInto(
-                 CrowdWindows(specs), trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
-                 accumulation_mode=trigger.AccumulationMode.DISCARDING,
-                 allowed_lateness=Duration(seconds=config.max_age_seconds))
-             | "GroupWindow" >> beam.GroupByKey()
-             | "LateGate" >> beam.ParDo(LateGateFn()).with_outputs(DEAD, ENDS, main="on_time"))
+    gated = ingress.sets | "Windows" >> GateWindows(specs, config.max_age_seconds)
     # The runner closed the window: the shuffle's own clock must not hold anything back.
     no_times = pipeline | "NoRunTimes" >> beam.Create([]).with_output_types(tuple[str, int])
     clock = WindowClock(now, 0, 0, drain=True)

@@ -164,6 +164,30 @@ class LateGateFn(beam.DoFn):
             yield key, blob
 
 
+class GateWindows(beam.PTransform):
+    """Ingress groups -> their crowd windows, grouped, gated: (on-time groups, ENDS, DEAD) of ``LateGateFn``.
+
+    ``late_for_seconds``: how long after a window fired the runner keeps its trigger state, so later sets are
+    dead-lettered as late rather than dropped silently (the ingress's ``max_age``).
+    """
+
+    def __init__(self, specs: Iterable[AnalysisSpec], late_for_seconds: int):
+        super().__init__()
+        self._specs, self._late_for = list(specs), late_for_seconds
+
+    def expand(self, sets: beam.PCollection) -> Any:
+        from apache_beam.transforms import trigger
+        from apache_beam.utils.timestamp import Duration
+
+        return (sets
+                | "CrowdWindows" >> beam.WindowInto(
+                    CrowdWindows(self._specs), trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+                    accumulation_mode=trigger.AccumulationMode.DISCARDING,
+                    allowed_lateness=Duration(seconds=self._late_for))
+                | "GroupWindow" >> beam.GroupByKey()
+                | "LateGate" >> beam.ParDo(LateGateFn()).with_outputs(DEAD, ENDS, main="on_time"))
+
+
 def release_dir(root: str, part: ReleasePart | tuple[str, str | None, int]) -> str:
     from transforms.trust.release import release_id_of
 

@@ -1,0 +1,80 @@
+"""The streaming shuffler's windows on a runner that really streams (Beam's Python direct runner with a
+TestStream): a crowd window fires once, when the watermark passes its end plus the spec's allowed lateness,
+and sets that arrive after that come out as a late pane and are dead-lettered, never passed on."""
+
+from __future__ import annotations
+
+import pickle
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms.window import TimestampedValue
+
+from transforms.ingress import DEAD, SetElement
+from transforms.records import SourceRef
+from transforms.spec import spec_from_dict
+from transforms.stream_windows import ENDS, LATE_REASON, CrowdWindows, GateWindows
+
+SIZE_S, LATENESS_S = 600, 120
+SPEC = spec_from_dict({
+    "analysis": {"name": "gate", "metric": "gate"}, "domain": {"size": 4},
+    "mechanism": {"name": "grr", "epsilon": 2.0},
+    "window": {"size_seconds": SIZE_S, "allowed_lateness_seconds": LATENESS_S},
+}, source="test_stream_windows")
+END = 1_800_000_000_000 // (SIZE_S * 1000) * SIZE_S * 1000
+COLLECTED: dict[str, list] = {}
+
+
+def _group(devices: list[str], offset: int) -> tuple[tuple, bytes]:
+    """One ingress output: ((spec, crowd, window end, bucket), pickled sets), as ``IngressFn`` emits it."""
+    sets = [SetElement(SPEC.spec_id, None, d, END - 1000, END, bytes(32), ((0, b"x"),),
+                       SourceRef("reports", 0, offset + i)) for i, d in enumerate(devices)]
+    return (SPEC.spec_id, None, END, 0), pickle.dumps(sets)
+
+
+class _Keep(beam.DoFn):
+    """Collect elements in this process's module dict (the direct runner runs here; classes of an importable
+    module are pickled by reference, so the dict is this one)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def process(self, element) -> None:
+        COLLECTED.setdefault(self._name, []).append(element)
+
+
+def test_on_time_once_at_end_plus_lateness_then_late_sets_are_dead_lettered() -> None:
+    COLLECTED.clear()
+    fire_at_s = (END + LATENESS_S * 1000) / 1000
+    stream = (TestStream()
+              .advance_watermark_to(END / 1000 - 300)
+              .add_elements([TimestampedValue(_group(["a", "b"], 0), END / 1000 - 200)])
+              .advance_watermark_to(END / 1000 + 60)  # past the window's end, within its lateness: still open
+              .add_elements([TimestampedValue(_group(["c"], 2), END / 1000 + 61)])
+              .advance_watermark_to(fire_at_s + 1)  # the window fires: a, b, c
+              .add_elements([TimestampedValue(_group(["d", "e"], 3), fire_at_s + 2)])  # late
+              .advance_watermark_to_infinity())
+    options = PipelineOptions([])
+    options.view_as(StandardOptions).streaming = True
+    with beam.Pipeline(runner=BundleBasedDirectRunner(), options=options) as pipeline:
+        gated = pipeline | stream | GateWindows([SPEC], late_for_seconds=86_400)
+        _ = gated.on_time | "OnTime" >> beam.ParDo(_Keep("on_time"))
+        _ = gated[ENDS] | "Ends" >> beam.ParDo(_Keep("ends"))
+        _ = gated[DEAD] | "Dead" >> beam.ParDo(_Keep("dead"))
+    on_time = [s.device_id for _, blob in COLLECTED["on_time"] for s in pickle.loads(blob)]
+    assert sorted(on_time) == ["a", "b", "c"]  # one pane, with what arrived before end + lateness
+    assert COLLECTED["ends"] == [((SPEC.spec_id, None, END), ("reports/0", 3))]
+    dead = COLLECTED["dead"]
+    assert sorted(d["offset"] for d in dead) == [3, 4]
+    assert {d["reason"] for d in dead} == {LATE_REASON} and {d["stage"] for d in dead} == {"shuffle"}
+
+
+def test_crowd_window_is_the_spec_window_shifted_by_its_lateness() -> None:
+    from apache_beam.transforms.window import WindowFn
+
+    (window,) = CrowdWindows([SPEC]).assign(WindowFn.AssignContext(0, element=_group(["a"], 0)))
+    assert (window.start.micros // 1000, window.end.micros // 1000) == (
+        END - SIZE_S * 1000 + LATENESS_S * 1000, END + LATENESS_S * 1000)
+    assert CrowdWindows([SPEC]) == CrowdWindows([SPEC])
