@@ -21,16 +21,19 @@ released, and ingress dead-letters what arrives for it as late.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.transforms.window import GlobalWindows
@@ -50,10 +53,10 @@ from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.analyze_release import prior_runs
-from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn
+from transforms.ingress import DEAD, TIMES, VERIFIED
 from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.shuffle import Shuffle, WindowClock
-from transforms.staging import StageFn, clear_staging, is_url, join, write_staged
+from transforms.staging import StageFn, is_url, join, write_staged
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.run_state import RunState
@@ -66,6 +69,7 @@ from transforms.stream_windows import (
     MarkReleaseFn,
     SetEventTimes,
     StagePartFn,
+    StreamingIngressFn,
     WallClockTimePolicy,
     letter_name,
 )
@@ -92,7 +96,7 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
         clock=SourceClock(config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000, stop_ms),
         batched=True, stop_path=join(root, STOP_FILE))
     ingress = (pipeline | "ReadReports" >> source
-               | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior,
+               | "Ingress" >> beam.ParDo(StreamingIngressFn(specs, registry, prior,
                                                    WallClockTimePolicy(now, max_age_ms, max_skew_ms),
                                                    config.crypto_threads))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
@@ -169,6 +173,25 @@ def claim_group(config: JobConfig) -> None:
     create_exclusive(path, json.dumps(claim, sort_keys=True).encode())
 
 
+def remove_stop_file(root: str) -> None:
+    path = join(root, STOP_FILE)
+    if not is_url(path):
+        Path(path).unlink(missing_ok=True)
+    elif FileSystems.exists(path):
+        FileSystems.delete([path])
+
+
+@contextlib.contextmanager
+def stop_request() -> Iterator[Any]:
+    """SIGINT/SIGTERM -> a graceful stop (``pipelines.service.StopRequest``); signals can only be caught on the
+    main thread, so elsewhere (a driver embedded in another program) the pipeline's own end is the stop."""
+    if threading.current_thread() is threading.main_thread():
+        with StopRequest() as stop:
+            yield stop
+    else:
+        yield types.SimpleNamespace(requested=False)
+
+
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     """The streaming shuffler, until its source ends (``--stop_after_idle_seconds``) or a signal stops it."""
     started = time.perf_counter()
@@ -183,7 +206,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         root = join(staging_root(config, STAGE), "stream")
         if not is_url(root):
             Path(root).mkdir(parents=True, exist_ok=True)
-        clear_staging(join(root, STOP_FILE))
+        remove_stop_file(root)
         run_key = f"stream-{secrets.token_hex(6)}"
         agent = ReleaseAgent(config, ledger, root, run_key)
         agent.step()  # what a previous driver left staged
@@ -192,7 +215,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                  config.shuffled_topic, config.group_id, root)
         pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
         last_log = time.monotonic()
-        with StopRequest() as stop:
+        with stop_request() as stop:
             stopping = False
             while pipeline.running():
                 agent.step()
@@ -207,7 +230,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                 time.sleep(AGENT_POLL_SECONDS)
             counters = pipeline.counters()
             agent.step()  # the windows the end of the source fired
-        clear_staging(join(root, STOP_FILE))
+        remove_stop_file(root)
     seconds = time.perf_counter() - started
     LOG.info("streaming shuffle %s ended after %.1f s: %s", run_key, seconds,
              progress(agent.totals, committed_total(config), start_committed, seconds))

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pickle
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,7 @@ from apache_beam.transforms import window
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from transforms.ingress import DEAD, NAMESPACE, SetElement, TimePolicy
+from transforms.ingress import DEAD, NAMESPACE, IngressFn, SetElement, TimePolicy
 from transforms.kafka_clients import KafkaRecord
 from transforms.kafka_sdf import wall_ms
 from transforms.records import dead_letter
@@ -63,6 +65,51 @@ class WallClockTimePolicy(TimePolicy):
         return super().problem(event_time_ms, wall_ms() if now_ms is None else now_ms)
 
 
+class RegistryWatch:
+    """Whether the enrolment registry file changed since last asked (looked at every ``every_s`` seconds):
+    a pipeline that runs for months must see devices enrolled after it started."""
+
+    def __init__(self, path: str, every_s: float = 30.0):
+        self._path, self._every_s = path, every_s
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked < self._every_s:
+            return False
+        self._checked = now
+        try:
+            stat = os.stat(self._path)
+        except OSError:
+            return False
+        stamp, previous = (stat.st_mtime_ns, stat.st_size), self._stamp
+        self._stamp = stamp
+        return previous is not None and stamp != previous
+
+    def start(self) -> None:
+        self._checked = 0.0
+        self.changed()
+
+
+class StreamingIngressFn(IngressFn):
+    """``IngressFn`` as it is, reloading the device registry (through its own ``setup``) when the file changes."""
+
+    def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, *args: Any, **kwargs: Any):
+        super().__init__(specs, registry_path, *args, **kwargs)
+        self._watch = RegistryWatch(registry_path)
+
+    def setup(self) -> None:
+        super().setup()
+        self._watch.start()
+
+    def process(self, element: Any) -> Iterator[Any]:
+        if self._watch.changed():
+            LOG.info("device registry changed: reloading it")
+            super().setup()
+        return super().process(element)
+
+
 class SetEventTimes:
     """The watermark policy of the shuffler's source: the largest event time of a polled chunk that belongs
     to an *authenticated* set within ingress's time bounds.
@@ -80,15 +127,20 @@ class SetEventTimes:
         self._registry_path, self._max_age_ms, self._max_skew_ms = registry_path, max_age_ms, max_skew_ms
         self._sample, self._tries = sample, tries
         self._registry: Any = None
+        self._watch = RegistryWatch(registry_path)
 
     def setup(self) -> None:
         import schemas  # noqa: F401  (schemas must import before trust's decoders)
         from transforms.trust.devices import DeviceRegistry
 
         self._registry = DeviceRegistry.load(self._registry_path)
+        self._watch.start()
 
     def max_event_ms(self, records: Sequence[KafkaRecord]) -> int | None:
         from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
+
+        if self._watch.changed():
+            self.setup()
 
         now = wall_ms()
         candidates = []
