@@ -44,6 +44,18 @@ class EsaKafkaOptions(PipelineOptions):
                                  "completion before the stages after it)")
 
 
+class EsaFlinkStreamingOptions(PipelineOptions):
+    """Flink's checkpoint interval for ``--kafka_io sdf`` (the Flink runner finalizes bundles, hence commits the
+    source's offsets, when a checkpoint completes). Declared here because the esa commands refuse flags no
+    options class declares; the value reaches the Flink job server as Beam's ``checkpointingInterval``."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser) -> None:
+        parser.add_argument("--checkpointing_interval", type=int, default=-1,
+                            help="Flink: milliseconds between checkpoints (-1: the cluster's setting); needed by "
+                                 "--kafka_io sdf on Flink, whose offsets are committed on checkpoints")
+
+
 class EsaOptions(PipelineOptions):
     """What to analyze and where results go."""
 

@@ -75,7 +75,8 @@ from transforms.stream_windows import (
 )
 
 LOG = logging.getLogger("esa.stream_shuffle")
-AGENT_POLL_SECONDS = 0.5
+AGENT_POLL_SECONDS = 0.5  # between two looks at a local staging directory
+AGENT_POLL_SECONDS_URL = 5.0  # ... at an object store (each look is a listing request)
 PROGRESS_SECONDS = 10.0
 GROUP_FILE = "stream_group.json"
 
@@ -227,7 +228,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                     last_log = time.monotonic()
                     LOG.info("%s", progress(agent.totals, committed_total(config), start_committed,
                                             time.perf_counter() - started))
-                time.sleep(AGENT_POLL_SECONDS)
+                time.sleep(AGENT_POLL_SECONDS_URL if is_url(root) else AGENT_POLL_SECONDS)
             counters = pipeline.counters()
             agent.step()  # the windows the end of the source fired
         remove_stop_file(root)
