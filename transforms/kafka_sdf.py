@@ -22,11 +22,11 @@ Semantics, those of KafkaIO's ``commitOffsetsInFinalize``:
   not hold every window open (as the bounded jobs' ``WindowClock``). Which event times are trusted is the
   caller's ``EventTimes`` policy: Kafka record timestamps by default; the shuffler passes one that only
   believes authenticated sets (``transforms.stream_windows.SetEventTimes``);
-* ``stop_after_idle_seconds`` (None: never) finishes a partition once no record arrived for that long: the
-  local runners run a source to completion before the stages after it, so a test or a one-off catch-up needs
-  an end. On Flink or Dataflow leave it unset. A file at ``stop_path`` (the driver writes it on SIGTERM)
-  finishes every partition at its next checkpoint: the source ends, the watermark goes to the end of time
-  and every open window fires, a drain that works on any runner.
+* ``SourceClock.stop_after_idle_ms`` (``--stop_after_idle_seconds``; None: never) finishes a partition once no
+  record arrived for that long: the local runners run a source to completion before the stages after it, so a
+  test or a one-off catch-up needs an end. On Flink or Dataflow leave it unset. A file at ``stop_path`` (the
+  driver writes it on SIGTERM) finishes every partition at its next checkpoint: the source ends, the watermark
+  goes to the end of time and every open window fires, a drain that works on any runner.
 
 Elements: with ``batched=True`` lists of records (``kafkaio.element_batches``, what ``IngressFn`` takes),
 timestamped with the partition's watermark when emitted (a batch spans many event times; downstream windows
