@@ -12,8 +12,8 @@ finds the release again at its next start: sealed but unpublished releases are r
 staged ones are sealed (to the same digest) or found sealed already.
 
 Dead letters are staged in batches by the workers; the agent moves them into the stage's dead-letter
-directory (one Avro file per collection, named by the staged files it holds, so a collection redone after a
-crash replaces its own file) and publishes them to ``--dead_letter_topic`` if one is set.
+directory (one Avro file per collection, named by the letters it holds, so a collection redone after a crash
+over the same staged files replaces its own file) and publishes them to ``--dead_letter_topic`` if one is set.
 """
 
 from __future__ import annotations

@@ -99,3 +99,25 @@ def test_a_window_sealed_by_a_bounded_run_is_not_released_by_the_stream(chains: 
     assert again.parts["released"] == 0 and again.parts["deleted"] == 0
     assert ledger_entries(bounded, "shuffle") == entries
     assert topic_records(broker.bootstrap, bounded.shuffled) == shuffled_before
+
+
+def test_esa_run_chains_the_streaming_shuffle_from_the_command_line(broker, tmp_path) -> None:
+    """``esa run --kafka_io sdf --stop_after_idle_seconds S``: bounded encode, streaming shuffle, bounded analyze,
+    as one command; the local runner without an idle stop is refused with the fix (exit 3)."""
+    import json
+    import subprocess
+
+    from tests.e2e.chain_harness import _env, cli_argv
+
+    spec = load_spec(SPEC_PATH)
+    chain = new_chain(broker.bootstrap, tmp_path, "cli")
+    produce(chain, synthesize(spec, 400, start_ms=recent_start(spec.window_seconds * 1000, back=3), seed=3))
+    refused = subprocess.run(cli_argv(chain, "shuffle", "--kafka_io", "sdf"), env=_env(None), capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 3 and "--stop_after_idle_seconds" in refused.stderr
+    done = subprocess.run(cli_argv(chain, "run", "--kafka_io", "sdf", "--stop_after_idle_seconds", str(IDLE_S)),
+                          env=_env(None), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    assert summary["balanced"] and summary["accounting"]["shuffle"]["read"] == 400
+    assert len(estimate_rows(chain)) == spec.d  # one window released and analyzed
