@@ -36,7 +36,6 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.transforms.window import GlobalWindows
 
 from pipelines.job import (
     GroupInUse,
@@ -53,26 +52,13 @@ from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.analyze_release import prior_runs
-from transforms.ingress import DEAD, TIMES, VERIFIED
 from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
-from transforms.shuffle import Shuffle, WindowClock
-from transforms.staging import StageFn, is_url, join, write_staged
+from transforms.staging import is_url, join, write_staged
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.run_state import RunState
 from transforms.state.verified_sets import VerifiedSets
-from transforms.stream_windows import (
-    DEAD_DIR,
-    ENDS,
-    STOP_FILE,
-    GateWindows,
-    MarkReleaseFn,
-    SetEventTimes,
-    StagePartFn,
-    StreamingIngressFn,
-    WallClockTimePolicy,
-    letter_name,
-)
+from transforms.stream_windows import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 
 LOG = logging.getLogger("esa.stream_shuffle")
 AGENT_POLL_SECONDS = 0.5  # between two looks at a local staging directory
@@ -96,24 +82,10 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
         client=config.kafka_client, event_times=SetEventTimes(specs, registry, max_age_ms, max_skew_ms),
         clock=SourceClock(config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000, stop_ms),
         batched=True, stop_path=join(root, STOP_FILE))
-    ingress = (pipeline | "ReadReports" >> source
-               | "Ingress" >> beam.ParDo(StreamingIngressFn(specs, registry, prior,
-                                                   WallClockTimePolicy(now, max_age_ms, max_skew_ms),
-                                                   config.crypto_threads))
-               .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
-    gated = ingress.sets | "Windows" >> GateWindows(specs, config.max_age_seconds)
-    # The runner closed the window: the shuffle's own clock must not hold anything back.
-    no_times = pipeline | "NoRunTimes" >> beam.Create([]).with_output_types(tuple[str, int])
-    clock = WindowClock(now, 0, 0, drain=True)
-    released, _, shuffle_dead, _ = (gated.on_time, no_times) | "Shuffle" >> Shuffle(
-        specs, shuffler_prf_key(config), clock, {s.spec_id: s.crowd.subkeys for s in specs})
-    tokens = released | "StageParts" >> beam.ParDo(StagePartFn(root))
-    _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()
-         | "MarkReleases" >> beam.ParDo(MarkReleaseFn(root)))
-    letters = [pcoll | f"Unwindow{i}" >> beam.WindowInto(GlobalWindows())
-               for i, pcoll in enumerate((ingress[DEAD], gated[DEAD], shuffle_dead))]
-    _ = (letters | "AllDead" >> beam.Flatten()
-         | "StageDeadLetters" >> beam.ParDo(StageFn(join(root, DEAD_DIR), "dead", letter_name)))
+    _ = (pipeline | "ReadReports" >> source
+         | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
+                                            shuffler_prf_key(config), root, config.max_age_seconds,
+                                            config.crypto_threads))
 
 
 class PipelineThread:

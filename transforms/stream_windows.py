@@ -37,7 +37,7 @@ from apache_beam.transforms import window
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from transforms.ingress import DEAD, NAMESPACE, IngressFn, SetElement, TimePolicy
+from transforms.ingress import DEAD, NAMESPACE, IngressFn, PriorRuns, SetElement, TimePolicy
 from transforms.kafka_clients import KafkaRecord
 from transforms.kafka_sdf import wall_ms
 from transforms.records import dead_letter
@@ -296,3 +296,47 @@ def letter_name(letter: dict[str, Any]) -> str:
     """A dead letter's staging name: its position and reason (unique per letter, stable across retries)."""
     return stable_name(letter.get("topic"), letter.get("partition"), letter.get("offset"), letter.get("stage"),
                        hashlib.sha256(repr(sorted(letter.items())).encode()).hexdigest()[:16])
+
+
+class StreamShuffle(beam.PTransform):
+    """Batches of Kafka records (from the unbounded source) -> staged releases, markers and dead letters: the
+    whole streaming shuffle after its source (see the module doc). ``times`` is ingress's event-time policy
+    (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location."""
+
+    def __init__(self, specs: Sequence[AnalysisSpec], registry: str, prior: PriorRuns, times: TimePolicy, key: bytes,
+                 root: str, late_for_seconds: int, crypto_threads: int = 0):
+        super().__init__()
+        self._specs, self._registry, self._prior, self._times = list(specs), registry, prior, times
+        self._key, self._root, self._late_for, self._threads = key, root, late_for_seconds, crypto_threads
+
+    def expand(self, records: beam.PCollection) -> beam.pvalue.PDone:
+        from apache_beam.transforms import trigger
+
+        from transforms.ingress import TIMES, VERIFIED
+        from transforms.shuffle import Shuffle, WindowClock
+        from transforms.staging import StageFn
+
+        specs, pipeline = self._specs, records.pipeline
+        ingress = (records
+                   | "Ingress" >> beam.ParDo(StreamingIngressFn(specs, self._registry, self._prior, self._times,
+                                                                self._threads))
+                   .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
+        gated = ingress.sets | "Windows" >> GateWindows(specs, self._late_for)
+        # The runner closed the window: the shuffle's own clock must not hold anything back.
+        # Empty and bounded: its trigger changes nothing, but a non-default one keeps Beam's streaming direct runner
+        # (the TestStream tests) from lifting the shuffle's per-key max over it, which that runner cannot run.
+        no_times = (pipeline | "NoRunTimes" >> beam.Create([]).with_output_types(tuple[str, int])
+                    | "NoRunTimesWindow" >> beam.WindowInto(
+                        window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(1)),
+                        accumulation_mode=trigger.AccumulationMode.DISCARDING))
+        clock = WindowClock(self._times.now_ms, 0, 0, drain=True)
+        released, _, shuffle_dead, _ = (gated.on_time, no_times) | "Shuffle" >> Shuffle(
+            specs, self._key, clock, {s.spec_id: s.crowd.subkeys for s in specs})
+        tokens = released | "StageParts" >> beam.ParDo(StagePartFn(self._root))
+        _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()
+             | "MarkReleases" >> beam.ParDo(MarkReleaseFn(self._root)))
+        letters = [pcoll | f"Unwindow{i}" >> beam.WindowInto(window.GlobalWindows())
+                   for i, pcoll in enumerate((ingress[DEAD], gated[DEAD], shuffle_dead))]
+        _ = (letters | "AllDead" >> beam.Flatten()
+             | "StageDeadLetters" >> beam.ParDo(StageFn(join(self._root, DEAD_DIR), "dead", letter_name)))
+        return beam.pvalue.PDone(pipeline)

@@ -1,0 +1,81 @@
+"""The whole streaming shuffle graph after its source (``StreamShuffle``) on Beam's streaming direct runner, fed
+by a TestStream of Kafka record batches: every downstream group-by-key with its continuation trigger, the side
+input of the shuffle, the staging of parts and the marker written once per window.
+
+Checked against the bounded graph (``IngressFn`` + ``Shuffle`` with a drain clock on the FnApiRunner) over the
+same records: the same release parts, byte for byte; sets arriving after their window fired are dead-lettered
+as late and change nothing.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.transforms.window import TimestampedValue
+
+from tests.transforms.release_inputs import KEY, TIMES_POLICY, WIN_A, WIN_B, WINDOW_MS, Devices, make_spec, shuffle_run
+from transforms.ingress import PriorRuns
+from transforms.staging import load_staged, staged_files
+from transforms.stream_windows import DEAD_DIR, LATE_REASON, MARKER, PART, RELEASES, StreamShuffle
+
+SPEC = make_spec(subkeys=4, min_clients=5)
+N_A, N_B, N_LATE = 40, 30, 6
+
+
+@pytest.fixture(scope="module")
+def devices(tmp_path_factory: pytest.TempPathFactory) -> Devices:
+    return Devices.enrol(tmp_path_factory.mktemp("graph") / "keys", N_A + N_B + N_LATE)
+
+
+def _released(root: Path) -> dict[int, tuple[list, object]]:
+    """window end -> (staged parts in sub-key order, marker)."""
+    out = {}
+    for marker_path in staged_files(root / RELEASES, f"*/{MARKER}-*.pkl"):
+        directory = Path(marker_path).parent
+        (marker,) = load_staged(directory, MARKER)
+        out[marker.crowd[2]] = (load_staged(directory, PART), marker)
+    return out
+
+
+def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devices, tmp_path: Path) -> None:
+    clients = devices.clients
+    win_a = devices.crowd(SPEC, clients[:N_A], WIN_A, partition=0)
+    win_b = devices.crowd(SPEC, clients[N_A:N_A + N_B], WIN_B, partition=1)
+    late = devices.crowd(SPEC, clients[N_A + N_B:], WIN_A, partition=0)  # after window A fired
+    a_end = (WIN_A + WINDOW_MS) / 1000
+    stream = (TestStream()
+              .advance_watermark_to(WIN_A / 1000)
+              .add_elements([TimestampedValue(win_a[:25], WIN_A / 1000), TimestampedValue(win_a[25:], WIN_A / 1000)])
+              .add_elements([TimestampedValue(win_b, WIN_B / 1000)])
+              .advance_watermark_to(a_end + 1)  # window A fires (lateness 0); B stays open
+              .add_elements([TimestampedValue(late, a_end + 2)])
+              .advance_watermark_to_infinity())
+    root = tmp_path / "staging"
+    options = PipelineOptions([])
+    options.view_as(StandardOptions).streaming = True
+    with beam.Pipeline(runner=BundleBasedDirectRunner(), options=options) as pipeline:
+        _ = (pipeline | stream
+             | StreamShuffle([SPEC], devices.registry, PriorRuns(), TIMES_POLICY, KEY, str(root), 86_400))
+
+    released = _released(root)
+    assert sorted(released) == [WIN_A + WINDOW_MS, WIN_B + WINDOW_MS]
+    (tmp_path / "bounded").mkdir()
+    reference = shuffle_run(tmp_path / "bounded", [SPEC], devices, win_a + win_b).values("released")
+    for end, (parts, marker) in released.items():
+        expected = sorted((p for p in reference if p.window_end_ms == end), key=lambda p: p.subkey)
+        assert marker.subkeys == tuple(p.subkey for p in parts)
+        assert [(p.subkey, p.n_sets, p.deleted, list(p.messages)) for p in parts] == \
+            [(p.subkey, p.n_sets, p.deleted, list(p.messages)) for p in expected]
+    assert sum(p.n_sets for p in released[WIN_A + WINDOW_MS][0]) > 0  # a real release, not a withheld window
+    assert released[WIN_A + WINDOW_MS][1].source_ends == {"reports/0": N_A}  # the late ones are not in it
+    assert released[WIN_B + WINDOW_MS][1].source_ends == {"reports/1": N_B}
+    letters = [pickle.loads(data) for path in staged_files(root / DEAD_DIR, "dead-*.pkl")
+               for _, data in pickle.loads(Path(path).read_bytes())["items"]]
+    assert sorted(x["offset"] for x in letters) == [r.offset for r in late]
+    assert {x["reason"] for x in letters} == {LATE_REASON}
