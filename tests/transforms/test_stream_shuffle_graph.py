@@ -79,3 +79,24 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
                for _, data in pickle.loads(Path(path).read_bytes())["items"]]
     assert sorted(x["offset"] for x in letters) == [r.offset for r in late]
     assert {x["reason"] for x in letters} == {LATE_REASON}
+
+
+def test_the_source_watermark_believes_only_authenticated_in_range_times(devices: Devices) -> None:
+    from dataclasses import replace
+
+    from transforms.kafka_sdf import wall_ms
+    from transforms.stream_windows import SetEventTimes
+    from transforms.trust.message_set import decode_message_set, encode_message_set
+
+    now = wall_ms()
+    policy = SetEventTimes([SPEC], devices.registry, max_age_ms=86_400_000, max_skew_ms=3_600_000)
+    policy.setup()
+    good = [devices.record(devices.message_set(SPEC, c, now - 60_000 * (i + 1), [(1,)]))
+            for i, c in enumerate(devices.clients[:3])]
+    signed_later = decode_message_set(devices.message_set(SPEC, devices.clients[3], now - 1000, [(1,)]))
+    forged = devices.record(encode_message_set(replace(signed_later, event_time_ms=now + 1_800_000)))
+    too_far = devices.record(devices.message_set(SPEC, devices.clients[4], now + 2 * 3_600_000, [(1,)]))
+    assert policy.max_event_ms(good) == now - 60_000
+    # a forged time (signature no longer matches) and one beyond the skew bound move nothing
+    assert policy.max_event_ms([*good, forged, too_far, devices.record(b"not a set")]) == now - 60_000
+    assert policy.max_event_ms([forged, too_far]) is None
