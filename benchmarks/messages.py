@@ -113,7 +113,7 @@ def measure(group: str, mech: Any, n: int, sample: int, rng: np.random.Generator
     else:
         reports, owner = mech.encode_messages(values, rng)
     measured = len(reports) / clients
-    wire, _ = client_messages(mech, reports, owner)
+    wire, _ = client_messages(mech, reports, owner, n_clients=clients)
     rows = array_to_rows(wire)
     pick = rng.choice(len(rows), size=min(len(rows), sample), replace=False) if len(rows) > sample else None
     chosen = rows if pick is None else [rows[i] for i in np.sort(pick)]

@@ -4,13 +4,14 @@ For each mechanism and population size n: the three jobs (encode -> shuffle -> a
 other, each in a fresh process as in production (``benchmarks/stage_process.py``), with signing, sealing,
 verification and the ledgers on, every job on the Kafka client of --kafka_client. Printed per job: Kafka
 records/s and messages (reports)/s over the job's whole run (planning, Beam start-up and commit included),
-peak RSS of its process, the raw consume rate of BOTH Kafka clients on the job's own input topic measured in
-the same run (``raw kp/s``: kafka-python, ``raw ck/s``: confluent-kafka), the job's rate over the raw rate of
-the client it used, and the share it
+peak RSS of its process, the job's rate over the raw consume rate of the client it used, and the share it
 reaches of its cryptography's own ceiling (``benchmarks/crypto_ceiling.py``: sets/s for encode and shuffle,
-messages/s for analyze); then the chain
-(n over the sum of the three wall times) and the error figures against the known truth (max |z| and the
-share of items within 3 standard errors). Medians over --repeats.
+messages/s for analyze); then the chain (n over the sum of the three wall times) and the error figures against
+the known truth (max |z| and the share of items within 3 standard errors). A second table gives, per job, the
+raw rates of BOTH Kafka clients measured in the same run: each reads the job's own input topic (planning
+included, as the job pays it), then each produces the same records into a scratch topic of 3 partitions, like
+the input topics (as ``benchmarks/kafka_clients.py`` does: acks=all, the project's producer settings). Medians
+over --repeats.
 
     python benchmarks/pipeline.py --clients 10000 100000 --mechanisms olh rappor --repeats 3
     python benchmarks/pipeline.py --clients 100000 --kafka_client kafka-python
@@ -33,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from benchmarks.crypto_ceiling import ceilings
+from benchmarks.kafka_clients import produce_rate
 from benchmarks.stage_process import run_stage
 from pipelines.broker import LocalBroker
 from pipelines.demo.population import synthesize, truth_table
@@ -58,10 +60,20 @@ def bench_spec(mechanism: str) -> AnalysisSpec:
     return load_spec(example_path("app_language.toml")).with_mechanism(mechanism, EPSILON[mechanism])
 
 
-def raw_consume_rate(bootstrap: str, topic: str, client: str) -> float:
-    started = time.perf_counter()
-    n = len(read_topic(bootstrap, topic, client=client))
-    return n / (time.perf_counter() - started)
+def raw_rates(bootstrap: str, topic: str, scratch: str) -> dict[str, float]:
+    """Records/s of each client reading ``topic`` (``read_<client>``), then producing its records into a
+    scratch topic ``<scratch>-<client>`` (``write_<client>``): the ceiling each client sets for the job."""
+    rates: dict[str, float] = {}
+    records: list[tuple[bytes | None, bytes]] = []
+    for client in CLIENTS:
+        started = time.perf_counter()
+        read = read_topic(bootstrap, topic, client=client)
+        rates[f"read_{client}"] = len(read) / (time.perf_counter() - started)
+        records = records or [(r.key, r.value) for r in read]
+        del read
+    for client in CLIENTS:
+        rates[f"write_{client}"] = produce_rate(bootstrap, f"{scratch}-{client}", records, client)
+    return rates
 
 
 def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_args: list[str],
@@ -81,11 +93,11 @@ def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_a
     row: dict[str, float] = {}
     for stage in STAGES:
         result = run_stage(stage, config, beam_args)
-        raw = {c: raw_consume_rate(bootstrap, topics[INPUT[stage]], c) for c in CLIENTS}
+        raw = raw_rates(bootstrap, topics[INPUT[stage]], f"scratch-{stage}-{tag}")
         row |= {f"{stage}_rec": result.records_per_s, f"{stage}_msg": result.messages_per_s,
                 f"{stage}_s": result.seconds, f"{stage}_rss": result.peak_rss_mb,
-                f"{stage}_kp": raw[KAFKA_PYTHON], f"{stage}_ck": raw[CONFLUENT],
-                f"{stage}_ratio": result.records_per_s / raw[client]}
+                f"{stage}_ratio": result.records_per_s / raw[f"read_{client}"]}
+        row |= {f"{stage}_{name}": rate for name, rate in raw.items()}
     row["chain"] = n / sum(row[f"{s}_s"] for s in STAGES)
     per_set = row["encode_msg"] / row["encode_rec"] if row["encode_rec"] else 1.0
     ceiling = ceilings(per_set, thread_count(0))
@@ -111,10 +123,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     beam_args = args.beam_args.split()
-    print(f"jobs on {args.kafka_client}; ratio = job records/s over the raw rate of {args.kafka_client}")
-    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'raw kp/s':>10}{'raw ck/s':>10}"
-          f"{'ratio':>7}"
+    print(f"jobs on {args.kafka_client}; ratio = job records/s over the raw read rate of {args.kafka_client}")
+    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'ratio':>7}"
           f"{'crypto/s':>10}{'of it':>7}{'peak MB':>9}{'wall s':>8}")
+    medians: list[tuple[str, int, dict[str, float]]] = []
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         for mechanism in args.mechanisms:
             for n in args.clients:
@@ -122,16 +134,30 @@ def main() -> None:
                                 args.kafka_client)
                         for r in range(args.repeats)]
                 med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                medians.append((mechanism, n, med))
                 for stage in STAGES:
                     print(f"{mechanism:<12}{n:>10,}  {stage:<8}{med[f'{stage}_rec']:>10,.0f}"
-                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_kp']:>10,.0f}{med[f'{stage}_ck']:>10,.0f}"
-                          f"{med[f'{stage}_ratio']:>7.3f}"
+                          f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_ratio']:>7.3f}"
                           f"{med[f'{stage}_ceiling']:>10,.0f}{med[f'{stage}_of_ceiling']:>7.2f}"
                           f"{med[f'{stage}_rss']:>9,.0f}{med[f'{stage}_s']:>8.1f}")
                 print(f"{mechanism:<12}{n:>10,}  {'chain':<8}{med['chain']:>10,.0f} events/s   "
                       f"max|z| {max(r['max_z'] for r in runs):.2f}, within 3 se "
                       f"{min(r['within3'] for r in runs):.1%}")
+    print_raw_table(medians)
 
+
+def print_raw_table(medians: list[tuple[str, int, dict[str, float]]]) -> None:
+    """Both clients' raw records/s per job, from the same runs: read = the job's input topic, write = its
+    records produced into a scratch topic; the job's own records/s beside them."""
+    names = {KAFKA_PYTHON: "kp", CONFLUENT: "ck"}
+    columns = [f"{names[c]} {way}/s" for way in ("read", "write") for c in CLIENTS]
+    print("\nraw Kafka client rates in the same runs (kp = kafka-python, ck = confluent-kafka; records/s)")
+    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'job rec/s':>10}" + "".join(f"{c:>12}" for c in columns))
+    for mechanism, n, med in medians:
+        for stage in STAGES:
+            rates = [med[f"{stage}_{way}_{c}"] for way in ("read", "write") for c in CLIENTS]
+            print(f"{mechanism:<12}{n:>10,}  {stage:<8}{med[f'{stage}_rec']:>10,.0f}"
+                  + "".join(f"{r:>12,.0f}" for r in rates))
 
 if __name__ == "__main__":
     main()

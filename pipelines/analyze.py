@@ -75,7 +75,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     assembled = (decoded.batches
                  | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads))
                  | "GroupRelease" >> beam.GroupByKey()
-                 | "Assemble" >> beam.ParDo(AssembleReleaseFn(specs, keys)).with_outputs(DEAD, HELD, main="releases"))
+                 | "Assemble" >> beam.ParDo(AssembleReleaseFn(specs)).with_outputs(DEAD, HELD, main="releases"))
     by_id = {s.spec_id: s for s in specs}
     staging = str(run.staging)
     _ = (assembled.releases

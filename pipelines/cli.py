@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipelines.exit_codes import EsaError, ExitCode, epilog
+from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
 
 LOG = logging.getLogger("esa")
 # Kept literal (no pipelines.examples import chain) so that `esa privacy` does not pay for Beam or pyarrow.
@@ -95,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
                           "out.keys, which is what `esa run --output_dir out` uses)")
     sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
+    sim.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
+                     help=f"Kafka client library that creates the topics and produces (default {DEFAULT_CLIENT}, "
+                          "as the jobs): confluent (confluent-kafka/librdkafka) or kafka-python (pure Python)")
 
     for name, what in BEAM_JOBS.items():
         sub.add_parser(name, help=f"{what} (esa {name} --help lists its flags)", add_help=False)
@@ -222,15 +226,17 @@ def _simulate(args: argparse.Namespace) -> int:
         from transforms.kafkaio import ensure_topics, produce_records
 
         outcome, show = FleetOutcome(), progress_printer("devices reported")
-        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3)
+        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client=args.kafka_client)
         produce_records(args.bootstrap, args.reports_topic, device_messages(
             spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
-            outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000)
+            outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000,
+            client=args.kafka_client)
         produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
     else:
         produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
                                       reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
-                                      seed=args.seed, progress=progress_printer("produced"))
+                                      seed=args.seed, progress=progress_printer("produced"),
+                                      client=args.kafka_client)
     if args.truth:
         pq.write_table(truth_table(spec, population), args.truth)
     window_ms = population.window_ms

@@ -301,7 +301,8 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
     """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
     state_path = config.state / "run_state.json"
     state = RunState.load(state_path)
-    require_topics(config.bootstrap, [topic])  # a typo'd topic is an error naming the closest one, never created
+    # A typo'd topic is an error naming the closest one, never created; asked with the job's client and settings.
+    require_topics(config.bootstrap, [topic], client=config.kafka_client, kafka_config=config.kafka_config)
     resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
     if not resume and not config.adopt_group:
         owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config,

@@ -2,52 +2,146 @@
 
 Reading a topic that does not exist would auto-create it (or wait forever) and a typo such as
 ``--shuffled_topic shufled`` would then run a job over nothing; :func:`require_topics` refuses instead and
-lists the topics the broker does have.
+lists the topics the broker does have. The check talks to the broker as the job will: with the job's Kafka
+client library (``--kafka_client``) and its settings (``--kafka_config``: TLS, SASL), so a broker the job
+cannot reach, or a setting that cannot work, fails here, in one line, before any state is touched.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-from pipelines.exit_codes import KafkaUnavailableError
+from pipelines.exit_codes import ConfigError, KafkaUnavailableError
+from transforms.kafka_config import CONFLUENT, DEFAULT_CLIENT, KafkaConfigError, check_client, to_librdkafka
 
 LOG = logging.getLogger(__name__)
 CLIENT_ID = "esa-preflight"
+#: the values kafka-python understands; it reads any other (``ssl``, ``TLS``) as PLAINTEXT, without a word
+KP_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# librdkafka connection settings an admin client takes (the job's config also holds consumer and producer
+# settings, which an admin client would ignore with a warning each); kafka-python's: its DEFAULT_CONFIG keys.
+_RD_ADMIN = ("security.", "ssl.", "sasl.", "socket.", "client.", "reconnect.", "metadata.", "debug")
+T = TypeVar("T")
 
 
 class MissingTopicsError(KafkaUnavailableError):
     """Input topics that do not exist on the broker."""
 
 
-def existing_topics(bootstrap: str, timeout_s: float = 15.0) -> set[str]:
-    """The topic names the broker knows (internal ``__`` topics left out); KafkaUnavailableError if it is
-    unreachable."""
+def existing_topics(bootstrap: str, timeout_s: float = 15.0, *, client: str = DEFAULT_CLIENT,
+                    kafka_config: Mapping[str, Any] | None = None) -> set[str]:
+    """The topic names the broker knows (internal ``__`` topics left out), asked with ``client`` and the
+    connection settings of ``kafka_config`` (kafka-python names, as ``--kafka_config`` holds them).
+
+    ConfigError (exit 3) naming the setting when a setting cannot work; KafkaUnavailableError (exit 4) when
+    the broker cannot be reached (or spoken to with these settings) within about ``timeout_s``."""
+    config = dict(kafka_config or {})
+    try:
+        lister = _confluent_lister(bootstrap, config, timeout_s) if check_client(client) == CONFLUENT \
+            else _kafka_python_lister(bootstrap, config, timeout_s)
+    except KafkaConfigError as err:
+        raise ConfigError(f"--kafka_config: {err}") from None
+    where = f"Kafka at {bootstrap} ({client}, security_protocol {config.get('security_protocol', 'PLAINTEXT')})"
+    deadline_s = 2 * timeout_s + 1  # connecting, then listing, each within timeout_s
+    names = _within(lister, deadline_s, f"cannot reach {where}: no answer within {deadline_s:g} s")
+    return {t for t in names if not t.startswith("__")}
+
+
+def _kafka_python_lister(bootstrap: str, config: dict[str, Any], timeout_s: float) -> Callable[[], list[str]]:
+    protocol = config.get("security_protocol", "PLAINTEXT")
+    if protocol not in KP_SECURITY_PROTOCOLS:
+        raise KafkaConfigError(f"security_protocol {protocol!r} is not one of {', '.join(KP_SECURITY_PROTOCOLS)} "
+                               "(kafka-python would connect in PLAINTEXT)")
     from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
 
     timeout_ms = int(timeout_s * 1000)
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID, request_timeout_ms=timeout_ms,
-                                 bootstrap_timeout_ms=timeout_ms)
-    except (KafkaError, OSError, ValueError) as err:
-        raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap}: {err}") from None
-    try:
-        return {t for t in admin.list_topics() if not t.startswith("__")}
-    except (KafkaError, OSError) as err:
-        raise KafkaUnavailableError(f"cannot list the topics of Kafka at {bootstrap}: {err}") from None
-    finally:
-        admin.close()
+    settings = {"client_id": CLIENT_ID, "request_timeout_ms": timeout_ms, "bootstrap_timeout_ms": timeout_ms}
+    settings.update({k: v for k, v in config.items() if k in KafkaAdminClient.DEFAULT_CONFIG})
+
+    def names() -> list[str]:
+        from kafka.errors import KafkaConfigurationError, KafkaError
+
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, **settings)
+        except (KafkaConfigurationError, TypeError) as err:
+            raise ConfigError(f"--kafka_config: kafka-python refuses the settings: {err}") from None
+        except (KafkaError, OSError, ValueError) as err:
+            raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap} (kafka-python, security_protocol "
+                                        f"{settings.get('security_protocol', 'PLAINTEXT')}): {err}") from None
+        try:
+            return list(admin.list_topics())
+        except (KafkaError, OSError) as err:
+            raise KafkaUnavailableError(f"cannot list the topics of Kafka at {bootstrap}: {err}") from None
+        finally:
+            admin.close()
+
+    return names
 
 
-def require_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 15.0) -> None:
+def _confluent_lister(bootstrap: str, config: dict[str, Any], timeout_s: float) -> Callable[[], list[str]]:
+    settings: dict[str, Any] = {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID,
+                                "logger": logging.getLogger("kafka.librdkafka")}
+    settings.update({k: v for k, v in to_librdkafka(config).items() if k.startswith(_RD_ADMIN)})
+
+    def names() -> list[str]:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            admin = AdminClient(settings)
+        except KafkaException as err:  # librdkafka checks every value here: the message names the property
+            raise ConfigError(f"--kafka_config: {_reason(err)}") from None
+        try:
+            return list(admin.list_topics(timeout=timeout_s).topics)
+        except KafkaException as err:
+            code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
+            if code == KafkaError._INVALID_ARG:
+                raise ConfigError(f"--kafka_config: {_reason(err)}") from None
+            raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap} (confluent, security.protocol "
+                                        f"{settings.get('security.protocol', 'plaintext')}): {_reason(err)}") from None
+
+    return names
+
+
+def _reason(err: Exception) -> str:
+    inner = err.args[0] if err.args else err
+    return inner.str() if hasattr(inner, "str") else str(inner)
+
+
+def _within(call: Callable[[], T], seconds: float, timeout_message: str) -> T:
+    """``call()`` on a daemon thread, given up after ``seconds``: kafka-python (3.0) can wait forever in its
+    bootstrap (a TLS handshake with a broker that speaks plaintext), whatever its own timeouts say."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = call()
+        except BaseException as err:  # re-raised on the caller's thread
+            result["error"] = err
+
+    worker = threading.Thread(target=run, name="esa-preflight", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise KafkaUnavailableError(timeout_message)
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def require_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 15.0, *, client: str = DEFAULT_CLIENT,
+                   kafka_config: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`MissingTopicsError` naming every topic of ``topics`` the broker lacks (with the closest
-    existing name, and the existing topics) so that a typo does not create a new, empty topic."""
+    existing name, and the existing topics) so that a typo does not create a new, empty topic. ``client`` and
+    ``kafka_config``: the job's (see :func:`existing_topics`)."""
     wanted = [t for t in dict.fromkeys(topics) if t]
     if not wanted:
         return
-    have = existing_topics(bootstrap, timeout_s)
+    have = existing_topics(bootstrap, timeout_s, client=client, kafka_config=kafka_config)
     missing = [t for t in wanted if t not in have]
     if not missing:
         return

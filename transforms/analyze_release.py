@@ -198,13 +198,12 @@ def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads:
 class AssembleReleaseFn(beam.DoFn):
     """(release id, [OpenedBatch]) -> OpenedRelease if whole; held offsets if incomplete; dead otherwise.
 
-    Also takes unopened ``BatchElement``s (opened here; tests and small jobs), so both shapes give one result.
+    Takes only batches :class:`OpenBatchFn` (or :func:`open_batch`) opened: assembly needs no key, and a
+    release's group never holds its sealed messages.
     """
 
-    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0):
+    def __init__(self, specs: Sequence[AnalysisSpec]):
         self._specs = {s.spec_id: s for s in specs}
-        self._keys_dir = keys_dir
-        self._threads = threads
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._held = Metrics.counter(NAMESPACE, "batches_held")
         self._duplicates = Metrics.counter(NAMESPACE, "batches_duplicate")
@@ -212,19 +211,14 @@ class AssembleReleaseFn(beam.DoFn):
         self._analyzed = Metrics.counter(NAMESPACE, "batches_analyzed")
         self._messages = Metrics.counter(NAMESPACE, "messages_analyzed")
 
-    def setup(self) -> None:
-        from transforms.trust.keys import load_analyzer_private
-
-        self._private = load_analyzer_private(Path(self._keys_dir))
-
-    def _opened(self, element: OpenedBatch | BatchElement) -> OpenedBatch:
-        if isinstance(element, OpenedBatch):
-            return element
-        return open_batch(self._specs[element.batch.spec_id], self._private, element, self._threads)
-
-    def process(self, keyed: tuple[str, Iterable[OpenedBatch | BatchElement]]) -> Iterator[Any]:
+    def process(self, keyed: tuple[str, Iterable[OpenedBatch]]) -> Iterator[Any]:
         release_id, elements = keyed
-        items = sorted((self._opened(e) for e in elements), key=lambda b: (b.batch_index, tuple(b.source)))
+        items = list(elements)
+        unopened = [type(b).__name__ for b in items if not isinstance(b, OpenedBatch)]
+        if unopened:
+            raise TypeError(f"AssembleReleaseFn takes OpenedBatch elements (open them with OpenBatchFn first), "
+                            f"got {unopened[0]}")
+        items.sort(key=lambda b: (b.batch_index, tuple(b.source)))
         header = items[0].header
         _, spec_id, crowd_id, window_end_ms, batch_count, n_sets, n_messages, deleted = header
         by_index: dict[int, OpenedBatch] = {}

@@ -148,7 +148,7 @@ class EncodeBatchFn(beam.DoFn):
         rng = KeyedRandom.for_elements(self._job_key, _element_ids(events))
         mechanism = spec.randomizer
         inputs = client_inputs(spec, [e.value for e in events], rng)
-        wire, owner = client_messages(mechanism, *encode_messages(mechanism, inputs, rng))
+        wire, owner = client_messages(mechanism, *encode_messages(mechanism, inputs, rng), n_clients=len(events))
         self._events.inc(len(events))
         self._encoded.inc(len(wire))
         channels = wire["channel"].tolist() if "channel" in wire.dtype.names else [0] * len(wire)

@@ -282,14 +282,19 @@ def shuffled_records(mechanism: Mechanism, batch: ShuffledBatch) -> list[dict[st
             for row in array_to_rows(batch.reports)]
 
 
-def client_messages(mechanism: Mechanism, reports: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def client_messages(mechanism: Mechanism, reports: np.ndarray, owner: np.ndarray,
+                    n_clients: int) -> tuple[np.ndarray, np.ndarray]:
     """(wire array, owner) of a batch's messages; multi-message clients get their presence marker first.
 
-    Rows of one client stay consecutive (marker, then its messages), in client order.
+    Rows of one client stay consecutive (marker, then its messages), in client order. ``n_clients`` (the
+    batch's size) is required: a client with no message (a k-RAPPOR vector with no bit set) after the last one
+    that has some is not in ``owner``, and without it would get no marker, vanishing from the count.
     """
     if is_single_message(mechanism):
         return reports, owner
-    clients = int(owner.max()) + 1 if len(owner) else 0
+    if len(owner) and int(owner.max()) >= n_clients:
+        raise ValueError(f"owner names client {int(owner.max())} of a batch of {n_clients}")
+    clients = n_clients
     dtype = wire_dtype(mechanism)
     wire = np.zeros(len(reports), dtype=dtype)
     for name in reports.dtype.names:

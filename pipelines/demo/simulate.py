@@ -92,7 +92,8 @@ def _valid_message(spec: AnalysisSpec, population: Population) -> tuple[int, tup
     value = event_value(spec, avro_value(spec, population.values[0]))
     rng = os_entropy_rng()  # any valid message will do: no seed (and no "seeded randomness" warning)
     mechanism = spec.randomizer
-    wire, _ = client_messages(mechanism, *encode_messages(mechanism, client_inputs(spec, [value], rng), rng))
+    wire, _ = client_messages(mechanism, *encode_messages(mechanism, client_inputs(spec, [value], rng), rng),
+                               n_clients=1)
     rows = [r for r in array_to_rows(wire) if row_channel(mechanism, r) != PRESENCE]
     if not rows:
         raise ValueError(f"could not draw a message of {spec.name} to build bad reports from")

@@ -88,7 +88,8 @@ def forged_set(spec: AnalysisSpec, keys_dir: Path, *, device_id: str, signer: Ed
     key_id, analyzer = load_analyzer_public(keys_dir)
     mechanism = spec.randomizer
     value = event_value(spec, avro_value(spec, category))
-    wire, _ = client_messages(mechanism, *encode_messages(mechanism, client_inputs(spec, [value], rng), rng))
+    wire, _ = client_messages(mechanism, *encode_messages(mechanism, client_inputs(spec, [value], rng), rng),
+                               n_clients=1)
     end = window_end_ms(spec, event_time_ms)
     messages = []
     for row in array_to_rows(wire):

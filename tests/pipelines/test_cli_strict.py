@@ -22,7 +22,7 @@ JOBS = ("run", "encode", "shuffle", "analyze")
 NATIVE = {  # command -> flags its --help must list (underscore spelling)
     "broker": ["--port"],
     "simulate": ["--bootstrap", "--spec", "--clients", "--raw_topic", "--reports_topic", "--bad_per_kind", "--zipf_s",
-                 "--start_time", "--seed"],
+                 "--start_time", "--seed", "--kafka_client"],
     "demo": ["--clients", "--kind", "--mechanism", "--epsilon", "--out", "--spec", "--bad_per_kind", "--seed"],
     "query": ["--estimates", "--range", "--quantile", "--spec_id", "--window", "--crowd", "--json"],
     "privacy": ["--mechanism", "--domain", "--epsilon", "--n", "--delta", "--epsilon_fragment", "--json"],

@@ -1,5 +1,5 @@
 """Output locations keep URLs intact and explain unusable local directories; the example specs are found
-through the package; input topics must exist (broker test)."""
+through the package. (The input-topic preflight is tested in test_preflight.py.)"""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ import pytest
 
 from pipelines import cli
 from pipelines.examples import example_names, example_path
-from pipelines.exit_codes import ExitCode, KafkaUnavailableError
+from pipelines.exit_codes import ExitCode
 from pipelines.paths import OutputLocationError, is_url, output_location
-from pipelines.preflight import MissingTopicsError, existing_topics, require_topics
-from transforms.kafkaio import ensure_topics
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -71,21 +69,3 @@ def test_examples_are_found_through_the_package() -> None:
     assert cli.DEFAULT_SPEC.resolve() == example_path().resolve()
     with pytest.raises(ValueError, match=r"the examples are: .*app_language\.toml"):
         example_path("no_such_example")
-
-
-@pytest.mark.slow
-def test_require_topics(broker, topic_name: str) -> None:
-    ensure_topics(broker.bootstrap, [topic_name])
-    require_topics(broker.bootstrap, [topic_name, ""])  # '' = an optional topic left off
-    typo = topic_name[:-1] + "X"
-    with pytest.raises(MissingTopicsError) as info:
-        require_topics(broker.bootstrap, [topic_name, typo])
-    message = str(info.value)
-    assert repr(typo) in message and f"did you mean {topic_name!r}" in message and "existing topics:" in message
-    assert info.value.exit_code == ExitCode.KAFKA_UNREACHABLE
-    assert typo not in existing_topics(broker.bootstrap)  # the check created nothing
-
-
-def test_require_topics_on_an_unreachable_broker() -> None:
-    with pytest.raises(KafkaUnavailableError, match=r"127\.0\.0\.1:1"):
-        require_topics("127.0.0.1:1", ["t"], timeout_s=2)

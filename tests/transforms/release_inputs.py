@@ -167,6 +167,21 @@ def sign_release(keys_dir: Path, parts: Iterable[ReleasePart], per_batch: int = 
     return out
 
 
+def open_and_assemble(specs: Sequence[AnalysisSpec], keys_dir: Path,
+                      keyed: Iterable[tuple[str, Any]]) -> tuple[list[Any], dict[str, list[Any]]]:
+    """``DecodeReleaseFn``'s (release id, BatchElement) outputs -> ``AssembleReleaseFn``'s outputs (main, tagged),
+    through ``OpenBatchFn`` and a grouping by release id, as the analyze job runs them."""
+    from transforms.analyze_release import AssembleReleaseFn, OpenBatchFn
+
+    opener, assembler = OpenBatchFn(specs, str(keys_dir)), AssembleReleaseFn(specs)
+    opener.setup()
+    groups: dict[str, list[Any]] = {}
+    for element in keyed:
+        for release_id, opened in opener.process(element):
+            groups.setdefault(release_id, []).append(opened)
+    return split_outputs(out for group in groups.items() for out in assembler.process(group))
+
+
 def split_outputs(outputs: Iterable[Any]) -> tuple[list[Any], dict[str, list[Any]]]:
     """A DoFn's outputs -> (main outputs, tagged outputs by tag)."""
     main: list[Any] = []

@@ -1,8 +1,9 @@
 """Analyzer ingress (transforms/analyze_release.py): only whole, signed, consistent releases are opened.
 
 Releases are built as the shuffler's driver builds them (sealed messages of enrolled devices, numbered and
-signed batches, tests/transforms/release_inputs.py) and fed to ``DecodeReleaseFn`` and
-``AssembleReleaseFn`` directly. Dead letters on the analyst's side never carry the record's bytes.
+signed batches, tests/transforms/release_inputs.py) and fed to ``DecodeReleaseFn``, ``OpenBatchFn`` and
+``AssembleReleaseFn`` directly, chained as the analyze job chains them. Dead letters on the analyst's side never
+carry the record's bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.transforms.release_inputs import WIN_A, WINDOW_MS, Devices, make_spec, sign_release, split_outputs
+from tests.transforms.release_inputs import (
+    WIN_A,
+    WINDOW_MS,
+    Devices,
+    make_spec,
+    open_and_assemble,
+    sign_release,
+    split_outputs,
+)
 from transforms.analyze import estimate_rows
 from transforms.analyze_release import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
 from transforms.ingress import PriorRuns
@@ -70,12 +79,7 @@ def decode(devices: Devices, values: list[bytes], prior: PriorRuns | None = None
 def assemble(devices: Devices, values: list[bytes]) -> tuple[list, dict[str, list]]:
     main, tagged = decode(devices, values)
     assert DEAD not in tagged, tagged[DEAD]
-    fn = AssembleReleaseFn([SPEC], str(devices.keys_dir))
-    fn.setup()
-    groups: dict[str, list] = {}
-    for rid, element in main:
-        groups.setdefault(rid, []).append(element)
-    return split_outputs(out for kv in groups.items() for out in fn.process(kv))
+    return open_and_assemble([SPEC], devices.keys_dir, main)
 
 
 def resign(devices: Devices, value: bytes, **changes: object) -> bytes:
@@ -93,6 +97,13 @@ def test_a_whole_release_opens_into_its_counts(devices: Devices, batches: list[b
     assert [r["n_clients"] for r in rows] == [N] * SPEC.d and rows[0]["n_deleted"] is None
     # GRR's unbiased estimator: sum of estimates is exactly 1 whatever the reports.
     assert sum(r["raw_estimate"] for r in rows) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_assembly_takes_only_opened_batches(devices: Devices, batches: list[bytes]) -> None:
+    # Unopened batches (sealed messages) must not reach the GroupByKey: the analyze job opens them first.
+    ((release_id, element),), _ = decode(devices, batches[:1])
+    with pytest.raises(TypeError, match=r"OpenBatchFn.*got BatchElement"):
+        list(AssembleReleaseFn([SPEC]).process((release_id, [element])))
 
 
 def test_forged_unsigned_and_tampered_batches_are_refused(devices: Devices, batches: list[bytes]) -> None:

@@ -26,10 +26,10 @@ from schemas import load_schema
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
 from tests.beam_harness import run_pipeline
 from tests.transforms.release_inputs import WIN_A as RECENT_WINDOW
-from tests.transforms.release_inputs import Devices, shuffle_run, sign_release
+from tests.transforms.release_inputs import Devices, open_and_assemble, shuffle_run, sign_release
 from tests.transforms.release_inputs import make_spec as make_shuffle_spec
 from transforms.analyze import CrowdAccumulator, central_epsilon, estimate_rows
-from transforms.analyze_release import AssembleReleaseFn, DecodeReleaseFn
+from transforms.analyze_release import DecodeReleaseFn
 from transforms.ingress import PriorRuns
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.frequency.oracles import GRR
@@ -174,11 +174,10 @@ def test_shuffle_then_analyze_counts_and_published_deletions(tmp_path: Path, pub
     assert released + deleted == 70 and released >= spec.crowd.min_clients
     (batches,) = sign_release(devices.keys_dir, run.values("released"), per_batch=16).values()
     decode = DecodeReleaseFn([spec], str(devices.keys_dir), PriorRuns())
-    assemble = AssembleReleaseFn([spec], str(devices.keys_dir))
     decode.setup()
-    assemble.setup()
-    elements = [e for i, b in enumerate(batches) for _, e in decode.process(KafkaRecord("shuffled", 0, i, 0, None, b))]
-    (opened,) = assemble.process((elements[0].batch.release_id, elements))
+    keyed = [kv for i, b in enumerate(batches) for kv in decode.process(KafkaRecord("shuffled", 0, i, 0, None, b))]
+    (opened,), tagged = open_and_assemble([spec], devices.keys_dir, keyed)
+    assert tagged == {}
     rows = estimate_rows(spec, None, opened.accumulator, RECENT_WINDOW, RECENT_WINDOW + WINDOW_MS)
     assert len(rows) == spec.d and opened.n_sets == released
     for row in rows:

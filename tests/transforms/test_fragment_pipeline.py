@@ -2,7 +2,7 @@
 
 Events are real TelemetryEvent bytes of enrolled simulated devices. Encode + SealSetsFn run on the
 FnApiRunner and give signed MessageSets; IngressFn + Shuffle run on them (drain); the released parts are
-numbered and signed like the driver does, then DecodeReleaseFn + AssembleReleaseFn open them and
+numbered and signed like the driver does, then DecodeReleaseFn + OpenBatchFn + AssembleReleaseFn open them and
 ``estimate_rows`` estimates. Checks:
 
 * each crowd (public partition) is thresholded, released and estimated on its own and its id is published;
@@ -25,9 +25,9 @@ import pytest
 from pipelines.enrolment import enrol_simulated
 from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import PipelineRun, run_pipeline
-from tests.transforms.release_inputs import NOW_MS, Devices, shuffle_run, sign_release
+from tests.transforms.release_inputs import NOW_MS, Devices, open_and_assemble, shuffle_run, sign_release
 from transforms.analyze import estimate_rows
-from transforms.analyze_release import AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
+from transforms.analyze_release import DecodeReleaseFn, OpenedRelease
 from transforms.encode import EncodeEvents
 from transforms.ingress import PriorRuns
 from transforms.kafkaio import KafkaRecord
@@ -100,14 +100,12 @@ def fragment_run(tmp_path_factory: pytest.TempPathFactory) -> FragmentRun:
     sets = [value for _, value in encoded.values("sets")]
     shuffled = shuffle_run(tmp, [spec], devices, [devices.record(v) for v in sets])
     decode = DecodeReleaseFn([spec], str(devices.keys_dir), PriorRuns())
-    assemble = AssembleReleaseFn([spec], str(devices.keys_dir))
     decode.setup()
-    assemble.setup()
     opened, rows = {}, []
     for rid, batches in sign_release(devices.keys_dir, shuffled.values("released"), per_batch=200).items():
-        elements = [e for i, b in enumerate(batches)
-                    for _, e in decode.process(KafkaRecord("shuffled", 0, i, 0, None, b))]
-        (opened[rid],) = assemble.process((rid, elements))
+        keyed = [kv for i, b in enumerate(batches) for kv in decode.process(KafkaRecord("shuffled", 0, i, 0, None, b))]
+        (opened[rid],), tagged = open_and_assemble([spec], devices.keys_dir, keyed)
+        assert tagged == {}
         end = opened[rid].window_end_ms
         rows += estimate_rows(spec, opened[rid].crowd_id, opened[rid].accumulator, end - WINDOW_S * 1000, end)
     return FragmentRun(spec, sets, keys, shuffled, opened, rows, truth)
