@@ -173,7 +173,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
         republish_unpublished(config, ledger)
-        require_topics(config.bootstrap, [config.reports_topic])
+        require_topics(config.bootstrap, [config.reports_topic], client=config.kafka_client,
+                       kafka_config=config.kafka_config)
         claim_group(config)
         use_filesystem_options(options)
         root = join(staging_root(config, STAGE), "stream")
