@@ -2,14 +2,15 @@
 runner's watermark, each release sealed and published by the driver's release agent while it runs.
 
 The pipeline (on the workers): the unbounded source (``transforms.kafka_sdf``: commit on finalize, a
-per-partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged) -> each set in
-its crowd's event-time window (``transforms.stream_windows.CrowdWindows``: on time at window end + allowed
-lateness, as the bounded ``WindowClock``) -> late panes dead-lettered -> the unchanged ``Shuffle`` (dedupe,
-threshold, delete, permute) with every fired window treated as closed -> release parts staged, then each
-release's completion marker. The driver (this module): holds the state lock, starts the pipeline without
-blocking (a thread around the local runner; ``PortableRunner.run`` is asynchronous anyway), and runs the
-release agent (``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it
-writes the stop file, which finishes the source, so the runner fires every open window (a drain), and the
+per-partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged; its device
+registry reloaded when re-enrolled) -> each set in its crowd's event-time window
+(``transforms.stream_windows.CrowdWindows``: on time at window end + allowed lateness, as the bounded
+``WindowClock``) -> late panes dead-lettered -> the unchanged ``Shuffle`` (dedupe, threshold, delete, permute)
+with every fired window treated as closed -> release parts staged, then each release's completion marker. The
+driver (this module): holds the state lock, starts the pipeline without blocking (a thread around the local
+runner; ``PortableRunner.run`` is asynchronous anyway), and runs the release agent
+(``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the stop
+file, which finishes the source, so the runner fires every open window (a drain), and the
 agent releases what was staged before it exits.
 
 Semantics, and how they differ from the bounded runs: offsets are committed when the runner finalizes a
@@ -112,6 +113,15 @@ class PipelineThread:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    def cancel(self) -> None:
+        """Cancel a submitted job (a cluster's; the local runner's thread ends with this process)."""
+        if self._result is None or not self._thread.is_alive():
+            return
+        try:
+            self._result.cancel()
+        except Exception as err:  # not every runner can cancel; the operator's runner UI can
+            LOG.warning("could not cancel the streaming pipeline: %s", err)
+
     def counters(self) -> dict[str, int]:
         self._thread.join()
         if self._error is not None:
@@ -165,6 +175,28 @@ def stop_request() -> Iterator[Any]:
         yield types.SimpleNamespace(requested=False)
 
 
+def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: JobConfig, started: float,
+           start_committed: int) -> dict[str, int]:
+    """The release agent's loop, until the pipeline ends; a signal writes the stop file (a drain)."""
+    last_log = time.monotonic()
+    with stop_request() as stop:
+        stopping = False
+        while pipeline.running():
+            agent.step()
+            if stop.requested and not stopping:
+                stopping = True
+                LOG.warning("stopping: the source finishes, every open window fires, then the agent drains")
+                write_staged(join(root, STOP_FILE), b"stop\n")
+            if time.monotonic() - last_log >= PROGRESS_SECONDS:
+                last_log = time.monotonic()
+                LOG.info("%s", progress(agent.totals, committed_total(config), start_committed,
+                                        time.perf_counter() - started))
+            time.sleep(AGENT_POLL_SECONDS_URL if is_url(root) else AGENT_POLL_SECONDS)
+        counters = pipeline.counters()
+        agent.step()  # the windows the end of the source fired
+    return counters
+
+
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     """The streaming shuffler, until its source ends (``--stop_after_idle_seconds``) or a signal stops it."""
     started = time.perf_counter()
@@ -188,22 +220,11 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,
                  config.shuffled_topic, config.group_id, root)
         pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
-        last_log = time.monotonic()
-        with stop_request() as stop:
-            stopping = False
-            while pipeline.running():
-                agent.step()
-                if stop.requested and not stopping:
-                    stopping = True
-                    LOG.warning("stopping: the source finishes, every open window fires, then the agent drains")
-                    write_staged(join(root, STOP_FILE), b"stop\n")
-                if time.monotonic() - last_log >= PROGRESS_SECONDS:
-                    last_log = time.monotonic()
-                    LOG.info("%s", progress(agent.totals, committed_total(config), start_committed,
-                                            time.perf_counter() - started))
-                time.sleep(AGENT_POLL_SECONDS_URL if is_url(root) else AGENT_POLL_SECONDS)
-            counters = pipeline.counters()
-            agent.step()  # the windows the end of the source fired
+        try:
+            counters = _serve(pipeline, agent, root, config, started, start_committed)
+        except BaseException:
+            pipeline.cancel()  # a cluster job must not outlive the driver that releases its windows
+            raise
         remove_stop_file(root)
     seconds = time.perf_counter() - started
     LOG.info("streaming shuffle %s ended after %.1f s: %s", run_key, seconds,
