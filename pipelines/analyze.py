@@ -33,6 +33,7 @@ from pipelines.job import (
     keep_dead_letters,
     locked,
     plan_run,
+    refuse_streaming,
     run_pipeline,
 )
 from schemas import encode_record
@@ -149,4 +150,6 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
 def run_from_argv(argv: Sequence[str]) -> RunSummary:
     """``esa analyze --spec X.toml --kafka_bootstrap H:P --shuffled_topic S --output_dir D ...``"""
     options = PipelineOptions(list(argv))
-    return run(config_from_options(options), options)
+    config = config_from_options(options)
+    refuse_streaming(config, "analyze")
+    return run(config, options)

@@ -26,6 +26,7 @@ from pipelines.job import (
     keep_dead_letters,
     locked,
     plan_run,
+    refuse_streaming,
     run_pipeline,
 )
 from transforms.encode import EncodeEvents
@@ -76,4 +77,6 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
 def run_from_argv(argv: Sequence[str]) -> RunSummary:
     """``esa encode --spec X.toml --kafka_bootstrap H:P --raw_topic T --reports_topic R ...``"""
     options = PipelineOptions(list(argv))
-    return run(config_from_options(options), options)
+    config = config_from_options(options)
+    refuse_streaming(config, "encode")
+    return run(config, options)

@@ -234,6 +234,15 @@ def check_kafka_io(options: PipelineOptions) -> None:
                           "instead)")
 
 
+def refuse_streaming(config: JobConfig, stage: str) -> None:
+    """``--kafka_io sdf`` streams the shuffler only: the encoder and analyzer are bounded runs (``--follow``)."""
+    from pipelines.exit_codes import ConfigError
+
+    if config.kafka_io == "sdf":
+        raise ConfigError(f"--kafka_io sdf streams the shuffler only (esa shuffle, or esa run for the chain); "
+                          f"esa {stage} runs bounded: drop --kafka_io sdf (and add --follow to keep it running)")
+
+
 def staging_location_of(options: PipelineOptions) -> str | None:
     """``--staging_location`` (Beam's own flag, which Dataflow also stages its artifacts under), checked now.
 

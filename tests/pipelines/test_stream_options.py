@@ -54,3 +54,13 @@ def test_registry_watch_sees_a_rewritten_registry(tmp_path: Path) -> None:
     slow.start()
     path.write_bytes(b"three")
     assert not slow.changed()  # not looked at again within its period
+
+
+@pytest.mark.parametrize("stage", ["encode", "analyze"])
+def test_the_bounded_stages_refuse_sdf_rather_than_ignore_it(tmp_path: Path, stage: str) -> None:
+    from pipelines import analyze, encode
+
+    job = {"encode": encode, "analyze": analyze}[stage]
+    with pytest.raises(ConfigError, match=f"esa {stage} runs bounded: drop --kafka_io sdf"):
+        job.run_from_argv(["--spec", SPEC, "--output_dir", str(tmp_path / "out"), "--kafka_io", "sdf",
+                           "--stop_after_idle_seconds", "1", "--kafka_bootstrap", "127.0.0.1:1"])
