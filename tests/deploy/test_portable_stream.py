@@ -14,26 +14,22 @@ from __future__ import annotations
 import json
 import signal
 import time
-from dataclasses import replace
 
 import pytest
 
 from pipelines import analyze
-from pipelines.demo.population import synthesize
 from tests.deploy.portable import local_job_service, worker_pool
 from tests.e2e.chain_harness import (
     SPEC_PATH,
     _env,
+    bounded_reference,
     cli_argv,
     estimate_rows,
     ledger_entries,
-    new_chain,
-    produce,
-    recent_start,
-    run_inline,
+    stream_twin,
     topic_records,
 )
-from transforms.kafkaio import committed_offsets, ensure_topics
+from transforms.kafkaio import committed_offsets
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -44,16 +40,10 @@ def test_sdf_shuffle_on_an_external_worker_pool_equals_the_in_process_bounded_dr
     import subprocess
 
     spec = load_spec(SPEC_PATH)
-    bounded = new_chain(broker.bootstrap, tmp_path, "bounded")
-    population = synthesize(spec, N, windows=WINDOWS, start_ms=recent_start(spec.window_seconds * 1000, back=4),
-                            seed=23)
-    produce(bounded, population, bad_per_kind=1)
     started = time.perf_counter()
-    reference = run_inline(bounded)
+    bounded, reference = bounded_reference(broker.bootstrap, tmp_path, N, WINDOWS, seed=23, bad_per_kind=1)
     print(f"in-process bounded chain (encode, shuffle --drain, analyze): {time.perf_counter() - started:.1f} s")
-    stream = replace(bounded, shuffled=f"{bounded.shuffled}-sdf", out=tmp_path / "sdf", group=f"{bounded.group}-sdf",
-                     drain=False)
-    ensure_topics(broker.bootstrap, [stream.shuffled], partitions=3)
+    stream = stream_twin(bounded, tmp_path / "sdf")
     reports = topic_records(broker.bootstrap, stream.reports)
 
     with local_job_service(tmp_path) as endpoint, worker_pool(tmp_path) as pool:

@@ -190,6 +190,30 @@ def run_inline(chain: Chain, stages: tuple[str, ...] = STAGES) -> dict[str, Any]
     return {stage: modules[stage].run(chain.config(stage)) for stage in stages}
 
 
+def bounded_reference(bootstrap: str, base: Path, n: int, windows: int, seed: int,
+                      bad_per_kind: int = 0) -> tuple[Chain, dict[str, Any]]:
+    """A population of ``n`` clients over ``windows`` recent windows, produced and run through the bounded
+    chain (shuffle with --drain): the reference the streaming shuffler must equal."""
+    from pipelines.demo.population import synthesize
+    from transforms.spec import load_spec
+
+    spec = load_spec(SPEC_PATH)
+    chain = new_chain(bootstrap, base, "bounded")
+    produce(chain, synthesize(spec, n, windows=windows, start_ms=recent_start(spec.window_seconds * 1000, back=4),
+                              seed=seed), bad_per_kind=bad_per_kind)
+    return chain, run_inline(chain)
+
+
+def stream_twin(bounded: Chain, out: Path) -> Chain:
+    """The same reports topic and keys, shuffled by the streaming job into its own state, group and topic."""
+    from transforms.kafkaio import ensure_topics
+
+    stream = replace(bounded, shuffled=f"{bounded.shuffled}-sdf", out=out, group=f"{bounded.group}-sdf",
+                     drain=False)
+    ensure_topics(bounded.bootstrap, [stream.shuffled], partitions=3)
+    return stream
+
+
 def recent_start(window_ms: int, back: int = 3) -> int:
     return (int(time.time() * 1000) // window_ms - back) * window_ms
 

@@ -10,25 +10,18 @@ sealed and never seals a window twice.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
 from pipelines import analyze
-from pipelines.demo.population import synthesize
 from tests.e2e.chain_harness import (
-    SPEC_PATH,
     _env,
+    bounded_reference,
     cli_argv,
     estimate_rows,
     ledger_entries,
-    new_chain,
-    produce,
-    recent_start,
-    run_inline,
+    stream_twin,
 )
-from transforms.kafkaio import ensure_topics
-from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow
 N, WINDOWS = 800, 2
@@ -37,14 +30,8 @@ N, WINDOWS = 800, 2
 def test_driver_killed_after_publishing_then_restarted_releases_each_window_once(broker, tmp_path) -> None:
     import subprocess
 
-    spec = load_spec(SPEC_PATH)
-    bounded = new_chain(broker.bootstrap, tmp_path, "ref")
-    produce(bounded, synthesize(spec, N, windows=WINDOWS, start_ms=recent_start(spec.window_seconds * 1000, back=4),
-                                seed=31))
-    run_inline(bounded)
-    stream = replace(bounded, shuffled=f"{bounded.shuffled}-sdf", out=tmp_path / "sdf", group=f"{bounded.group}-sdf",
-                     drain=False)
-    ensure_topics(broker.bootstrap, [stream.shuffled], partitions=3)
+    bounded, _ = bounded_reference(broker.bootstrap, tmp_path, N, WINDOWS, seed=31)
+    stream = stream_twin(bounded, tmp_path / "sdf")
     argv = cli_argv(stream, "shuffle", "--kafka_io", "sdf", "--stop_after_idle_seconds", "2")
 
     killed = subprocess.run(argv, env=_env("shuffle:after_publish"), capture_output=True, text=True, timeout=180)

@@ -13,15 +13,16 @@ from pipelines.demo.population import synthesize
 from pipelines.job import JobConfig
 from tests.e2e.chain_harness import (
     SPEC_PATH,
+    bounded_reference,
     estimate_rows,
     ledger_entries,
     new_chain,
     produce,
     recent_start,
-    run_inline,
+    stream_twin,
     topic_records,
 )
-from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.kafkaio import produce_records, read_topic
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -36,15 +37,9 @@ def streaming(config: JobConfig, **changes: object) -> JobConfig:
 def chains(broker, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One population encoded once; shuffled by the bounded --drain job (``bounded``) and by the streaming job
     (``stream``, its own state, group and shuffled topic); each analyzed by the bounded analyzer."""
-    spec = load_spec(SPEC_PATH)
     base = tmp_path_factory.mktemp("stream")
-    bounded = new_chain(broker.bootstrap, base, "bounded")
-    population = synthesize(spec, N, windows=WINDOWS, start_ms=recent_start(spec.window_seconds * 1000, back=4),
-                            seed=11)
-    produce(bounded, population, bad_per_kind=1)
-    first = run_inline(bounded, ("encode", "shuffle", "analyze"))
-    stream = replace(bounded, shuffled=f"{bounded.shuffled}-sdf", out=base / "sdf", group=f"{bounded.group}-sdf")
-    ensure_topics(broker.bootstrap, [stream.shuffled], partitions=3)
+    bounded, first = bounded_reference(broker.bootstrap, base, N, WINDOWS, seed=11, bad_per_kind=1)
+    stream = stream_twin(bounded, base / "sdf")
     summary = shuffle.run(streaming(stream.config("shuffle")))
     analyzed = analyze.run(stream.config("analyze"))
     return {"bounded": bounded, "stream": stream, "summary": summary, "analyzed": analyzed,
