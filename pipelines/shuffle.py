@@ -43,7 +43,7 @@ from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, ScaleOut, Shuffle, WindowClock
 from transforms.sinks import StageAvroRecords
-from transforms.staging import Location, StageFn, iter_staged, load_staged, stable_name
+from transforms.staging import Location, StageFn, iter_staged, join, load_staged, stable_name
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.state.verified_sets import VerifiedSets
 
@@ -64,13 +64,14 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     subkeys = {s.spec_id: scale.subkeys(s) for s in specs}
     LOG.info("scale-out for %d planned records: %d dedupe buckets, sub-keys %s", scale.records, scale.buckets,
              subkeys)
+    staging = str(run.staging)
+    spill = join(staging, "spill")  # the sets and units themselves; only references are grouped
     ingress = (pipeline | "ReadReports" >> run.reader()
                | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads,
-                                                   scale.buckets))
+                                                   scale.buckets, spill=spill))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
-        specs, shuffler_prf_key(config), clock, subkeys)
-    staging = str(run.staging)
+        specs, shuffler_prf_key(config), clock, subkeys, spill=spill)
     _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", part_name))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
