@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pickle
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -139,6 +140,28 @@ def channel_problem(spec: AnalysisSpec, messages: Sequence[tuple[int, bytes]]) -
     return None
 
 
+_REGISTRIES: dict[str, tuple[tuple[int, int, int] | None, Any]] = {}
+
+
+def shared_registry(path: str) -> Any:
+    """The device registry at ``path``, loaded once per process while the file is unchanged: a runner may
+    set up several ``IngressFn`` instances in one worker, and each copy costs ~56 bytes per enrolled device."""
+    from transforms.trust.devices import DeviceRegistry
+
+    try:
+        st = os.stat(path)
+        stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        stamp = None
+    cached = _REGISTRIES.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    registry = DeviceRegistry.load(path)
+    _REGISTRIES.clear()  # keep one: a long-running job must not collect every version it has seen
+    _REGISTRIES[path] = (stamp, registry)
+    return registry
+
+
 class IngressFn(beam.DoFn):
     """Batches of KafkaRecords -> ((spec, crowd, window_end, bucket), packed sets) + dead letters.
 
@@ -166,9 +189,7 @@ class IngressFn(beam.DoFn):
         self._skipped = Metrics.counter(NAMESPACE, "signatures_verified_before")
 
     def setup(self) -> None:
-        from transforms.trust.devices import DeviceRegistry
-
-        self._registry = DeviceRegistry.load(self._registry_path)
+        self._registry = shared_registry(self._registry_path)
 
     def start_bundle(self) -> None:
         if self._spill:

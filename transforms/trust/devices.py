@@ -38,6 +38,28 @@ def device_id_of(public_key: bytes) -> str:
     return hashlib.sha256(DEVICE_ID_TAG + bytes(public_key)).digest()[:16].hex()
 
 
+def _fixed_width(column: pa.ChunkedArray, width: int) -> np.ndarray:
+    """A string or binary column whose every value has ``width`` bytes, as an (n, width) uint8 array."""
+    try:
+        fixed = column.cast(pa.binary()).cast(pa.binary(width)).combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise ValueError(f"a row's {column.type} value is not {width} bytes long ({err})") from None
+    if fixed.null_count:
+        raise ValueError("a row has no device id or no public key")
+    data = np.frombuffer(fixed.buffers()[1], dtype=np.uint8)
+    return data[fixed.offset * width:(fixed.offset + len(fixed)) * width].reshape(-1, width)
+
+
+_HEX = np.full(256, 255, dtype=np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def _hex_rows(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 32) lowercase hex digits -> ((n, 16) bytes, rows with a digit that is not lowercase hex)."""
+    nibbles = _HEX[text]
+    return (nibbles[:, 0::2] << 4) | nibbles[:, 1::2], (nibbles == 255).any(axis=1)
+
+
 class DeviceRegistry:
     """Enrolled devices: ``device_id -> raw public key``.
 
@@ -66,20 +88,27 @@ class DeviceRegistry:
             table = pq.read_table(path, columns=["device_id", "public_key", "enrolled_at_ms"])
         except (pa.ArrowException, OSError) as err:
             raise KeyFileError(f"{path}: unreadable device registry ({err})") from None
-        ids = table.column("device_id").to_pylist()
-        keys = table.column("public_key").to_pylist()
-        raw_ids = bytearray()
-        for device_id, key in zip(ids, keys, strict=True):
-            if key is None or len(key) != PUBLIC_KEY_BYTES or device_id != device_id_of(key):
-                raise KeyFileError(f"{path}: row for device {device_id!r} does not match its public key")
-            raw_ids += bytes.fromhex(device_id)
-        id_bytes = np.frombuffer(bytes(raw_ids), dtype=np.uint8).reshape(-1, 16)
+        # Column-wise, no Python object per device: the rows went through to_pylist() before, which left
+        # ~200 bytes per enrolled device of freed-but-kept heap in every process that loaded the registry.
+        try:
+            ids = _fixed_width(table.column("device_id"), 32)
+            keys = _fixed_width(table.column("public_key"), PUBLIC_KEY_BYTES)
+        except ValueError as err:
+            raise KeyFileError(f"{path}: {err}") from None
+        id_bytes, not_hex = _hex_rows(ids)
+        for row in range(len(keys)):  # the self-certifying check, one hash at a time
+            if not_hex[row] or (id_bytes[row].tobytes()
+                                != hashlib.sha256(DEVICE_ID_TAG + keys[row].tobytes()).digest()[:16]):
+                shown = ids[row].tobytes().decode("ascii", "replace")
+                raise KeyFileError(f"{path}: row for device {shown!r} does not match its public key")
         order = np.argsort(id_bytes.view("S16").ravel(), kind="stable")
         registry._id_bytes = np.ascontiguousarray(id_bytes[order])
         registry._ids = registry._id_bytes.view("S16").ravel()
-        registry._keys = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, PUBLIC_KEY_BYTES)[order]
+        registry._keys = np.ascontiguousarray(keys[order])
         registry._times = np.asarray(table.column("enrolled_at_ms").to_numpy(zero_copy_only=False),
                                      dtype=np.int64)[order]
+        del table, ids, keys, id_bytes  # the Arrow buffers (views above point into them) ...
+        pa.default_memory_pool().release_unused()  # ... go back to the system, not to a pool kept for nothing
         if len(order) > 1 and not (registry._ids[1:] != registry._ids[:-1]).all():
             raise KeyFileError(f"{path}: a device is enrolled twice")
         return registry
