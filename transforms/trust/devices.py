@@ -38,10 +38,29 @@ def device_id_of(public_key: bytes) -> str:
     return hashlib.sha256(DEVICE_ID_TAG + bytes(public_key)).digest()[:16].hex()
 
 
-def _fixed_width(column: pa.ChunkedArray, width: int) -> np.ndarray:
+_LOAD_BATCH = 65_536  # registry rows per record batch while loading
+
+
+def _checked_rows(path: Path, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's (raw ids (n, 16), keys (n, 32)), every id checked to be the hash of its key."""
+    try:
+        ids = _fixed_width(batch.column(0), 32)
+        keys = _fixed_width(batch.column(1), PUBLIC_KEY_BYTES)
+    except ValueError as err:
+        raise KeyFileError(f"{path}: {err}") from None
+    id_bytes, not_hex = _hex_rows(ids)
+    for row in range(len(keys)):  # the self-certifying check, one hash at a time
+        if not_hex[row] or (id_bytes[row].tobytes()
+                            != hashlib.sha256(DEVICE_ID_TAG + keys[row].tobytes()).digest()[:16]):
+            shown = ids[row].tobytes().decode("ascii", "replace")
+            raise KeyFileError(f"{path}: row for device {shown!r} does not match its public key")
+    return id_bytes, keys
+
+
+def _fixed_width(column: pa.Array, width: int) -> np.ndarray:
     """A string or binary column whose every value has ``width`` bytes, as an (n, width) uint8 array."""
     try:
-        fixed = column.cast(pa.binary()).cast(pa.binary(width)).combine_chunks()
+        fixed = column.cast(pa.binary()).cast(pa.binary(width))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
         raise ValueError(f"a row's {column.type} value is not {width} bytes long ({err})") from None
     if fixed.null_count:
@@ -84,31 +103,36 @@ class DeviceRegistry:
         registry = cls()
         if not path.exists():
             return registry
+        # Streamed in record batches into preallocated arrays, no Python object per device: reading the
+        # table whole and going through to_pylist() peaked at ~570 bytes per enrolled device (0.6 GB for a
+        # million), in every process that loads the registry.
         try:
-            table = pq.read_table(path, columns=["device_id", "public_key", "enrolled_at_ms"])
+            source = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+            n = source.metadata.num_rows
+            id_bytes = np.empty((n, 16), dtype=np.uint8)
+            keys = np.empty((n, PUBLIC_KEY_BYTES), dtype=np.uint8)
+            times = np.empty(n, dtype=np.int64)
+            done = 0
+            for batch in source.iter_batches(batch_size=_LOAD_BATCH, use_threads=False,
+                                             columns=["device_id", "public_key", "enrolled_at_ms"]):
+                stop = done + batch.num_rows
+                if stop > n:
+                    raise KeyFileError(f"{path}: more rows than its metadata says")
+                id_bytes[done:stop], keys[done:stop] = _checked_rows(path, batch)
+                times[done:stop] = batch.column(2).to_numpy(zero_copy_only=False)
+                done = stop
         except (pa.ArrowException, OSError) as err:
             raise KeyFileError(f"{path}: unreadable device registry ({err})") from None
-        # Column-wise, no Python object per device: the rows went through to_pylist() before, which left
-        # ~200 bytes per enrolled device of freed-but-kept heap in every process that loaded the registry.
-        try:
-            ids = _fixed_width(table.column("device_id"), 32)
-            keys = _fixed_width(table.column("public_key"), PUBLIC_KEY_BYTES)
-        except ValueError as err:
-            raise KeyFileError(f"{path}: {err}") from None
-        id_bytes, not_hex = _hex_rows(ids)
-        for row in range(len(keys)):  # the self-certifying check, one hash at a time
-            if not_hex[row] or (id_bytes[row].tobytes()
-                                != hashlib.sha256(DEVICE_ID_TAG + keys[row].tobytes()).digest()[:16]):
-                shown = ids[row].tobytes().decode("ascii", "replace")
-                raise KeyFileError(f"{path}: row for device {shown!r} does not match its public key")
+        finally:
+            pa.default_memory_pool().release_unused()  # Arrow's buffers back to the system, not kept in a pool
+        if done != n:
+            raise KeyFileError(f"{path}: fewer rows than its metadata says")
         order = np.argsort(id_bytes.view("S16").ravel(), kind="stable")
         registry._id_bytes = np.ascontiguousarray(id_bytes[order])
         registry._ids = registry._id_bytes.view("S16").ravel()
         registry._keys = np.ascontiguousarray(keys[order])
-        registry._times = np.asarray(table.column("enrolled_at_ms").to_numpy(zero_copy_only=False),
-                                     dtype=np.int64)[order]
-        del table, ids, keys, id_bytes  # the Arrow buffers (views above point into them) ...
-        pa.default_memory_pool().release_unused()  # ... go back to the system, not to a pool kept for nothing
+        registry._times = times[order]
+        del id_bytes, keys, times
         if len(order) > 1 and not (registry._ids[1:] != registry._ids[:-1]).all():
             raise KeyFileError(f"{path}: a device is enrolled twice")
         return registry
