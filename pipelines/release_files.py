@@ -81,9 +81,11 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
         raise ValueError("write_release takes the parts of one release")
     n_sets = sum(p.n_sets for p in parts)
     deleted = None if any(p.deleted is None for p in parts) else sum(p.deleted for p in parts)
-    messages = PackedMessages.concat([PackedMessages.of(p.messages) for p in parts])
+    packs = [PackedMessages.of(p.messages) for p in parts]  # not joined: one copy of a release, not two
+    n_messages = sum(len(m) for m in packs)
     rid = release_id_of(spec_id, crowd, end)
-    bounds = batch_bounds(messages)
+    bounds = batch_bounds_of(np.concatenate([m.channels for m in packs]),
+                             np.concatenate([np.diff(m.offsets) for m in packs]))
     path = Path(directory) / f"{rid}.bin"
     ensure_dir(path.parent)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
@@ -91,8 +93,8 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     try:
         with open(temp, "wb") as handle:
             for i, (start, stop) in enumerate(bounds):
-                chunk = tuple(SealedMessage(c, m) for c, m in messages[start:stop])
-                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, len(messages), deleted,
+                chunk = tuple(SealedMessage(c, m) for c, m in _messages_between(packs, start, stop))
+                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, n_messages, deleted,
                                      chunk)
                 data = encode_release_batch(sign_release_batch(batch, key_id, signer))
                 for piece in (FRAME.pack(len(data)), data):
@@ -104,8 +106,19 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
         raise
-    return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, len(messages),
+    return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, n_messages,
                        len(bounds))
+
+
+def _messages_between(packs: Sequence[PackedMessages], start: int, stop: int) -> Iterator[tuple[int, bytes]]:
+    """Messages ``start:stop`` of the packs read as one sequence."""
+    first = 0
+    for pack in packs:
+        if first >= stop:
+            return
+        if first + len(pack) > start:
+            yield from pack[max(start - first, 0):min(stop - first, len(pack))]
+        first += len(pack)
 
 
 def _varint_bytes(values: np.ndarray) -> np.ndarray:
@@ -118,13 +131,18 @@ def _varint_bytes(values: np.ndarray) -> np.ndarray:
 def batch_bounds(messages: PackedMessages, max_bytes: int = MAX_BATCH_BYTES) -> list[tuple[int, int]]:
     """[start, stop) of each batch: the cut of ``split_into_batches`` (greedy, each batch's encoding within
     ``max_bytes``, a message over budget alone, an empty release one empty batch), from the arrays alone."""
+    return batch_bounds_of(messages.channels, np.diff(messages.offsets), max_bytes)
+
+
+def batch_bounds_of(channels: np.ndarray, lengths: np.ndarray, max_bytes: int = MAX_BATCH_BYTES
+                    ) -> list[tuple[int, int]]:
+    """``batch_bounds`` of the messages with these channels and payload lengths."""
     from transforms.trust.release import BATCH_HEADER_BYTES
 
     budget = max_bytes - BATCH_HEADER_BYTES
     if budget < 1024:
         raise ValueError(f"max_bytes must be at least {BATCH_HEADER_BYTES + 1024}, got {max_bytes}")
-    lengths = np.diff(messages.offsets)
-    sizes = (_varint_bytes(messages.channels) + _varint_bytes(lengths) + lengths).tolist()
+    sizes = (_varint_bytes(channels) + _varint_bytes(lengths) + lengths).tolist()
     bounds, start, used = [], 0, 0
     for i, size in enumerate(sizes):
         if i > start and used + size > budget:
