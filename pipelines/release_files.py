@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import secrets
 import struct
@@ -75,25 +76,36 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     from transforms.trust.message_set import SealedMessage
     from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 
-    first = parts[0]
-    spec_id, crowd, end = first.spec_id, first.crowd_id, first.window_end_ms
-    if any((p.spec_id, p.crowd_id, p.window_end_ms) != (spec_id, crowd, end) for p in parts):
-        raise ValueError("write_release takes the parts of one release")
-    n_sets = sum(p.n_sets for p in parts)
-    deleted = None if any(p.deleted is None for p in parts) else sum(p.deleted for p in parts)
-    packs = [PackedMessages.of(p.messages) for p in parts]  # not joined: one copy of a release, not two
-    n_messages = sum(len(m) for m in packs)
+    # Two passes over the parts, each holding one part at a time (``parts`` may load them from staging on
+    # access): the release's layout first (12 bytes per message), then its messages, batch by batch.
+    spec_id = crowd = end = None
+    n_sets, deleted, channels, lengths = 0, 0, [], []
+    for i, p in enumerate(parts):
+        if i == 0:
+            spec_id, crowd, end = p.spec_id, p.crowd_id, p.window_end_ms
+        elif (p.spec_id, p.crowd_id, p.window_end_ms) != (spec_id, crowd, end):
+            raise ValueError("write_release takes the parts of one release")
+        n_sets += p.n_sets
+        deleted = None if deleted is None or p.deleted is None else deleted + p.deleted
+        pack = PackedMessages.of(p.messages)
+        channels.append(pack.channels)
+        lengths.append(np.diff(pack.offsets))
+        del p, pack
+    if spec_id is None or end is None:
+        raise ValueError("write_release needs at least one part")
+    bounds = batch_bounds_of(np.concatenate(channels), np.concatenate(lengths))
+    n_messages = sum(len(c) for c in channels)
+    del channels, lengths
     rid = release_id_of(spec_id, crowd, end)
-    bounds = batch_bounds_of(np.concatenate([m.channels for m in packs]),
-                             np.concatenate([np.diff(m.offsets) for m in packs]))
     path = Path(directory) / f"{rid}.bin"
     ensure_dir(path.parent)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     digest = hashlib.sha256()
     try:
         with open(temp, "wb") as handle:
+            stream = (m for p in parts for m in PackedMessages.of(p.messages))  # one part at a time
             for i, (start, stop) in enumerate(bounds):
-                chunk = tuple(SealedMessage(c, m) for c, m in _messages_between(packs, start, stop))
+                chunk = tuple(SealedMessage(c, m) for c, m in itertools.islice(stream, stop - start))
                 batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, n_messages, deleted,
                                      chunk)
                 data = encode_release_batch(sign_release_batch(batch, key_id, signer))
@@ -109,16 +121,6 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, n_messages,
                        len(bounds))
 
-
-def _messages_between(packs: Sequence[PackedMessages], start: int, stop: int) -> Iterator[tuple[int, bytes]]:
-    """Messages ``start:stop`` of the packs read as one sequence."""
-    first = 0
-    for pack in packs:
-        if first >= stop:
-            return
-        if first + len(pack) > start:
-            yield from pack[max(start - first, 0):min(stop - first, len(pack))]
-        first += len(pack)
 
 
 def _varint_bytes(values: np.ndarray) -> np.ndarray:

@@ -227,9 +227,17 @@ def iter_staged(directory: Location, prefix: str) -> Iterator[Any]:
     """Every element staged under ``prefix``, once each, in element-name order (deterministic).
 
     Elements are unpickled one at a time, so a caller that consumes them as it goes holds one at a time;
-    large ones (``KEEP_IN_MEMORY`` bytes and more: a release's parts) are not even kept pickled meanwhile,
-    but read again from their file when their turn comes -- the driver would otherwise hold every staged
-    release at once.
+    large ones are not even kept pickled meanwhile (see ``iter_staged_lazily``).
+    """
+    for _, load in iter_staged_lazily(directory, prefix):
+        yield load()
+
+
+def iter_staged_lazily(directory: Location, prefix: str) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """(name, load) of every element staged under ``prefix``, in element-name order; ``load()`` unpickles it.
+
+    Large elements (``KEEP_IN_MEMORY`` bytes and more: a release's parts) are not held: ``load`` reads them
+    from their file, every time it is called -- the driver would otherwise hold every staged release at once.
     """
     by_name: dict[str, bytes | str] = {}  # name -> pickled element, or the path of the file holding it
     for path in staged_files(directory, f"{prefix}-*.pkl"):
@@ -238,8 +246,9 @@ def iter_staged(directory: Location, prefix: str) -> Iterator[Any]:
     for name in sorted(by_name):
         held = by_name.pop(name)
         if isinstance(held, str):
-            held = _element_of(held, name)
-        yield pickle.loads(held)
+            yield name, lambda path=held, name=name: pickle.loads(_element_of(path, name))
+        else:
+            yield name, lambda data=held: pickle.loads(data)
 
 
 def _element_of(path: str, name: str) -> bytes:
