@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,3 +240,16 @@ def test_a_set_verified_by_an_earlier_run_is_not_verified_again_but_still_checke
     again._registry = DeviceRegistry()
     main, tagged = split_outputs(again.process([good]))
     assert not main and "unknown device" in tagged[DEAD][0]["reason"]
+
+
+def test_the_registry_is_loaded_once_per_process_until_its_file_changes(tmp_path: Path) -> None:
+    """Several IngressFn instances in one worker share one registry; an enrolment (a new file) is seen."""
+    from pipelines.enrolment import enrol_simulated
+    from transforms.ingress import shared_registry
+
+    fleet = Devices.enrol(tmp_path / "keys", 3)
+    first, second = ingress_fn([SPEC], fleet), ingress_fn([SPEC], fleet)
+    assert first._registry is second._registry and len(first._registry) == 3
+    enrol_simulated(fleet.keys_dir, ["late-comer"])
+    again = shared_registry(fleet.registry)
+    assert again is not first._registry and len(again) == 4
