@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import secrets
 import struct
@@ -75,24 +76,37 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     from transforms.trust.message_set import SealedMessage
     from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 
-    first = parts[0]
-    spec_id, crowd, end = first.spec_id, first.crowd_id, first.window_end_ms
-    if any((p.spec_id, p.crowd_id, p.window_end_ms) != (spec_id, crowd, end) for p in parts):
-        raise ValueError("write_release takes the parts of one release")
-    n_sets = sum(p.n_sets for p in parts)
-    deleted = None if any(p.deleted is None for p in parts) else sum(p.deleted for p in parts)
-    messages = PackedMessages.concat([PackedMessages.of(p.messages) for p in parts])
+    # Two passes over the parts, each holding one part at a time (``parts`` may load them from staging on
+    # access): the release's layout first (12 bytes per message), then its messages, batch by batch.
+    spec_id = crowd = end = None
+    n_sets, deleted, channels, lengths = 0, 0, [], []
+    for i, p in enumerate(parts):
+        if i == 0:
+            spec_id, crowd, end = p.spec_id, p.crowd_id, p.window_end_ms
+        elif (p.spec_id, p.crowd_id, p.window_end_ms) != (spec_id, crowd, end):
+            raise ValueError("write_release takes the parts of one release")
+        n_sets += p.n_sets
+        deleted = None if deleted is None or p.deleted is None else deleted + p.deleted
+        pack = PackedMessages.of(p.messages)
+        channels.append(pack.channels)
+        lengths.append(np.diff(pack.offsets))
+        del p, pack
+    if spec_id is None or end is None:
+        raise ValueError("write_release needs at least one part")
+    bounds = batch_bounds_of(np.concatenate(channels), np.concatenate(lengths))
+    n_messages = sum(len(c) for c in channels)
+    del channels, lengths
     rid = release_id_of(spec_id, crowd, end)
-    bounds = batch_bounds(messages)
     path = Path(directory) / f"{rid}.bin"
     ensure_dir(path.parent)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     digest = hashlib.sha256()
     try:
         with open(temp, "wb") as handle:
+            stream = (m for p in parts for m in PackedMessages.of(p.messages))  # one part at a time
             for i, (start, stop) in enumerate(bounds):
-                chunk = tuple(SealedMessage(c, m) for c, m in messages[start:stop])
-                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, len(messages), deleted,
+                chunk = tuple(SealedMessage(c, m) for c, m in itertools.islice(stream, stop - start))
+                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, n_messages, deleted,
                                      chunk)
                 data = encode_release_batch(sign_release_batch(batch, key_id, signer))
                 for piece in (FRAME.pack(len(data)), data):
@@ -104,8 +118,9 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
         with contextlib.suppress(FileNotFoundError):
             temp.unlink()
         raise
-    return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, len(messages),
+    return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, n_messages,
                        len(bounds))
+
 
 
 def _varint_bytes(values: np.ndarray) -> np.ndarray:
@@ -118,13 +133,18 @@ def _varint_bytes(values: np.ndarray) -> np.ndarray:
 def batch_bounds(messages: PackedMessages, max_bytes: int = MAX_BATCH_BYTES) -> list[tuple[int, int]]:
     """[start, stop) of each batch: the cut of ``split_into_batches`` (greedy, each batch's encoding within
     ``max_bytes``, a message over budget alone, an empty release one empty batch), from the arrays alone."""
+    return batch_bounds_of(messages.channels, np.diff(messages.offsets), max_bytes)
+
+
+def batch_bounds_of(channels: np.ndarray, lengths: np.ndarray, max_bytes: int = MAX_BATCH_BYTES
+                    ) -> list[tuple[int, int]]:
+    """``batch_bounds`` of the messages with these channels and payload lengths."""
     from transforms.trust.release import BATCH_HEADER_BYTES
 
     budget = max_bytes - BATCH_HEADER_BYTES
     if budget < 1024:
         raise ValueError(f"max_bytes must be at least {BATCH_HEADER_BYTES + 1024}, got {max_bytes}")
-    lengths = np.diff(messages.offsets)
-    sizes = (_varint_bytes(messages.channels) + _varint_bytes(lengths) + lengths).tolist()
+    sizes = (_varint_bytes(channels) + _varint_bytes(lengths) + lengths).tolist()
     bounds, start, used = [], 0, 0
     for i, size in enumerate(sizes):
         if i > start and used + size > budget:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,7 +43,7 @@ from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
 from transforms.shuffle import ReleasePart, ScaleOut, Shuffle, WindowClock
 from transforms.sinks import StageAvroRecords
-from transforms.staging import Location, StageFn, iter_staged, load_staged, stable_name
+from transforms.staging import Location, StageFn, iter_staged_lazily, join, load_staged, stable_name
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.state.verified_sets import VerifiedSets
 
@@ -64,13 +64,14 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     subkeys = {s.spec_id: scale.subkeys(s) for s in specs}
     LOG.info("scale-out for %d planned records: %d dedupe buckets, sub-keys %s", scale.records, scale.buckets,
              subkeys)
+    staging = str(run.staging)
+    spill = join(staging, "spill")  # the sets and units themselves; only references are grouped
     ingress = (pipeline | "ReadReports" >> run.reader()
                | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads,
-                                                   scale.buckets))
+                                                   scale.buckets, spill=spill))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
-        specs, shuffler_prf_key(config), clock, subkeys)
-    staging = str(run.staging)
+        specs, shuffler_prf_key(config), clock, subkeys, spill=spill)
     _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", part_name))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
@@ -94,11 +95,28 @@ def release_file(config: JobConfig, release_id: str) -> Path:
     return config.state / "releases" / f"{release_id}.bin"
 
 
-def staged_releases(staging: Location) -> Iterator[list[ReleasePart]]:
+class StagedParts(Sequence[ReleasePart]):
+    """The staged parts of one release, each read from staging when accessed (not kept): the driver holds
+    one part (a sub-crowd) at a time, not a whole release, however large the crowd."""
+
+    def __init__(self, loaders: Sequence[Callable[[], ReleasePart]]):
+        self._loaders = list(loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+    def __getitem__(self, index: int) -> ReleasePart:  # type: ignore[override]
+        return self._loaders[index]()
+
+
+def staged_releases(staging: Location) -> Iterator[StagedParts]:
     """The staged parts, one release at a time (part names start with the release id), sub-key order."""
-    for _, parts in itertools.groupby(iter_staged(staging, "part"),
-                                      key=lambda p: (p.spec_id, p.crowd_id, p.window_end_ms)):
-        yield list(parts)
+    def release_of(named: tuple[str, Callable[[], ReleasePart]]) -> tuple[str, str | None, int]:
+        part = named[1]()  # read once more for its key only, then dropped
+        return part.spec_id, part.crowd_id, part.window_end_ms
+
+    for _, named in itertools.groupby(iter_staged_lazily(staging, "part"), key=release_of):
+        yield StagedParts([load for _, load in named])
 
 
 def publish(config: JobConfig, release_id: str, path: Path) -> int:

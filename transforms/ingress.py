@@ -11,6 +11,10 @@ The first thing the shuffler does with a record, before it is allowed to influen
 5. place it: a window already in the release ledger either contains it (its offset is below the read
    that sealed the release: a re-read, skipped) or it is late (dead-lettered, never released again).
 
+Admitted sets leave packed per (spec, crowd, window, dedupe bucket) (``transforms.packed_sets``): pickled
+``PackedSets`` per input batch, or, given a spill location, ``SpillRef``s to files holding a bundle's sets
+(``transforms.spill``), so that the group-by-key behind carries references, not the sets.
+
 Records a previous run already dead-lettered (offset below that run's end) are skipped, not dead-lettered
 twice. Payloads stay sealed: the shuffler never holds the analyzer's key. Every outcome is a counter, so a
 run balances: read = dead-lettered + re-read + held + deleted + released (in message sets).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pickle
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,16 +32,21 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.dead_letters import record_dead_letter
 from transforms.encode import crowd_of
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import channel_count, is_single_message
+from transforms.packed_sets import PackedSets
 from transforms.parallel import map_ordered
 from transforms.records import PRESENCE, SourceRef
 from transforms.spec import AnalysisSpec
+from transforms.spill import SpillBuffer
+from transforms.staging import Location
 from transforms.state.verified_sets import VerifiedSets
 
 LOG = logging.getLogger(__name__)
@@ -131,16 +141,44 @@ def channel_problem(spec: AnalysisSpec, messages: Sequence[tuple[int, bytes]]) -
     return None
 
 
-class IngressFn(beam.DoFn):
-    """Batches of KafkaRecords -> ((spec, crowd, window_end, bucket), pickled [SetElement]) + dead letters.
+_REGISTRIES: dict[str, tuple[tuple[int, int, int] | None, Any]] = {}
 
-    Also emits, on ``TIMES``, (partition key, max authenticated event time) per input batch: the
-    watermark is computed from authenticated, in-range records only, read for the first time.
+
+def shared_registry(path: str) -> Any:
+    """The device registry at ``path``, loaded once per process while the file is unchanged: a runner may
+    set up several ``IngressFn`` instances in one worker, and each copy costs ~56 bytes per enrolled device."""
+    from transforms.trust.devices import DeviceRegistry
+
+    try:
+        st = os.stat(path)
+        stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        stamp = None
+    cached = _REGISTRIES.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    registry = DeviceRegistry.load(path)
+    _REGISTRIES.clear()  # keep one: a long-running job must not collect every version it has seen
+    _REGISTRIES[path] = (stamp, registry)
+    return registry
+
+
+class IngressFn(beam.DoFn):
+    """Batches of KafkaRecords -> ((spec, crowd, window_end, bucket), packed sets) + dead letters.
+
+    The packed sets are a pickled ``PackedSets`` per input batch and key, or, with ``spill`` (a directory
+    or URL), a ``SpillRef`` per key and spilled file (``transforms.spill``: a bundle's sets are buffered and
+    written in files of ``spill_bytes``). Also emits, on ``TIMES``, (partition key, max authenticated event
+    time) per input batch: the watermark is computed from authenticated, in-range records only, read for
+    the first time.
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy,
-                 threads: int = 0, buckets: int = DEDUPE_BUCKETS):
+                 threads: int = 0, buckets: int = DEDUPE_BUCKETS, *, spill: Location | None = None,
+                 spill_bytes: int | None = None):
         self._specs = {s.spec_id: s for s in specs}
+        self._spill, self._spill_bytes = (str(spill) if spill else None), spill_bytes
+        self._buffer: SpillBuffer | None = None
         self._buckets = buckets  # dedupe groups per (crowd, window): transforms.shuffle.ScaleOut
         self._registry_path, self._prior, self._times = registry_path, prior, times
         self._threads = threads  # signature checks of a batch run on this many threads (0: one per core)
@@ -152,9 +190,17 @@ class IngressFn(beam.DoFn):
         self._skipped = Metrics.counter(NAMESPACE, "signatures_verified_before")
 
     def setup(self) -> None:
-        from transforms.trust.devices import DeviceRegistry
+        self._registry = shared_registry(self._registry_path)
 
-        self._registry = DeviceRegistry.load(self._registry_path)
+    def start_bundle(self) -> None:
+        if self._spill:
+            extra = {"max_bytes": self._spill_bytes} if self._spill_bytes else {}
+            self._buffer = SpillBuffer(self._spill, PackedSets.concat, lambda p: p.nbytes, **extra)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self._buffer is not None:
+            for kv in self._buffer.flush():
+                yield GlobalWindows.windowed_value(kv)
 
     def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
         groups: dict[tuple[str, str | None, int, int], list[SetElement]] = {}
@@ -199,10 +245,16 @@ class IngressFn(beam.DoFn):
         for pkey, event_ms in latest.items():
             yield TaggedOutput(TIMES, (pkey, event_ms))
         for pkey, entries in checked.items():
-            yield TaggedOutput(VERIFIED, (pkey, [o for o, _ in entries], b"".join(d for _, d in entries)))
+            # offsets as an int64 array: the driver merges every verified set of the run (a list of Python ints
+            # cost 36 bytes per set there)
+            yield TaggedOutput(VERIFIED, (pkey, np.fromiter((o for o, _ in entries), np.int64, len(entries)),
+                                          b"".join(d for _, d in entries)))
         for key, items in groups.items():
-            # One pickle per list: Beam's coder would otherwise pickle every set on its own.
-            yield key, pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+            packed = PackedSets.of(key[0], key[1], key[2], items)
+            if self._buffer is not None:
+                yield from self._buffer.add(key, packed)
+            else:  # pickled here: Beam's coder would otherwise pickle it through a slower generic path
+                yield key, pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
 
     def _admit_safely(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, bool]:
         """``_admit``, with any exception on one record turned into that record's dead-letter reason."""

@@ -46,6 +46,7 @@ FORMAT = "esa-staged-batch"
 VERSION = 1
 MAX_BATCH_BYTES = 8 << 20  # flush a bundle's buffer past this many pickled bytes (bounded worker memory)
 MAX_BATCH_ELEMENTS = 50_000  # ... or this many elements
+KEEP_IN_MEMORY = 1 << 20  # iter_staged re-reads elements this large from their file instead of holding them
 
 
 class StagingError(RuntimeError):
@@ -225,14 +226,36 @@ def _read_batch(path: str) -> list[tuple[str, bytes]]:
 def iter_staged(directory: Location, prefix: str) -> Iterator[Any]:
     """Every element staged under ``prefix``, once each, in element-name order (deterministic).
 
-    Elements are unpickled one at a time, so a caller that consumes them as it goes holds one at a time.
+    Elements are unpickled one at a time, so a caller that consumes them as it goes holds one at a time;
+    large ones are not even kept pickled meanwhile (see ``iter_staged_lazily``).
     """
-    by_name: dict[str, bytes] = {}
+    for _, load in iter_staged_lazily(directory, prefix):
+        yield load()
+
+
+def iter_staged_lazily(directory: Location, prefix: str) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """(name, load) of every element staged under ``prefix``, in element-name order; ``load()`` unpickles it.
+
+    Large elements (``KEEP_IN_MEMORY`` bytes and more: a release's parts) are not held: ``load`` reads them
+    from their file, every time it is called -- the driver would otherwise hold every staged release at once.
+    """
+    by_name: dict[str, bytes | str] = {}  # name -> pickled element, or the path of the file holding it
     for path in staged_files(directory, f"{prefix}-*.pkl"):
         for name, data in _read_batch(path):
-            by_name.setdefault(name, data)  # a retried bundle's copy: the same element by construction
+            by_name.setdefault(name, data if len(data) < KEEP_IN_MEMORY else path)  # a retried bundle's copy: same
     for name in sorted(by_name):
-        yield pickle.loads(by_name.pop(name))
+        held = by_name.pop(name)
+        if isinstance(held, str):
+            yield name, lambda path=held, name=name: pickle.loads(_element_of(path, name))
+        else:
+            yield name, lambda data=held: pickle.loads(data)
+
+
+def _element_of(path: str, name: str) -> bytes:
+    for item, data in _read_batch(path):
+        if item == name:
+            return data
+    raise StagingError(f"staged file {path} no longer holds {name}")
 
 
 def load_staged(directory: Location, prefix: str) -> list[Any]:

@@ -132,15 +132,20 @@ def ingress_fn(specs: Sequence[AnalysisSpec], devices: Devices, prior: PriorRuns
 
 def shuffle_run(tmp_path: Path, specs: Sequence[AnalysisSpec], devices: Devices, records: list[KafkaRecord], *,
                 key: bytes = KEY, clock: WindowClock | None = None, prior: PriorRuns | None = None,
-                times: TimePolicy = TIMES_POLICY, batch: int = 25) -> PipelineRun:
-    """IngressFn + Shuffle as ``pipelines.shuffle.build`` wires them; outputs released, held, dead, times."""
+                times: TimePolicy = TIMES_POLICY, batch: int = 25, spill: Path | None = None,
+                spill_bytes: int | None = None) -> PipelineRun:
+    """IngressFn + Shuffle as ``pipelines.shuffle.build`` wires them; outputs released, held, dead, times.
+
+    ``spill``: the sets and units go through files there (as the shuffle job runs), not through Beam."""
     batches = [records[i:i + batch] for i in range(0, len(records), batch)]
 
     def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
         ingress = (p | beam.Create(batches, reshuffle=False)
-                   | beam.ParDo(IngressFn(list(specs), devices.registry, prior or PriorRuns(), times))
+                   | beam.ParDo(IngressFn(list(specs), devices.registry, prior or PriorRuns(), times, spill=spill,
+                                          spill_bytes=spill_bytes))
                    .with_outputs(DEAD, TIMES, main="sets"))
-        released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | Shuffle(specs, key, clock or drain_clock())
+        released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | Shuffle(specs, key, clock or drain_clock(),
+                                                                                   spill=spill)
         return {"released": released, "held": held, "dead": (ingress[DEAD], dead) | beam.Flatten(),
                 "times": run_times}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from tests.transforms.release_inputs import (
     make_spec,
     split_outputs,
 )
-from transforms.ingress import DEAD, TIMES, IngressFn, PriorRuns
+from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, PriorRuns
 from transforms.kafkaio import KafkaRecord
 from transforms.records import PRESENCE
 from transforms.trust.message_set import decode_message_set, encode_message_set
@@ -207,6 +208,8 @@ def test_verification_threads_change_nothing_but_speed(devices: Devices) -> None
         fn = IngressFn([SPEC, CROWDED, RAPPOR], devices.registry, PriorRuns(), TIMES_POLICY, threads)
         fn.setup()
         main, tagged = split_outputs(fn.process(records))
+        if VERIFIED in tagged:  # offsets arrive as int64 arrays
+            tagged[VERIFIED] = [(pkey, offsets.tolist(), digests) for pkey, offsets, digests in tagged[VERIFIED]]
         return [(key, pickle.loads(blob)) for key, blob in main], tagged
 
     serial, threaded = outputs(1), outputs(3)
@@ -216,7 +219,6 @@ def test_verification_threads_change_nothing_but_speed(devices: Devices) -> None
 
 def test_a_set_verified_by_an_earlier_run_is_not_verified_again_but_still_checked(devices: Devices) -> None:
     """Re-reads of held sets skip the signature only for the very bytes verified before at that position."""
-    from transforms.ingress import VERIFIED
     from transforms.state.verified_sets import VerifiedSets
     from transforms.trust.devices import DeviceRegistry
 
@@ -238,3 +240,16 @@ def test_a_set_verified_by_an_earlier_run_is_not_verified_again_but_still_checke
     again._registry = DeviceRegistry()
     main, tagged = split_outputs(again.process([good]))
     assert not main and "unknown device" in tagged[DEAD][0]["reason"]
+
+
+def test_the_registry_is_loaded_once_per_process_until_its_file_changes(tmp_path: Path) -> None:
+    """Several IngressFn instances in one worker share one registry; an enrolment (a new file) is seen."""
+    from pipelines.enrolment import enrol_simulated
+    from transforms.ingress import shared_registry
+
+    fleet = Devices.enrol(tmp_path / "keys", 3)
+    first, second = ingress_fn([SPEC], fleet), ingress_fn([SPEC], fleet)
+    assert first._registry is second._registry and len(first._registry) == 3
+    enrol_simulated(fleet.keys_dir, ["late-comer"])
+    again = shared_registry(fleet.registry)
+    assert again is not first._registry and len(again) == 4

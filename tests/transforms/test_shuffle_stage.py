@@ -260,3 +260,21 @@ def test_deletion_count_moments_of_a_large_crowd() -> None:
 def test_noisy_crowd_target(n: int, noise: int, expected: int) -> None:
     assert noisy_crowd_target(n, noise, T) == expected
 
+
+
+def test_spilled_sets_and_units_release_exactly_what_in_memory_ones_do(tmp_path: Path,
+                                                                       two_windows: TwoWindows) -> None:
+    """The shuffle job spills its sets and units to files and groups references: same releases, byte for
+    byte, same dead letters, same counters, and the files are where they were asked to be."""
+    t = two_windows
+    spill = tmp_path / "spill"
+    run = shuffle_run(tmp_path, [SPEC], t.devices, t.records, spill=spill, spill_bytes=4000)
+    key = lambda p: (p.window_end_ms, p.subkey)  # noqa: E731
+    inline, spilled = sorted(t.run.values("released"), key=key), sorted(run.values("released"), key=key)
+    assert [p._replace(messages=list(p.messages)) for p in spilled] == \
+        [p._replace(messages=list(p.messages)) for p in inline]
+    assert sorted(run.values("dead"), key=lambda d: d["offset"]) == \
+        sorted(t.run.values("dead"), key=lambda d: d["offset"])
+    for name in ("sets_released", "sets_deleted", "dead_lettered", "sets_valid", "distinct_devices"):
+        assert run.count(name) == t.run.count(name), name
+    assert len(list(spill.glob("*.spill"))) >= 3  # several ingress files (4,000-byte flushes), dedupe files

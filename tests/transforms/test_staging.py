@@ -46,3 +46,25 @@ def test_foreign_or_damaged_files_are_errors(tmp_path: Path) -> None:
     (tmp_path / "part-old.pkl").write_bytes(b"\x80\x05garbage")
     with pytest.raises(StagingError, match="damaged"):
         load_staged(tmp_path, "part")
+
+
+def test_large_elements_are_read_from_their_file_only_when_their_turn_comes(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release's parts are megabytes each: the loader keeps small elements and reads large ones late."""
+    import transforms.staging as staging
+
+    elements = {stable_name(i): ("elem", i, b"x" * (i * 40)) for i in range(12)}
+    names = sorted(elements)
+    write_batch(tmp_path, "part", [(n, pickle.dumps(elements[n])) for n in names[:7]])
+    write_batch(tmp_path, "part", [(n, pickle.dumps(elements[n])) for n in names[7:]])
+    expected = [elements[n] for n in names]
+    assert load_staged(tmp_path, "part") == expected
+    monkeypatch.setattr(staging, "KEEP_IN_MEMORY", 200)  # elements 5.. are "large"
+    assert load_staged(tmp_path, "part") == expected
+    loader = iter_staged(tmp_path, "part")
+    assert next(loader) == expected[0]  # every file listed and indexed; then a large element's file goes
+    assert any(elements[n][1] >= 5 for n in names[7:])  # the second file holds a large element
+    (second,) = [p for p in tmp_path.glob("part-*.pkl") if pickle.loads(p.read_bytes())["items"][0][0] == names[7]]
+    second.unlink()
+    with pytest.raises(StagingError, match="damaged"):
+        list(loader)
