@@ -116,3 +116,38 @@ def test_esa_run_chains_the_streaming_shuffle_from_the_command_line(broker, tmp_
     summary = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
     assert summary["balanced"] and summary["accounting"]["shuffle"]["read"] == 400
     assert len(estimate_rows(chain)) == spec.d  # one window released and analyzed
+
+
+def test_a_second_streaming_shuffler_beside_the_first_is_refused(broker, tmp_path) -> None:
+    """Two drivers on one state directory: the second exits 5 (state locked) while the first holds it, and
+    the first still releases its window once."""
+    import json
+    import subprocess
+
+    from tests.e2e.chain_harness import _env, cli_argv, run_inline, wait_for
+
+    spec = load_spec(SPEC_PATH)
+    chain = new_chain(broker.bootstrap, tmp_path, "twin")
+    produce(chain, synthesize(spec, 300, start_ms=recent_start(spec.window_seconds * 1000, back=3), seed=5))
+    run_inline(chain, ("encode",))
+    argv = cli_argv(chain, "shuffle", "--kafka_io", "sdf", "--stop_after_idle_seconds", "6")
+    first = subprocess.Popen(argv, env=_env(None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = chain.state("shuffle") / "LOCK"
+
+        def held_by_first() -> bool:
+            text = lock.read_text(encoding="utf-8") if lock.exists() else ""
+            return bool(text.strip()) and json.loads(text)["pid"] == first.pid
+
+        wait_for(held_by_first, timeout=60, what="the first driver holding the state lock")
+        second = subprocess.run(argv, env=_env(None), capture_output=True, text=True, timeout=120)
+        assert second.returncode == 5, second.stderr[-3000:]
+        assert f"another esa job (pid {first.pid} on" in second.stderr
+        _, err = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert first.returncode == 0, err[-3000:]
+    entries = ledger_entries(chain, "shuffle")
+    assert len(entries) == 1 and entries[0].status == "published"
