@@ -26,8 +26,8 @@ from apache_beam.pvalue import TaggedOutput
 from transforms.analyze import CrowdAccumulator
 from transforms.ingress import PriorRuns, partition_key
 from transforms.kafkaio import KafkaRecord
-from transforms.parallel import map_ordered
-from transforms.records import SourceRef, count_clients, dead_letter, decode_payload, rows_to_array
+from transforms.payload_batch import decode_payloads
+from transforms.records import SourceRef, count_clients, dead_letter, rows_to_array
 from transforms.spec import AnalysisSpec
 
 LOG = logging.getLogger(__name__)
@@ -168,31 +168,25 @@ class OpenBatchFn(beam.DoFn):
 
 
 def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads: int) -> OpenedBatch:
-    """Open and decode every message of one batch (on ``threads``) and fold the usable ones into counts."""
-    from transforms.trust.sealing import SealError, associated_data, open_sealed
+    """Open every message of one batch (its X25519 work on ``threads``), decode the payloads and check their
+    domain over the whole batch at once (``transforms.payload_batch``), and fold the usable ones into counts.
+    A message that fails is counted with its reason, on its own."""
+    from transforms.trust.sealing import associated_data, open_many
 
     batch, mechanism = element.batch, spec.randomizer
-
-    def open_one(message: Any) -> tuple[Any, str | None]:
-        ad = associated_data(spec.spec_id, batch.crowd_id, batch.window_end_ms, message.channel)
-        try:
-            return decode_payload(mechanism, open_sealed(private, message.sealed, ad), message.channel), None
-        except (SealError, ValueError) as err:
-            return None, f"unusable message: {err}"
-
-    rows, failures = [], []
-    for row, problem in map_ordered(open_one, batch.messages, threads):
-        if problem is None:
-            rows.append(row)
-        else:
-            failures.append(problem)
+    channels = [m.channel for m in batch.messages]
+    ads = {ch: associated_data(spec.spec_id, batch.crowd_id, batch.window_end_ms, ch) for ch in set(channels)}
+    opened = open_many(private, [m.sealed for m in batch.messages], [ads[ch] for ch in channels], threads)
+    plain = [(i, p) for i, p in enumerate(opened) if isinstance(p, bytes)]
+    failures = [(i, f"unusable message: {p}") for i, p in enumerate(opened) if not isinstance(p, bytes)]
+    rows, _, bad = decode_payloads(mechanism, [p for _, p in plain], [channels[i] for i, _ in plain])
+    failures += [(plain[j][0], f"unusable message: {reason}") for j, reason in bad]
     counts = None
     if rows:
         counts = mechanism.new_accumulator()
-        reports = rows_to_array(mechanism, rows)
-        counts.add(*count_clients(mechanism, reports))
+        counts.add(*count_clients(mechanism, rows_to_array(mechanism, rows)))
     return OpenedBatch(_header(batch), batch.batch_index, bytes(batch.signature), element.source,
-                       len(batch.messages), counts, len(rows), tuple(failures))
+                       len(batch.messages), counts, len(rows), tuple(reason for _, reason in sorted(failures)))
 
 
 class AssembleReleaseFn(beam.DoFn):

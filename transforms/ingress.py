@@ -207,7 +207,7 @@ class IngressFn(beam.DoFn):
         latest: dict[str, int] = {}
         records = element if isinstance(element, list) else [element]
         checked: dict[str, list[tuple[int, bytes]]] = {}  # signatures verified in this call, by partition
-        admitted = map_ordered(self._admit_safely, records, self._threads)
+        admitted = self._admit_batch(records)
         for record, (item, problem, fresh) in zip(records, admitted, strict=True):
             pkey = partition_key(record.topic, record.partition)
             seen_before = record.offset < self._prior.processed_until.get(pkey, 0)
@@ -256,50 +256,74 @@ class IngressFn(beam.DoFn):
             else:  # pickled here: Beam's coder would otherwise pickle it through a slower generic path
                 yield key, pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def _admit_safely(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, bool]:
+    def _admit_batch(self, records: Sequence[KafkaRecord]) -> list[tuple[SetElement | None, str | None, bool]]:
+        """``_admit`` on every record, then the pending signature checks on the thread pool.
+
+        Why in two passes: a thread that returns from libsodium must win the GIL back from the one running
+        Python, which costs up to a switch interval; with decoding and checks on the pool too, two threads
+        ran slower than one (measured on the analyzer's equivalent: 130 against 68 microseconds per record).
+        Here the pool runs nothing but ``verify_detached``.
+        """
+        admitted = [self._admit_safely(record) for record in records]
+        pending = [i for i, (_, _, check) in enumerate(admitted) if check is not None]
+        valid = map_ordered(_verify, [admitted[i][2] for i in pending], self._threads)
+        out: list[tuple[SetElement | None, str | None, bool]] = [
+            (item, problem, False) for item, problem, _ in admitted]
+        for i, ok in zip(pending, valid, strict=True):
+            out[i] = (admitted[i][0], None, True) if ok else (None, "unauthenticated: bad signature", False)
+        return out
+
+    def _admit_safely(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, tuple | None]:
         """``_admit``, with any exception on one record turned into that record's dead-letter reason."""
         try:
             return self._admit(record)
         except Exception as err:
             LOG.exception("ingress failed on %s", partition_key(record.topic, record.partition))
-            return None, f"internal error on this record ({type(err).__name__})", False
+            return None, f"internal error on this record ({type(err).__name__})", None
 
-    def _admit(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, bool]:
-        """(set, None, whether its signature was checked now) or (None, reason, False)."""
+    def _admit(self, record: KafkaRecord) -> tuple[SetElement | None, str | None, tuple | None]:
+        """(set, None, its signature check if it must be verified now, else None) or (None, reason, None)."""
         from schemas import WireFormatError
-        from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
+        from transforms.trust.message_set import AuthError, decode_message_set, signature_inputs
 
         if record.value is None:
-            return None, "empty record", False
+            return None, "empty record", None
         try:
             message_set = decode_message_set(record.value)
         except WireFormatError as err:
-            return None, f"malformed message set: {err.reason}", False
+            return None, f"malformed message set: {err.reason}", None
         spec = self._specs.get(message_set.spec_id)
         if spec is None:
-            return None, "unknown spec_id (not served by this shuffler)", False
+            return None, "unknown spec_id (not served by this shuffler)", None
         try:
             crowd = crowd_of(spec, message_set.crowd_id)
         except ValueError as err:
-            return None, str(err), False
+            return None, str(err), None
         if crowd != message_set.crowd_id:
-            return None, f"crowd_id given but {spec.name} has no crowd partition", False
+            return None, f"crowd_id given but {spec.name} has no crowd partition", None
         pkey = partition_key(record.topic, record.partition)
         problem = self._times.problem(message_set.event_time_ms, self._prior.first_clock(pkey, record.offset))
         messages = tuple((m.channel, m.sealed) for m in message_set.messages)
         problem = problem or channel_problem(spec, messages)
         if problem:
-            return None, problem, False
+            return None, problem, None
         digest = hashlib.sha256(record.value).digest()
-        fresh = not self._prior.verified.contains(pkey, record.offset, digest)
-        if not fresh:  # byte-identical to a set verified by an earlier run: its device must still be enrolled
+        check = None
+        if self._prior.verified.contains(pkey, record.offset, digest):
+            # byte-identical to a set verified by an earlier run: its device must still be enrolled
             if self._registry.public_key(message_set.device_id) is None:
-                return None, "unauthenticated: unknown device (not enrolled)", False
+                return None, "unauthenticated: unknown device (not enrolled)", None
         else:
             try:
-                verify_message_set(message_set, self._registry)
+                check = signature_inputs(message_set, self._registry)
             except AuthError as err:
-                return None, f"unauthenticated: {err}", False
+                return None, f"unauthenticated: {err}", None
         window_end = window_end_of(message_set.event_time_ms, spec.window_seconds * 1000)
         return SetElement(spec.spec_id, crowd, message_set.device_id, message_set.event_time_ms, window_end, digest,
-                          messages, SourceRef(record.topic, record.partition, record.offset)), None, fresh
+                          messages, SourceRef(record.topic, record.partition, record.offset)), None, check
+
+
+def _verify(check: tuple[bytes, bytes, bytes]) -> bool:
+    from transforms.trust.ed25519 import verify_detached
+
+    return verify_detached(*check)

@@ -23,7 +23,7 @@ Semantics, those of KafkaIO's ``commitOffsetsInFinalize``:
   caller's ``EventTimes`` policy: Kafka record timestamps by default; the shuffler passes one that only
   believes authenticated sets (``transforms.stream_windows.SetEventTimes``);
 * ``SourceClock.stop_after_idle_ms`` (``--stop_after_idle_seconds``; None: never) finishes a partition once no
-  record arrived for that long: the local runners run a source to completion before the stages after it, so a
+  record arrived for that long and it has read up to the partition's end offset: the local runners run a source to completion before the stages after it, so a
   test or a one-off catch-up needs an end. On Flink or Dataflow leave it unset. A file at ``stop_path`` (the
   driver writes it on SIGTERM) finishes every partition at its next checkpoint: the source ends, the watermark
   goes to the end of time and every open window fires, a drain that works on any runner.
@@ -298,6 +298,9 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
             watermark.advance(now, self._clock)
             stop = self._clock.stop_after_idle_ms
             idle = stop is not None and got == 0 and watermark.idle_ms(now) >= stop
+            # Idle and caught up: a slow first fetch (a loaded machine) must not end a partition that still
+            # holds records; its end offset is asked only when the time-out says to stop.
+            idle = idle and position >= reader.offsets(topic, [partition])[1].get(partition, 0)
             if idle or self._stop_requested():
                 LOG.info("%s[%d]: %s; finishing at offset %d", topic, partition,
                          f"no record for {watermark.idle_ms(now) / 1000:.1f} s" if idle else "stop requested",

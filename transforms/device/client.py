@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from transforms.device.accounting import ReportCost, report_cost
@@ -39,6 +38,7 @@ from transforms.records import (
 )
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 from transforms.trust.devices import device_id_of
+from transforms.trust.ed25519 import Signer
 
 __all__ = ["Client"]
 
@@ -59,7 +59,7 @@ class Client:
     """
 
     def __init__(self, spec: AnalysisSpec, state_dir: Path | str, *, analyzer_public_key: X25519PublicKey,
-                 analyzer_key_id: str, budget: Budget | None = None, signing_key: Ed25519PrivateKey | None = None,
+                 analyzer_key_id: str, budget: Budget | None = None, signing_key: Signer | None = None,
                  rng: np.random.Generator | None = None, clock: Callable[[], float] | None = None):
         if not isinstance(analyzer_public_key, X25519PublicKey):
             raise TypeError(f"analyzer_public_key must be an X25519PublicKey, got {type(analyzer_public_key).__name__}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from transforms.records import PayloadRow, encode_payload, row_channel
 from transforms.spec import AnalysisSpec
+from transforms.trust.ed25519 import Signer
 from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
 from transforms.trust.sealing import associated_data, seal
 
@@ -26,7 +26,7 @@ def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:
 
 
 def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_time_ms: int, crowd_id: str | None,
-                       device_id: str, signer: Ed25519PrivateKey, analyzer: X25519PublicKey, key_id: str,
+                       device_id: str, signer: Signer, analyzer: X25519PublicKey, key_id: str,
                        nonce: bytes, ephemerals: Sequence[bytes | None] | None = None) -> bytes:
     """The encoded, signed MessageSet of one event's payload rows.
 

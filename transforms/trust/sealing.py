@@ -20,7 +20,7 @@ multiplication is faster. Keys stay ``cryptography`` objects everywhere else.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -30,9 +30,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nacl.bindings import crypto_scalarmult, crypto_scalarmult_base
 from nacl.exceptions import CryptoError
 
+from transforms.parallel import map_ordered
+
 from .canonical import i64, optional_text, tagged, text
 
-__all__ = ["SEAL_OVERHEAD", "SealError", "associated_data", "key_id_of", "open_sealed", "seal"]
+__all__ = ["SEAL_OVERHEAD", "SealError", "associated_data", "key_id_of", "open_many", "open_sealed", "seal"]
 
 SEAL_TAG = b"esa-seal-v1"
 SEAL_VERSION = 1
@@ -123,18 +125,53 @@ def open_sealed(private_keys: Mapping[str, X25519PrivateKey], blob: bytes, assoc
     Raises SealError, and nothing else, for any input bytes: unknown key id, truncated, malformed,
     authentication failed (tampered, or opened with other routing fields than it was sealed with).
     """
-    key_id, eph_pub, ciphertext = _parse(blob)
-    if not isinstance(associated, bytes):
-        raise SealError(f"associated data must be bytes, got {type(associated).__name__}")
-    private = private_keys.get(key_id)
-    if private is None:
-        raise SealError(f"unknown key id {key_id!r}")
+    result = open_many(private_keys, [blob], [associated])[0]
+    if isinstance(result, SealError):
+        raise result
+    return result
+
+
+def open_many(private_keys: Mapping[str, X25519PrivateKey], blobs: Sequence[bytes], associated: Sequence[bytes],
+              threads: int = 1) -> list[bytes | SealError]:
+    """``open_sealed`` on each blob with its associated data: the plaintext, or the SealError saying why not.
+
+    Only the X25519 multiplications (31 of the 41 microseconds of an opening here) run on ``threads``
+    (``transforms.parallel``); parsing, HKDF and the AEAD stay on the calling thread. Why: a thread coming
+    back from libsodium waits for the GIL while another runs Python, so a pool that also ran the Python
+    parts was slower than no pool at all (measured: 130 against 68 microseconds per message on 2 threads).
+    """
+    results: list[bytes | SealError | None] = [None] * len(blobs)
+    raw_keys: dict[str, tuple[bytes, bytes]] = {}
+    jobs: list[tuple[int, bytes, bytes, bytes, bytes]] = []  # index, private, recipient public, eph_pub, ct
+    for i, (blob, ad) in enumerate(zip(blobs, associated, strict=True)):
+        try:
+            key_id, eph_pub, ciphertext = _parse(blob)
+            if not isinstance(ad, bytes):
+                raise SealError(f"associated data must be bytes, got {type(ad).__name__}")
+            if key_id not in raw_keys:
+                private = private_keys.get(key_id)
+                if private is None:
+                    raise SealError(f"unknown key id {key_id!r}")
+                raw_keys[key_id] = (private.private_bytes_raw(), private.public_key().public_bytes_raw())
+        except SealError as err:
+            results[i] = err
+            continue
+        jobs.append((i, *raw_keys[key_id], eph_pub, ciphertext))
+    shared = map_ordered(_shared_secret, [(job[1], job[3]) for job in jobs], threads)
+    for (i, _, recipient, eph_pub, ciphertext), secret in zip(jobs, shared, strict=True):
+        if secret is None:  # low-order ephemeral point: all-zero shared secret
+            results[i] = SealError("invalid ephemeral key")
+            continue
+        try:
+            results[i] = _derive(secret, eph_pub, recipient).decrypt(_NONCE, ciphertext, associated[i])
+        except InvalidTag:
+            results[i] = SealError("authentication failed (tampered or wrong routing fields)")
+    return results  # type: ignore[return-value]  (every slot is filled above)
+
+
+def _shared_secret(keys: tuple[bytes, bytes]) -> bytes | None:
+    """X25519(private, peer public), or None for a low-order peer point. GIL-free in libsodium."""
     try:
-        shared = crypto_scalarmult(private.private_bytes_raw(), eph_pub)
-    except CryptoError:  # low-order ephemeral point: all-zero shared secret
-        raise SealError("invalid ephemeral key") from None
-    aead = _derive(shared, eph_pub, private.public_key().public_bytes_raw())
-    try:
-        return aead.decrypt(_NONCE, ciphertext, associated)
-    except InvalidTag:
-        raise SealError("authentication failed (tampered or wrong routing fields)") from None
+        return crypto_scalarmult(*keys)
+    except CryptoError:
+        return None

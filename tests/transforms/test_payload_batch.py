@@ -1,0 +1,96 @@
+"""``decode_payloads`` (one domain check per batch) gives each payload the verdict ``decode_payload`` gives it
+alone: the same rows, the same refusals with the same reasons, on every example mechanism, under attack."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+from pipelines.demo.population import avro_value, synthesize
+from pipelines.examples import example_path
+from transforms.event_values import client_inputs, event_value
+from transforms.mechanisms.base import encode_messages
+from transforms.payload_batch import decode_payloads
+from transforms.records import (
+    PRESENCE,
+    array_to_rows,
+    client_messages,
+    decode_payload,
+    encode_payload,
+    row_channel,
+    wire_dtype,
+)
+from transforms.spec import load_spec
+
+SPECS = ["app_language.toml", "app_language_multimessage.toml", "feature_usage.toml", "grid.toml",
+         "latency_range.toml", "latency_range_multimessage.toml", "sensor_vector.toml", "url_heavy_hitters.toml"]
+
+
+def _one_by_one(mechanism, plaintexts, channels):
+    out = []
+    for data, channel in zip(plaintexts, channels, strict=True):
+        try:
+            out.append(decode_payload(mechanism, data, channel))
+        except ValueError as err:
+            out.append(str(err))
+    return out
+
+
+def _hostile(mechanism, rows, rng):
+    """Valid payloads, then each kind of bad one: bytes that do not decode, out-of-domain values (rows shifted
+    past their range, which the batch check must catch), a value too large for its field's integer type (which
+    makes the batch fail to stack and forces the row-by-row path) and a channel that does not exist."""
+    names = wire_dtype(mechanism).names
+    payloads = [(encode_payload(mechanism, r), row_channel(mechanism, r)) for r in rows]
+    payloads.append((b"\x00\x05garbage" + bytes(40), 0))
+    payloads.append((b"\xff\xff", 0))
+    messages = [r for r in rows if row_channel(mechanism, r) != PRESENCE]  # not presence markers
+    for r in messages[:6]:
+        channel = row_channel(mechanism, r)
+        bent = list(r)
+        for k, name in enumerate(names):
+            if name != "channel" and isinstance(bent[k], int | np.integer):
+                bent[k] = int(bent[k]) + 10**6 * (1 + int(rng.integers(3)))
+        with contextlib.suppress(ValueError, OverflowError):
+            payloads.append((encode_payload(mechanism, tuple(bent)), channel))
+    for r in messages[:2]:
+        huge = [2**62 if isinstance(v, int | np.integer) and n != "channel" else v
+                for v, n in zip(r, names, strict=True)]
+        with contextlib.suppress(ValueError, OverflowError):
+            payloads.append((encode_payload(mechanism, tuple(huge)), row_channel(mechanism, r)))
+    if rows:
+        payloads.append((encode_payload(mechanism, rows[0]), 10**6))
+    order = rng.permutation(len(payloads))
+    return [payloads[i][0] for i in order], [payloads[i][1] for i in order]
+
+
+def _device_rows(spec, n: int, rng) -> list:
+    """Wire rows of n simulated clients, encoded the way the encoder does (presence markers included)."""
+    population = synthesize(spec, n, seed=11)
+    mechanism = spec.randomizer
+    values = [event_value(spec, avro_value(spec, v)) for v in population.values]
+    wire, _ = client_messages(mechanism, *encode_messages(mechanism, client_inputs(spec, values, rng), rng),
+                              n_clients=n)
+    return array_to_rows(wire)
+
+
+@pytest.mark.parametrize("spec_file", SPECS)
+def test_batch_verdicts_equal_single_verdicts(spec_file: str) -> None:
+    spec = load_spec(example_path(spec_file))
+    mechanism = spec.randomizer
+    rng = np.random.default_rng(7)
+    rows = _device_rows(spec, 40, rng)
+    plaintexts, channels = _hostile(mechanism, rows, rng)
+    want = _one_by_one(mechanism, plaintexts, channels)
+    got_rows, kept, failures = decode_payloads(mechanism, plaintexts, channels)
+    verdicts: list = [None] * len(plaintexts)
+    for i, row in zip(kept, got_rows, strict=True):
+        verdicts[i] = row
+    for i, reason in failures:
+        assert verdicts[i] is None
+        verdicts[i] = reason
+    assert verdicts == want
+    assert sum(isinstance(v, tuple) for v in want) >= len(rows)  # every honest payload decodes
+    assert len(failures) >= 3  # the two undecodable payloads and the unknown channel at least
