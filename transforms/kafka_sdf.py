@@ -23,9 +23,10 @@ Semantics, those of KafkaIO's ``commitOffsetsInFinalize``:
   caller's ``EventTimes`` policy: Kafka record timestamps by default; the shuffler passes one that only
   believes authenticated sets (``transforms.stream_windows.SetEventTimes``);
 * ``SourceClock.stop_after_idle_ms`` (``--stop_after_idle_seconds``; None: never) finishes a partition once no
-  record arrived for that long and it has read up to the partition's end offset: the local runners run a source to completion before the stages after it, so a
-  test or a one-off catch-up needs an end. On Flink or Dataflow leave it unset. A file at ``stop_path`` (the
-  driver writes it on SIGTERM) finishes every partition at its next checkpoint: the source ends, the watermark
+  record arrived for that long and it has read up to the partition's end offset: the local runners run a
+  source to completion before the stages after it, so a test or a one-off catch-up needs an end. On Flink or
+  Dataflow leave it unset. A file at ``stop_path`` (the driver writes it on SIGTERM) finishes every partition
+  at its next checkpoint: the source ends, the watermark
   goes to the end of time and every open window fires, a drain that works on any runner.
 
 Elements: with ``batched=True`` lists of records (``kafkaio.element_batches``, what ``IngressFn`` takes),

@@ -34,7 +34,8 @@ from transforms.parallel import map_ordered
 
 from .canonical import i64, optional_text, tagged, text
 
-__all__ = ["SEAL_OVERHEAD", "SealError", "associated_data", "key_id_of", "open_many", "open_sealed", "seal"]
+__all__ = ["SEAL_OVERHEAD", "SealError", "associated_data", "key_id_of", "open_many", "open_sealed", "seal",
+           "seal_many"]
 
 SEAL_TAG = b"esa-seal-v1"
 SEAL_VERSION = 1
@@ -77,22 +78,47 @@ def seal(public_key: X25519PublicKey, key_id: str, plaintext: bytes, associated:
     derives it from a keyed PRF so a retried bundle is byte-identical); None draws it from OS entropy.
     Never reuse an ephemeral value for two different plaintexts.
     """
-    header = _header(key_id)
-    if not isinstance(associated, bytes):
-        raise TypeError(f"associated data must be bytes (see associated_data), got {type(associated).__name__}")
     if ephemeral is None:
         ephemeral = os.urandom(_KEY_BYTES)
-    elif len(ephemeral) != _KEY_BYTES:
-        raise ValueError(f"ephemeral key material must be {_KEY_BYTES} bytes, got {len(ephemeral)}")
-    eph = bytes(ephemeral)
-    eph_pub = crypto_scalarmult_base(eph)
+    return seal_many(public_key, key_id, [plaintext], [associated], [ephemeral])[0]
+
+
+def seal_many(public_key: X25519PublicKey, key_id: str, plaintexts: Sequence[bytes], associated: Sequence[bytes],
+              ephemerals: Sequence[bytes], threads: int = 1) -> list[bytes]:
+    """``seal`` of each plaintext with its associated data and ephemeral key material (32 bytes each, never
+    reused), the same bytes one by one or batched; raises ValueError/TypeError on a bad argument.
+
+    Only the two X25519 multiplications per message (~49 of its ~58 microseconds here) run on ``threads``
+    (``transforms.parallel``), each message's pair in one call; the header, HKDF and AEAD stay on the calling
+    thread (see ``open_many`` for why a pool running Python is slower than none).
+    """
+    header = _header(key_id)
+    for ad in associated:
+        if not isinstance(ad, bytes):
+            raise TypeError(f"associated data must be bytes (see associated_data), got {type(ad).__name__}")
+    for eph in ephemerals:
+        if len(eph) != _KEY_BYTES:
+            raise ValueError(f"ephemeral key material must be {_KEY_BYTES} bytes, got {len(eph)}")
+    if not len(plaintexts) == len(associated) == len(ephemerals):
+        raise ValueError("one associated data and one ephemeral per plaintext")
     recipient = public_key.public_bytes_raw()
+    points = map_ordered(_ephemeral_points, [(bytes(e), recipient) for e in ephemerals], threads)
+    out = []
+    for plaintext, ad, point in zip(plaintexts, associated, points, strict=True):
+        if point is None:  # only for a low-order recipient key, which no analyzer key is
+            raise ValueError("invalid analyzer public key (low-order point)")
+        eph_pub, shared = point
+        out.append(header + eph_pub + _derive(shared, eph_pub, recipient).encrypt(_NONCE, bytes(plaintext), ad))
+    return out
+
+
+def _ephemeral_points(keys: tuple[bytes, bytes]) -> tuple[bytes, bytes] | None:
+    """(ephemeral public key, shared secret with the recipient), or None for a low-order recipient. GIL-free."""
+    eph, recipient = keys
     try:
-        shared = crypto_scalarmult(eph, recipient)
-    except CryptoError:  # only for a low-order recipient key, which no analyzer key is
-        raise ValueError("invalid analyzer public key (low-order point)") from None
-    aead = _derive(shared, eph_pub, recipient)
-    return header + eph_pub + aead.encrypt(_NONCE, bytes(plaintext), associated)
+        return crypto_scalarmult_base(eph), crypto_scalarmult(eph, recipient)
+    except CryptoError:
+        return None
 
 
 def _parse(blob: bytes) -> tuple[str, bytes, bytes]:
