@@ -1,14 +1,17 @@
 """Per-record public-key work on every core of a worker, inside one DoFn call.
 
-Why threads: the shuffler's hot path is one Ed25519 verification per message set (about 105 microseconds
-here, against ~15 of Python around it), and pyca/cryptography releases the GIL inside it (measured: 2
-threads verify 1.97x as fast as one on 2 cores). Beam's in-process runner runs a stage on one thread, and
-a distributed runner sizes its workers by cores, not by how much of a record's time is spent outside the
-GIL; a small pool per worker process turns the idle cores into throughput without changing what the DoFn
-emits or in which order. The analyzer opens its messages on the pool too (libsodium's X25519 releases the
-GIL; 41 -> 34 microseconds per message with 2 threads). The encoder does not: its per-set work alternates
-short GIL-free calls (sign 32, two X25519 multiplications ~50) with ~60 microseconds of Python, and the GIL
-hand-offs cost more than they buy (measured: 129 microseconds per set serial, 184-215 on 2-4 threads).
+Why threads: the jobs' hot paths are a few public-key operations per record (the shuffler's Ed25519
+verification, 59 microseconds here; the analyzer's X25519, 31; the encoder's key expansion, two X25519
+multiplications and a signature, ~87), and libsodium releases the GIL inside each. Beam's in-process runner
+runs a stage on one thread, and a distributed runner sizes its workers by cores, not by how much of a
+record's time is spent outside the GIL; a small pool per worker process turns the idle cores into
+throughput without changing what the DoFn emits or in which order.
+
+What goes on the pool: the GIL-free calls and nothing else (``verify_detached``, ``open_many``'s and
+``seal_many``'s multiplications, ``sign_many``). A thread coming back from C must win the GIL back from a
+thread running Python, and waits up to a switch interval for it; when the pool also ran decoding and checks,
+two threads were slower than one (measured on the analyzer: 130 against 68 microseconds per message; with
+only the multiplications on the pool, 31).
 
 The pool size is ``crypto_threads`` of the job (``--crypto_threads``; 0 = the worker's CPU count, 1 = no
 pool). Results come back in input order, so output is byte-identical to a serial run.
