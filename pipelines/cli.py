@@ -23,7 +23,7 @@ LOG = logging.getLogger("esa")
 # Kept literal (no pipelines.examples import chain) so that `esa privacy` does not pay for Beam or pyarrow.
 DEFAULT_SPEC = Path(__file__).resolve().parent / "example_specs" / "app_language.toml"
 BEAM_JOBS = {
-    "run": "the whole chain in one pipeline: raw (and reports) topic -> estimates",
+    "run": "the three jobs (encode, shuffle, analyze) one after another: raw (and reports) topic -> estimates",
     "encode": "encode job: raw topic -> reports topic",
     "shuffle": "shuffle job: reports topic -> shuffled topic",
     "analyze": "analyze job: shuffled topic -> estimates",
@@ -99,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
                      help=f"Kafka client library that creates the topics and produces (default {DEFAULT_CLIENT}, "
                           "as the jobs): confluent (confluent-kafka/librdkafka) or kafka-python (pure Python)")
+    sim.add_argument("--kafka_config", type=Path, default=None, metavar="FILE",
+                     help="file of extra Kafka client settings, one key=value per line, for the admin client and "
+                          "every producer (TLS/SASL: security_protocol, ssl_cafile, sasl_mechanism, ...), read and "
+                          "checked as the jobs' --kafka_config; see docs/operations.md")
 
     for name, what in BEAM_JOBS.items():
         sub.add_parser(name, help=f"{what} (esa {name} --help lists its flags)", add_help=False)
@@ -211,9 +215,11 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.demo.population import synthesize, truth_table
     from pipelines.demo.run import progress_printer
     from pipelines.demo.simulate import produce_population
+    from pipelines.options import load_kafka_config
     from pipelines.query import parse_time_ms
     from transforms.spec import load_spec
 
+    kafka_config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
     spec = load_spec(args.spec)
     start_ms = None if args.start_time is None else parse_time_ms(args.start_time, "--start_time")
     population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
@@ -226,17 +232,18 @@ def _simulate(args: argparse.Namespace) -> int:
         from transforms.kafkaio import ensure_topics, produce_records
 
         outcome, show = FleetOutcome(), progress_printer("devices reported")
-        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client=args.kafka_client)
+        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client_config=kafka_config,
+                      client=args.kafka_client)
         produce_records(args.bootstrap, args.reports_topic, device_messages(
             spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
             outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000,
-            client=args.kafka_client)
+            producer_config=kafka_config, client=args.kafka_client)
         produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
     else:
         produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
                                       reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
                                       seed=args.seed, progress=progress_printer("produced"),
-                                      client=args.kafka_client)
+                                      client=args.kafka_client, client_config=kafka_config)
     if args.truth:
         pq.write_table(truth_table(spec, population), args.truth)
     window_ms = population.window_ms

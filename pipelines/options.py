@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
+from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT, KafkaConfigError
+from transforms.kafka_config import validate as validate_kafka_config
 
 
 class EsaKafkaOptions(PipelineOptions):
@@ -98,26 +101,45 @@ class EsaServiceOptions(PipelineOptions):
                             help="threads per worker for signatures and sealing (0 = one per core, 1 = none)")
 
 
-def kafka_client_config(path: str) -> dict[str, object]:
+def kafka_client_config(path: str | os.PathLike[str]) -> dict[str, object]:
     """Read ``key=value`` lines (``#`` comments) into kafka client settings; numbers become ints.
 
-    Kept in a file, not on the command line, so that passwords do not show in ``ps``.
+    Kept in a file, not on the command line, so that passwords do not show in ``ps``. A file that cannot be
+    read or a line that is not ``key=value`` is a ConfigError (exit 3) naming the file (and the line).
     """
+    from pipelines.exit_codes import ConfigError
+
     if not path:
         return {}
     out: dict[str, object] = {}
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--kafka_config {path}: cannot read it: {getattr(err, 'strerror', None) or err}") from None
     for number, line in enumerate(lines, start=1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{path}:{number}: expected key=value, got {line!r}")
+            raise ConfigError(f"--kafka_config {path}:{number}: expected key=value, got {line!r}")
         value = value.strip()
         out[key.strip().replace(".", "_")] = int(value) if value.isdigit() else value
     return out
+
+
+def load_kafka_config(path: str | os.PathLike[str], client: str) -> dict[str, object]:
+    """``--kafka_config FILE`` read and checked for ``client`` now, before any Kafka client exists (every esa
+    command that talks to Kafka loads it here, so all refuse a bad file alike: ConfigError, exit 3)."""
+    from pipelines.exit_codes import ConfigError
+
+    config = kafka_client_config(path)
+    try:
+        validate_kafka_config(client, config)
+    except KafkaConfigError as err:
+        raise ConfigError(f"--kafka_config {path}: {err}") from None
+    return config
 
 
 def local_runner_requested(options: PipelineOptions) -> bool:
