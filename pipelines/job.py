@@ -96,8 +96,8 @@ class JobConfig:
     bootstrap: str
     specs: tuple[AnalysisSpec, ...]
     out_dir: Path
-    state_dir: Path | None = None  # default: out_dir / "state"
-    keys_dir: Path | None = None  # default: out_dir / "keys"
+    state_dir: Path | None = None  # default: OUT.state beside out_dir (default_state_dir)
+    keys_dir: Path | None = None  # default: OUT.keys beside out_dir (default_keys_dir)
     raw_topic: str = "telemetry"
     reports_topic: str | None = "reports"
     shuffled_topic: str = "shuffled"

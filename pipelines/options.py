@@ -27,20 +27,20 @@ class EsaKafkaOptions(PipelineOptions):
                             help="consumer group whose committed offsets bound the read")
         parser.add_argument("--dead_letter_topic", default="", help="also publish dead letters here ('' = off)")
         parser.add_argument("--estimates_topic", default="", help="also publish estimates here ('' = off)")
-        parser.add_argument("--kafka_config", default="",
+        parser.add_argument("--kafka_config", default="", metavar="FILE",
                             help="file of extra Kafka client settings, one key=value per line (TLS/SASL: "
                                  "security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile, sasl_mechanism, "
                                  "sasl_plain_username, sasl_plain_password, ...); see docs/operations.md")
         parser.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
                             help="Kafka client library of the python reader and of every producer: confluent "
                                  "(confluent-kafka/librdkafka, several times faster) or kafka-python (pure Python); "
-                                 "--kafka_config keys are translated for confluent (docs/operations.md)")
+                                 "--kafka_config keys are translated for confluent: see docs/operations.md")
         parser.add_argument("--kafka_io", default="python", choices=["python", "sdf", "xlang"],
                             help="python: bounded runs (read to the end of the log, then release), on any runner; "
-                                 "sdf (esa shuffle only): one streaming pipeline with an unbounded Python source "
-                                 "that runs until stopped (Flink/Dataflow with --streaming; the local runners need "
-                                 "--stop_after_idle_seconds); xlang: Beam's Java KafkaIO, refused (see "
-                                 "docs/deployment.md)")
+                                 "sdf (esa shuffle, and the shuffle step of esa run): one streaming pipeline with an "
+                                 "unbounded Python source that runs until stopped (Flink/Dataflow with --streaming; "
+                                 "the local runners need --stop_after_idle_seconds); xlang: Beam's Java KafkaIO, "
+                                 "refused: see docs/deployment.md")
         parser.add_argument("--stop_after_idle_seconds", type=float, default=None,
                             help="--kafka_io sdf: finish once no record arrived for this long on any partition "
                                  "(default: never; required on the local runners, which run the source to "
@@ -77,10 +77,11 @@ class EsaServiceOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--state_dir", default="",
-                            help="the job's durable state: lock, release ledger, resume offsets "
-                                 "(default: OUTPUT_DIR/state); one state dir per running job")
-        parser.add_argument("--keys_dir", default="", help="keys directory (default: OUTPUT_DIR/keys); see "
-                                                           "docs/operations.md for its layout")
+                            help="the job's durable state: lock, release ledger, resume offsets (default: "
+                                 "OUTPUT_DIR.state, beside the output directory; `esa run` keeps each job's in "
+                                 "STATE_DIR/<stage>); one state dir per running job: give each job its own")
+        parser.add_argument("--keys_dir", default="", help="keys directory (default: OUTPUT_DIR.keys, beside the "
+                                                           "output directory); see docs/operations.md for its layout")
         parser.add_argument("--follow", action="store_true",
                             help="keep running: one bounded run after another until SIGINT/SIGTERM")
         parser.add_argument("--poll_seconds", type=float, default=5.0, help="--follow: pause between runs")
