@@ -1,4 +1,4 @@
-"""The ``esa`` command: broker, simulate, run, demo, query, privacy, plan.
+"""The ``esa`` command: broker, simulate, the jobs (run, encode, shuffle, analyze), demo, query, privacy, plan.
 
 Flags are spelled with underscores (``--raw_topic``), as Beam's are; the hyphen spelling (``--raw-topic``)
 is accepted everywhere. ``-v``/``--verbose`` may come before or after the subcommand. Exit codes:

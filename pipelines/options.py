@@ -66,7 +66,9 @@ class EsaOptions(PipelineOptions):
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--spec", action="append", default=[],
                             help="analysis spec TOML (repeatable)")
-        parser.add_argument("--output_dir", default="out", help="directory for Parquet/Avro outputs")
+        parser.add_argument("--output_dir", default="out",
+                            help="local or mounted directory of the analyst's outputs (estimates, dead-letter "
+                                 "reasons); a URL is refused (estimates are written with atomic renames)")
         parser.add_argument("--seed", type=int, default=None,
                             help="seed all randomness (tests and simulations ONLY; default: OS entropy)")
 
