@@ -31,18 +31,20 @@ def _one_error_line(capsys: pytest.CaptureFixture) -> str:
     return lines[0]
 
 
-BAD_FILES = {
-    "untranslatable key": "security_protocol=PLAINTEXT\nmax_block_ms=2000\n",
-    "not key=value": "# TLS\nsecurity_protocol=PLAINTEXT\nssl_cafile\n",
-    "missing file": None,
+BAD_FILES = {  # case -> (file text or None: no file, what the one line must say after the file name)
+    "untranslatable key": ("security_protocol=PLAINTEXT\nmax_block_ms=2000\n",
+                           ": Kafka setting(s) max_block_ms have no confluent-kafka (librdkafka) equivalent"),
+    "not key=value": ("# TLS\nsecurity_protocol=PLAINTEXT\nssl_cafile\n", ":3: expected key=value, got 'ssl_cafile'"),
+    "missing file": (None, ": cannot read it: No such file or directory"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_a_bad_kafka_config_is_refused_as_the_jobs_refuse_it(tmp_path: Path, capsys, case: str) -> None:
     settings = tmp_path / "kafka.properties"
-    if BAD_FILES[case] is not None:
-        settings.write_text(BAD_FILES[case], encoding="utf-8")
+    text, reason = BAD_FILES[case]
+    if text is not None:
+        settings.write_text(text, encoding="utf-8")
     keys = tmp_path / "keys"
     code = cli.main(["simulate", "--bootstrap", CLOSED, "--clients", "10", "--keys_dir", str(keys),
                      "--kafka_config", str(settings)])
@@ -51,7 +53,7 @@ def test_a_bad_kafka_config_is_refused_as_the_jobs_refuse_it(tmp_path: Path, cap
                          "--kafka_bootstrap", CLOSED, "--kafka_config", str(settings)])
     job_line = _one_error_line(capsys)
     assert code == job_code == int(ExitCode.CONFIG)
-    assert simulate_line.startswith(f"esa simulate: error: --kafka_config {settings}")
+    assert simulate_line.startswith(f"esa simulate: error: --kafka_config {settings}{reason}")
     assert simulate_line.removeprefix("esa simulate: ") == job_line.removeprefix("esa encode: ")
     assert not keys.exists()  # refused before any device was enrolled
 
