@@ -1,4 +1,4 @@
-"""The ``esa`` command: broker, simulate, run, demo, query, privacy, plan.
+"""The ``esa`` command: broker, simulate, the jobs (run, encode, shuffle, analyze), demo, query, privacy, plan.
 
 Flags are spelled with underscores (``--raw_topic``), as Beam's are; the hyphen spelling (``--raw-topic``)
 is accepted everywhere. ``-v``/``--verbose`` may come before or after the subcommand. Exit codes:
@@ -22,8 +22,11 @@ from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
 LOG = logging.getLogger("esa")
 # Kept literal (no pipelines.examples import chain) so that `esa privacy` does not pay for Beam or pyarrow.
 DEFAULT_SPEC = Path(__file__).resolve().parent / "example_specs" / "app_language.toml"
+# Literal for the same reason; tests check them against pipelines.demo (DISTRIBUTIONS, DEMO_SPECS).
+DISTRIBUTIONS = ("zipf", "uniform")
+DEMO_KINDS = ("histogram", "grid", "kv_mean", "vector_mean", "range", "quantile", "heavy_hitters")
 BEAM_JOBS = {
-    "run": "the whole chain in one pipeline: raw (and reports) topic -> estimates",
+    "run": "the three jobs (encode, shuffle, analyze) one after another: raw (and reports) topic -> estimates",
     "encode": "encode job: raw topic -> reports topic",
     "shuffle": "shuffle job: reports topic -> shuffled topic",
     "analyze": "analyze job: shuffled topic -> estimates",
@@ -47,6 +50,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -75,17 +85,22 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
     sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
     sim.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="analysis spec (default: app_language)")
-    sim.add_argument("--clients", type=_positive_int, default=50_000)
-    sim.add_argument("--distribution", default="zipf", help="zipf or uniform")
-    sim.add_argument("--zipf_s", type=_positive_float, default=1.1)
-    sim.add_argument("--windows", type=_positive_int, default=1)
+    sim.add_argument("--clients", type=_positive_int, default=50_000,
+                     help="simulated devices, one event each per window (default 50000)")
+    sim.add_argument("--distribution", default="zipf", choices=DISTRIBUTIONS,
+                     help="how the true values are drawn (default zipf)")
+    sim.add_argument("--zipf_s", type=_positive_float, default=1.1, help="skew of the zipf law (default 1.1)")
+    sim.add_argument("--windows", type=_positive_int, default=1, help="consecutive windows to fill (default 1)")
     sim.add_argument("--start_time", default=None,
                      help="start of the first window (epoch ms or ISO 8601; default: the last WINDOWS complete "
                           "windows before now); give it, with --seed, to reproduce a simulation")
-    sim.add_argument("--raw_topic", default="telemetry")
-    sim.add_argument("--reports_topic", default="reports")
-    sim.add_argument("--bad_per_kind", type=int, default=0, help="also produce N bad records of each kind")
-    sim.add_argument("--truth", type=Path, default=None, help="write the true histogram here (Parquet)")
+    sim.add_argument("--raw_topic", default="telemetry", help="topic of the raw events (default telemetry)")
+    sim.add_argument("--reports_topic", default="reports",
+                     help="topic of signed message sets: --devices' and the bad reports (default reports)")
+    sim.add_argument("--bad_per_kind", type=_non_negative_int, default=0,
+                     help="also produce N bad records of each kind, which the jobs must dead-letter (default 0)")
+    sim.add_argument("--truth", type=Path, default=None,
+                     help="write the true value of every item, per window and crowd, here (Parquet)")
     sim.add_argument("--devices", type=Path, default=None,
                      help="simulate devices that encode themselves with the device client library, one state "
                           "directory each under this directory; their signed message sets go straight to the "
@@ -99,25 +114,30 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
                      help=f"Kafka client library that creates the topics and produces (default {DEFAULT_CLIENT}, "
                           "as the jobs): confluent (confluent-kafka/librdkafka) or kafka-python (pure Python)")
+    sim.add_argument("--kafka_config", type=Path, default=None, metavar="FILE",
+                     help="file of extra Kafka client settings, one key=value per line, for the admin client and "
+                          "every producer (TLS/SASL: security_protocol, ssl_cafile, sasl_mechanism, ...), read and "
+                          "checked as the jobs' --kafka_config; see docs/operations.md")
 
     for name, what in BEAM_JOBS.items():
         sub.add_parser(name, help=f"{what} (esa {name} --help lists its flags)", add_help=False)
 
-    demo = sub.add_parser("demo", help="embedded broker + simulation + pipeline + summary + plot")
-    demo.add_argument("--clients", type=_positive_int, default=50_000)
-    demo.add_argument("--kind", default="histogram",
-                      help="which demo: histogram (app languages), grid (locations, attribute fragmenting), "
-                           "kv_mean, vector_mean, range, quantile, heavy_hitters")
+    demo = sub.add_parser("demo", help="embedded broker + simulated devices + the three jobs + summary + plot")
+    demo.add_argument("--clients", type=_positive_int, default=50_000, help="simulated devices (default 50000)")
+    demo.add_argument("--kind", default="histogram", choices=DEMO_KINDS,
+                      help="which example spec: histogram (app languages, the default), grid (locations, attribute "
+                           "fragmenting), kv_mean, vector_mean, range, quantile, heavy_hitters")
     demo.add_argument("--mechanism", default=None, help="override the spec's mechanism (e.g. grr, oue, olh, rappor)")
     demo.add_argument("--epsilon", type=_positive_float, default=None,
                       help="override the spec's epsilon (local, or the central target of vector_sum and the "
                            "multi-message protocols)")
     demo.add_argument("--out", default="out/demo", help="local output directory (default out/demo)")
     demo.add_argument("--spec", type=Path, default=None, help="run this spec instead of the kind's example")
-    demo.add_argument("--distribution", default="zipf", help="zipf or uniform")
-    demo.add_argument("--zipf_s", type=_positive_float, default=1.1)
-    demo.add_argument("--bad_per_kind", type=int, default=3,
-                      help="bad records of each kind to inject (shows the dead-letter path)")
+    demo.add_argument("--distribution", default="zipf", choices=DISTRIBUTIONS,
+                      help="how the true values are drawn (default zipf)")
+    demo.add_argument("--zipf_s", type=_positive_float, default=1.1, help="skew of the zipf law (default 1.1)")
+    demo.add_argument("--bad_per_kind", type=_non_negative_int, default=3,
+                      help="bad records of each kind to inject (shows the dead-letter path; default 3)")
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
 
@@ -147,12 +167,13 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--json", action="store_true", help="machine-readable output")
 
     priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
-    priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True)
-    priv.add_argument("--domain", type=_positive_int, required=True)
+    priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True,
+                      help="the local randomizer (generic: any epsilon-LDP randomizer, the worst case)")
+    priv.add_argument("--domain", type=_positive_int, required=True, help="number of categories")
     priv.add_argument("--epsilon", type=_positive_float, required=True,
                       help="local epsilon (rappor: removal budget; rappor_fragments: backstop budget)")
     priv.add_argument("--n", type=_positive_int, required=True, help="number of shuffled reports")
-    priv.add_argument("--delta", type=_positive_float, required=True)
+    priv.add_argument("--delta", type=_positive_float, required=True, help="central delta")
     priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
     priv.add_argument("--epsilon_fragment", type=_positive_float, default=None,
                       help="rappor_fragments: fragment epsilon (default: docs/mathematics.md §2.8 rule)")
@@ -211,9 +232,11 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.demo.population import synthesize, truth_table
     from pipelines.demo.run import progress_printer
     from pipelines.demo.simulate import produce_population
+    from pipelines.options import load_kafka_config
     from pipelines.query import parse_time_ms
     from transforms.spec import load_spec
 
+    kafka_config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
     spec = load_spec(args.spec)
     start_ms = None if args.start_time is None else parse_time_ms(args.start_time, "--start_time")
     population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
@@ -226,17 +249,18 @@ def _simulate(args: argparse.Namespace) -> int:
         from transforms.kafkaio import ensure_topics, produce_records
 
         outcome, show = FleetOutcome(), progress_printer("devices reported")
-        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client=args.kafka_client)
+        ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client_config=kafka_config,
+                      client=args.kafka_client)
         produce_records(args.bootstrap, args.reports_topic, device_messages(
             spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
             outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000,
-            client=args.kafka_client)
+            producer_config=kafka_config, client=args.kafka_client)
         produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
     else:
         produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
                                       reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,
                                       seed=args.seed, progress=progress_printer("produced"),
-                                      client=args.kafka_client)
+                                      client=args.kafka_client, client_config=kafka_config)
     if args.truth:
         pq.write_table(truth_table(spec, population), args.truth)
     window_ms = population.window_ms
@@ -334,12 +358,14 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
     plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
     plan.add_argument("--epsilon_central", type=_positive_float, default=None, help="per-window target")
-    plan.add_argument("--delta", type=_positive_float, required=True)
+    plan.add_argument("--delta", type=_positive_float, required=True, help="central delta")
     plan.add_argument("--t", type=_positive_int, default=None,
                       help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
     plan.add_argument("--t_rule", default=None, help="kv_mean: joint (default), min-variance or paper")
     plan.add_argument("--k_round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
-    plan.add_argument("--accountant", default=None, help="vector_mean: \"002\" ([VecSum]'s rules, default) or tight")
+    plan.add_argument("--accountant", default=None,
+                      help="vector_mean: \"002\" (the parameter rules of Scott, Cormode and Maple's vector "
+                           "summation, default) or tight (the largest budget the tight shuffle bound allows)")
     plan.add_argument("--windows", type=_positive_int, default=None,
                       help="plan for W windows of the same population (with --epsilon_central_total)")
     plan.add_argument("--epsilon_central_total", type=_positive_float, default=None,

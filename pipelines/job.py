@@ -32,12 +32,11 @@ from pipelines.options import (
     EsaKafkaOptions,
     EsaOptions,
     EsaServiceOptions,
-    kafka_client_config,
+    load_kafka_config,
     local_runner_requested,
 )
 from pipelines.preflight import require_topics
-from transforms.kafka_config import DEFAULT_CLIENT, KafkaConfigError
-from transforms.kafka_config import validate as validate_kafka_config
+from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
 from transforms.sinks import avro_bytes, load_staged_avro
 from transforms.spec import AnalysisSpec, load_spec
@@ -97,8 +96,8 @@ class JobConfig:
     bootstrap: str
     specs: tuple[AnalysisSpec, ...]
     out_dir: Path
-    state_dir: Path | None = None  # default: out_dir / "state"
-    keys_dir: Path | None = None  # default: out_dir / "keys"
+    state_dir: Path | None = None  # default: OUT.state beside out_dir (default_state_dir)
+    keys_dir: Path | None = None  # default: OUT.keys beside out_dir (default_keys_dir)
     raw_topic: str = "telemetry"
     reports_topic: str | None = "reports"
     shuffled_topic: str = "shuffled"
@@ -176,13 +175,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
     if not esa.spec:
         raise ValueError("at least one --spec FILE.toml is required")
     check_kafka_io(options)
-    kafka_config = kafka_client_config(kafka.kafka_config)
-    try:
-        validate_kafka_config(kafka.kafka_client, kafka_config)
-    except KafkaConfigError as err:
-        from pipelines.exit_codes import ConfigError
-
-        raise ConfigError(f"--kafka_config {kafka.kafka_config}: {err}") from None
+    kafka_config = load_kafka_config(kafka.kafka_config, kafka.kafka_client)
     return JobConfig(
         bootstrap=kafka.kafka_bootstrap,
         specs=tuple(load_spec(p) for p in esa.spec),

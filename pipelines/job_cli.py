@@ -73,15 +73,33 @@ def known_flags() -> list[str]:
     return sorted(s for a in parser._actions for s in a.option_strings if s.startswith("--"))
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Appends an option's default to its help, unless the help already says it or there is none to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default in ("", [], argparse.SUPPRESS):
+            return text
+        return f"{text} (default {default})".replace("%", "%%")
+
+
+def _group_title(cls: type) -> str:
+    """``Name: first sentence of its docstring`` (a docstring's first line may end mid-sentence)."""
+    paragraph = " ".join((inspect.getdoc(cls) or "").split("\n\n", 1)[0].split())
+    sentence = paragraph.split(". ", 1)[0].rstrip(".").replace("``", "`")
+    return f"{cls.__name__}: {sentence}" if sentence else cls.__name__
+
+
 def help_text(command: str, what: str) -> str:
     """``esa COMMAND --help``: the esa options of every class in ``pipelines.options``, and the Beam note."""
     from apache_beam.options.pipeline_options import _BeamArgumentParser
 
     parser = _BeamArgumentParser(prog=f"esa {command}", allow_abbrev=False, description=what, epilog=BEAM_NOTE,
-                                 usage=f"esa [-v] {command} --spec F.toml [esa options] [Beam options]")
+                                 usage=f"esa [-v] {command} --spec F.toml [esa options] [Beam options]",
+                                 formatter_class=_DefaultsFormatter)
     for cls in _option_classes(module_only=True):
-        doc = (inspect.getdoc(cls) or "").splitlines()
-        cls._add_argparse_args(parser.add_argument_group(f"{cls.__name__}" + (f": {doc[0]}" if doc else "")))
+        cls._add_argparse_args(parser.add_argument_group(_group_title(cls)))
     cli = parser.add_argument_group("esa command")
     cli.add_argument("--max_dead_letter_fraction", type=float, default=MAX_DEAD_LETTER_FRACTION,
                      help="exit with code 6 (after a loud warning) when more than this fraction of the records "

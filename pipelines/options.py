@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
+from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT, KafkaConfigError
+from transforms.kafka_config import validate as validate_kafka_config
 
 
 class EsaKafkaOptions(PipelineOptions):
@@ -24,20 +27,20 @@ class EsaKafkaOptions(PipelineOptions):
                             help="consumer group whose committed offsets bound the read")
         parser.add_argument("--dead_letter_topic", default="", help="also publish dead letters here ('' = off)")
         parser.add_argument("--estimates_topic", default="", help="also publish estimates here ('' = off)")
-        parser.add_argument("--kafka_config", default="",
+        parser.add_argument("--kafka_config", default="", metavar="FILE",
                             help="file of extra Kafka client settings, one key=value per line (TLS/SASL: "
                                  "security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile, sasl_mechanism, "
                                  "sasl_plain_username, sasl_plain_password, ...); see docs/operations.md")
         parser.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
                             help="Kafka client library of the python reader and of every producer: confluent "
                                  "(confluent-kafka/librdkafka, several times faster) or kafka-python (pure Python); "
-                                 "--kafka_config keys are translated for confluent (docs/operations.md)")
+                                 "--kafka_config keys are translated for confluent: see docs/operations.md")
         parser.add_argument("--kafka_io", default="python", choices=["python", "sdf", "xlang"],
                             help="python: bounded runs (read to the end of the log, then release), on any runner; "
-                                 "sdf (esa shuffle only): one streaming pipeline with an unbounded Python source "
-                                 "that runs until stopped (Flink/Dataflow with --streaming; the local runners need "
-                                 "--stop_after_idle_seconds); xlang: Beam's Java KafkaIO, refused (see "
-                                 "docs/deployment.md)")
+                                 "sdf (esa shuffle, and the shuffle step of esa run): one streaming pipeline with an "
+                                 "unbounded Python source that runs until stopped (Flink/Dataflow with --streaming; "
+                                 "the local runners need --stop_after_idle_seconds); xlang: Beam's Java KafkaIO, "
+                                 "refused: see docs/deployment.md")
         parser.add_argument("--stop_after_idle_seconds", type=float, default=None,
                             help="--kafka_io sdf: finish once no record arrived for this long on any partition "
                                  "(default: never; required on the local runners, which run the source to "
@@ -63,7 +66,9 @@ class EsaOptions(PipelineOptions):
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--spec", action="append", default=[],
                             help="analysis spec TOML (repeatable)")
-        parser.add_argument("--output_dir", default="out", help="directory for Parquet/Avro outputs")
+        parser.add_argument("--output_dir", default="out",
+                            help="local or mounted directory of the analyst's outputs (estimates, dead-letter "
+                                 "reasons); a URL is refused (estimates are written with atomic renames)")
         parser.add_argument("--seed", type=int, default=None,
                             help="seed all randomness (tests and simulations ONLY; default: OS entropy)")
 
@@ -74,10 +79,11 @@ class EsaServiceOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--state_dir", default="",
-                            help="the job's durable state: lock, release ledger, resume offsets "
-                                 "(default: OUTPUT_DIR/state); one state dir per running job")
-        parser.add_argument("--keys_dir", default="", help="keys directory (default: OUTPUT_DIR/keys); see "
-                                                           "docs/operations.md for its layout")
+                            help="the job's durable state: lock, release ledger, resume offsets (default: "
+                                 "OUTPUT_DIR.state, beside the output directory; `esa run` keeps each job's in "
+                                 "STATE_DIR/<stage>); one state dir per running job: give each job its own")
+        parser.add_argument("--keys_dir", default="", help="keys directory (default: OUTPUT_DIR.keys, beside the "
+                                                           "output directory); see docs/operations.md for its layout")
         parser.add_argument("--follow", action="store_true",
                             help="keep running: one bounded run after another until SIGINT/SIGTERM")
         parser.add_argument("--poll_seconds", type=float, default=5.0, help="--follow: pause between runs")
@@ -98,26 +104,45 @@ class EsaServiceOptions(PipelineOptions):
                             help="threads per worker for signatures and sealing (0 = one per core, 1 = none)")
 
 
-def kafka_client_config(path: str) -> dict[str, object]:
+def kafka_client_config(path: str | os.PathLike[str]) -> dict[str, object]:
     """Read ``key=value`` lines (``#`` comments) into kafka client settings; numbers become ints.
 
-    Kept in a file, not on the command line, so that passwords do not show in ``ps``.
+    Kept in a file, not on the command line, so that passwords do not show in ``ps``. A file that cannot be
+    read or a line that is not ``key=value`` is a ConfigError (exit 3) naming the file (and the line).
     """
+    from pipelines.exit_codes import ConfigError
+
     if not path:
         return {}
     out: dict[str, object] = {}
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--kafka_config {path}: cannot read it: {getattr(err, 'strerror', None) or err}") from None
     for number, line in enumerate(lines, start=1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{path}:{number}: expected key=value, got {line!r}")
+            raise ConfigError(f"--kafka_config {path}:{number}: expected key=value, got {line!r}")
         value = value.strip()
         out[key.strip().replace(".", "_")] = int(value) if value.isdigit() else value
     return out
+
+
+def load_kafka_config(path: str | os.PathLike[str], client: str) -> dict[str, object]:
+    """``--kafka_config FILE`` read and checked for ``client`` now, before any Kafka client exists (every esa
+    command that talks to Kafka loads it here, so all refuse a bad file alike: ConfigError, exit 3)."""
+    from pipelines.exit_codes import ConfigError
+
+    config = kafka_client_config(path)
+    try:
+        validate_kafka_config(client, config)
+    except KafkaConfigError as err:
+        raise ConfigError(f"--kafka_config {path}: {err}") from None
+    return config
 
 
 def local_runner_requested(options: PipelineOptions) -> bool:

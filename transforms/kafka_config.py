@@ -20,7 +20,7 @@ DEFAULT_CLIENT = CONFLUENT
 
 
 class KafkaConfigError(ValueError):
-    """A Kafka client name or setting that cannot be used (the CLI maps it to a config error, exit 2)."""
+    """A Kafka client name or setting that cannot be used (the CLI maps it to a config error, exit 3)."""
 
 
 # kafka-python name -> librdkafka name. Only settings with the same meaning (and unit) on both sides.

@@ -1,7 +1,9 @@
-"""``esa demo``: embedded broker + synthetic telemetry + the end-to-end pipeline + a report and a plot.
+"""``esa demo``: embedded broker + synthetic telemetry + the three jobs (encode, shuffle, analyze) + a report.
 
-Writes to the output directory: ``estimates.parquet`` (the pipeline's output), ``truth.parquet`` (the
-simulated ground truth), ``dead_letters.avro``, ``estimates_vs_truth.png`` and ``summary.json``.
+Writes to the output directory the analyst's outputs (``estimates/``, a Parquet dataset of one part per
+release, and ``dead_letters/``, reasons only), ``truth.parquet`` (the simulated ground truth),
+``summary.json`` and the kind's plot (``grid_reconstruction.png`` for a grid, else ``estimates_vs_truth.png``);
+each job's state goes to ``OUT.state/<stage>`` and the keys to ``OUT.keys``, beside it.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     location = output_location(out)
     if location.is_url:
         raise ConfigError(f"esa demo writes its outputs and plot locally; give a local --out directory, not {out} "
-                          "(the jobs write to URLs: esa run --output_dir gs://...)")
+                          "(the jobs too write to a local or mounted directory; esa query reads URLs)")
     out = location.prepare().local
     assert out is not None
     shrink = l2_shrink(spec)

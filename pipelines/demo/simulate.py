@@ -7,7 +7,8 @@ kind of input the pipeline must dead-letter, so a demo run shows that path too.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from pipelines.demo.population import Population, avro_value
 from schemas import SCHEMA_VERSION, encode_record
@@ -116,16 +117,22 @@ def _out_of_domain(valid: tuple[str, dict]) -> tuple[str, dict]:
 
 def produce_population(bootstrap: str, spec: AnalysisSpec, population: Population, *, raw_topic: str,
                        reports_topic: str, bad_per_kind: int = 0, partitions: int = 3, seed: int | None = None,
-                       progress: Callable[[int, int], None] | None = None,
-                       client: str = DEFAULT_CLIENT) -> dict[str, int]:
-    """Create topics and produce the population (then any bad records); returns records per topic."""
-    ensure_topics(bootstrap, [raw_topic, reports_topic], partitions=partitions, client=client)
-    n = produce_records(bootstrap, raw_topic, telemetry_messages(spec, population), client=client,
-                        progress=(lambda done: progress(done, len(population))) if progress else None)
+                       progress: Callable[[int, int], None] | None = None, client: str = DEFAULT_CLIENT,
+                       client_config: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Create topics and produce the population (then any bad records); returns records per topic.
+
+    ``client_config``: settings (kafka-python names, as ``--kafka_config`` holds them: TLS, SASL) for the
+    admin client and every producer, so a secured broker takes the simulation as it takes the jobs."""
+    config = dict(client_config or {})
+    ensure_topics(bootstrap, [raw_topic, reports_topic], partitions=partitions, client_config=config, client=client)
+    n = produce_records(bootstrap, raw_topic, telemetry_messages(spec, population), producer_config=config,
+                        client=client, progress=(lambda done: progress(done, len(population))) if progress else None)
     produced = {raw_topic: n, reports_topic: 0}
     if bad_per_kind:
         bad = bad_records(spec, population, bad_per_kind, seed)
-        produced[raw_topic] += produce_records(bootstrap, raw_topic, bad["raw"], client=client)
-        produced[reports_topic] += produce_records(bootstrap, reports_topic, bad["reports"], client=client)
+        produced[raw_topic] += produce_records(bootstrap, raw_topic, bad["raw"], producer_config=config,
+                                               client=client)
+        produced[reports_topic] += produce_records(bootstrap, reports_topic, bad["reports"], producer_config=config,
+                                                   client=client)
     LOG.info("produced %s", produced)
     return produced
