@@ -70,29 +70,39 @@ def part_name(part: ReleasePart) -> str:
 def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, signer: Any) -> ReleaseFile:
     """Number, sign and encode one release's batches into a fsynced temporary file beside its final path.
 
-    ``parts`` are the staged parts of one (spec, crowd, window), in sub-key order; at least one set.
+    ``parts`` are the staged parts of one (spec, crowd, window), in sub-key order; at least one set. They may
+    be read from staging at each access (``pipelines.shuffle.StagedParts``): this function holds one at a time.
+
+    Why two passes over the parts: every batch is signed with the release's totals (messages, batches), and
+    where batches are cut depends on every message's encoded size, so the layout (12 bytes per message) must
+    be known before the first batch is written -- and a release can be larger than memory. The first pass
+    goes backwards, so the part it ends on (the first) is the one the second pass starts with: a part is read
+    twice at most, and a release of one part once.
     """
     from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
     from transforms.trust.message_set import SealedMessage
     from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 
-    # Two passes over the parts, each holding one part at a time (``parts`` may load them from staging on
-    # access): the release's layout first (12 bytes per message), then its messages, batch by batch.
-    spec_id = crowd = end = None
+    if not len(parts):
+        raise ValueError("write_release needs at least one part")
+    part: ReleasePart | None = parts[-1]
+    spec_id, crowd, end = part.spec_id, part.crowd_id, part.window_end_ms
     n_sets, deleted, channels, lengths = 0, 0, [], []
-    for i, p in enumerate(parts):
-        if i == 0:
-            spec_id, crowd, end = p.spec_id, p.crowd_id, p.window_end_ms
-        elif (p.spec_id, p.crowd_id, p.window_end_ms) != (spec_id, crowd, end):
+    for i in reversed(range(len(parts))):
+        part = part if part is not None else parts[i]
+        if (part.spec_id, part.crowd_id, part.window_end_ms) != (spec_id, crowd, end):
             raise ValueError("write_release takes the parts of one release")
-        n_sets += p.n_sets
-        deleted = None if deleted is None or p.deleted is None else deleted + p.deleted
-        pack = PackedMessages.of(p.messages)
+        n_sets += part.n_sets
+        deleted = None if deleted is None or part.deleted is None else deleted + part.deleted
+        pack = PackedMessages.of(part.messages)
         channels.append(pack.channels)
         lengths.append(np.diff(pack.offsets))
-        del p, pack
-    if spec_id is None or end is None:
-        raise ValueError("write_release needs at least one part")
+        del pack
+        if i:
+            part = None  # let it go before the next is read: one part at a time
+    first = part  # parts[0]
+    channels.reverse()
+    lengths.reverse()
     bounds = batch_bounds_of(np.concatenate(channels), np.concatenate(lengths))
     n_messages = sum(len(c) for c in channels)
     del channels, lengths
@@ -103,7 +113,8 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     digest = hashlib.sha256()
     try:
         with open(temp, "wb") as handle:
-            stream = (m for p in parts for m in PackedMessages.of(p.messages))  # one part at a time
+            stream = _messages(parts, first)  # one part at a time, the first one already in hand
+            del first
             for i, (start, stop) in enumerate(bounds):
                 chunk = tuple(SealedMessage(c, m) for c, m in itertools.islice(stream, stop - start))
                 batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, n_messages, deleted,
@@ -121,6 +132,16 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, n_messages,
                        len(bounds))
 
+
+def _messages(parts: Sequence[ReleasePart], first: ReleasePart) -> Iterator[tuple[int, bytes]]:
+    """The messages of ``parts`` in order, ``parts[0]`` being ``first`` (not read again); each part is let go
+    before the next is read."""
+    held: ReleasePart | None = first
+    del first
+    for i in range(len(parts)):
+        part, held = (held if i == 0 else parts[i]), None
+        yield from PackedMessages.of(part.messages)
+        del part
 
 
 def _varint_bytes(values: np.ndarray) -> np.ndarray:
