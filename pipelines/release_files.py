@@ -100,7 +100,7 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
         del pack
         if i:
             part = None  # let it go before the next is read: one part at a time
-    first = part  # parts[0]
+    first, part = part, None  # parts[0], handed to the second pass
     channels.reverse()
     lengths.reverse()
     bounds = batch_bounds_of(np.concatenate(channels), np.concatenate(lengths))
