@@ -12,10 +12,10 @@ file.
 Measured on this 2-core machine (300,000 sets of one 64-byte message, 22.8 MB staged, shared with other
 jobs; same keys, same release digest before and after). Before the staged index each load read the part's
 whole batch file, five times per part (listing, release key, withheld check, two write passes): 16 parts in
-3 files, 524 MB read (23x the staged bytes), 1.33-1.43 s; 2 parts, 114 MB (5x), 1.32-1.35 s. With it: 16
-parts, 44 MB (1.94x: the write's two passes, the first part once), 1.18-1.32 s; 2 parts, 34 MB (1.5x),
-1.27 s; 1 part, 22.8 MB (1x), 1.31 s. The time is mostly signing and encoding the batches; the bytes are what
-an object-store staging location is billed and waited for.
+3 files, 524 MB read (23x the staged bytes) in 67 opens, 1.33-1.43 s; 2 parts, 114 MB (5x), 1.32-1.35 s.
+With it, the layout from the parts' headers and each part read once: 22.8 MB (1.00x) for 16, 2 or 1 parts
+(19, 4, 2 opens), 1.25-1.6 s. The time is mostly Avro-encoding and signing the batches (about 1.2 of 2.2 s
+under a profiler); the bytes are what an object-store staging location bills and makes the driver wait for.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class ReleaseAgent:
             self.totals.withheld += 1
         else:
             self._signer = self._signer or load_shuffler_signer(self._config.keys)
-            written = write_release(self._config.state / "releases", parts, *self._signer)
+            written = write_release(self._config.state / "releases", parts, *self._signer, headers=parts.headers)
             del parts
             if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1

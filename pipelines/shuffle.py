@@ -237,7 +237,7 @@ def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
             withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
             continue
         signer = signer or load_shuffler_signer(config.keys)
-        written = write_release(config.state / "releases", parts, *signer)
+        written = write_release(config.state / "releases", parts, *signer, headers=parts.headers)
         del parts  # the release is in its file: hold one release's messages at a time, never two
         if seal_written(config, ledger, written, run.source_ends, run.key):
             released += 1

@@ -59,19 +59,28 @@ class ReleasePart(NamedTuple):
 
 
 class PartHeader(NamedTuple):
-    """A release part without its messages: which release and sub-key, how many sets. Staged beside the part
-    (``transforms.staging``) so the driver groups parts into releases and finds withheld windows without
-    reading any part's messages."""
+    """A release part without its messages: which release and sub-key, its counts, and the shape of its
+    messages (one payload length for all, the range of their channels). Staged beside the part
+    (``transforms.staging``) so the driver groups parts into releases, finds withheld windows and lays out a
+    release's batches without reading any part's messages (``pipelines.release_files.write_release``)."""
 
     spec_id: str
     crowd_id: str | None
     window_end_ms: int
     subkey: int
     n_sets: int
+    deleted: int | None
+    n_messages: int
+    width: int | None  # the payload length of every message; None if they differ (or there is none)
+    channels: tuple[int, int] | None  # (lowest, highest) channel; None without messages
 
 
 def part_header(part: ReleasePart) -> PartHeader:
-    return PartHeader(part.spec_id, part.crowd_id, part.window_end_ms, part.subkey, part.n_sets)
+    messages = PackedMessages.of(part.messages)
+    width = messages.width()
+    channels = (int(messages.channels.min()), int(messages.channels.max())) if len(messages) else None
+    return PartHeader(part.spec_id, part.crowd_id, part.window_end_ms, part.subkey, part.n_sets, part.deleted,
+                      len(messages), width, channels)
 
 
 class CrowdThresholdFn(beam.DoFn):

@@ -1,6 +1,7 @@
-"""The shuffler's drivers read staged release parts sparingly: each part's messages are read by the release
-writer alone (never to group parts into releases or to find withheld windows), the driver holds one part at a
-time, and the release file is byte-identical to one written from the parts in memory.
+"""The shuffler's drivers read staged release parts sparingly: each part's messages are read once, by the
+release writer (never to group parts into releases or to find withheld windows: the staged headers say), the
+driver holds one part at a time, and the release file is byte-identical to one written from the parts in
+memory. Messages of varying sizes need the writer's two passes (each part read twice at most).
 
 Counted on the files themselves (bytes read from staged part files) and on the parts' messages as they are
 unpickled (how many, how many alive at once), so the counts hold whatever the loader looks like.
@@ -25,11 +26,11 @@ import transforms.packed as packed
 import transforms.staging as staging
 from pipelines.job import BoundedRun, JobConfig
 from pipelines.release_agent import ReleaseAgent
-from pipelines.release_files import write_release
+from pipelines.release_files import batch_bounds_of, message_bytes, uniform_batch_bounds, write_release
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.kafkaio import PartitionRange
 from transforms.packed import PackedMessages
-from transforms.shuffle import ReleasePart
+from transforms.shuffle import PartHeader, ReleasePart, part_header
 from transforms.spec import load_spec
 from transforms.staging import write_batch
 from transforms.state.ledger import ReleaseKey, ReleaseLedger
@@ -104,11 +105,27 @@ def _config(tmp_path: Path) -> JobConfig:
                      keys_dir=tmp_path / "keys", shuffled_topic="never-written")
 
 
-def _parts() -> list[ReleasePart]:
+def _parts(uniform: bool = True) -> list[ReleasePart]:
+    """Parts of one release; ``uniform``: every payload of one length (sealed payloads are padded), else not."""
     rng = np.random.default_rng(7)
-    return [ReleasePart(SPEC.spec_id, None, END, k, PackedMessages(
-        rng.integers(0, 3, PER_PART).astype(np.int32), np.arange(PER_PART + 1, dtype=np.int64) * WIDTH,
-        rng.bytes(PER_PART * WIDTH)), PER_PART, 5) for k in range(N_PARTS)]
+    parts = []
+    for k in range(N_PARTS):
+        lengths = np.full(PER_PART, WIDTH) if uniform else rng.integers(WIDTH // 2, WIDTH * 2, PER_PART)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        parts.append(ReleasePart(SPEC.spec_id, None, END, k, PackedMessages(
+            rng.integers(0, 3, PER_PART).astype(np.int32), offsets, rng.bytes(int(offsets[-1]))), PER_PART, 5))
+    return parts
+
+
+def _stage_bounded(root: Path, parts: list[ReleasePart]) -> int:
+    """Stage as a run does (one bundle: the parts share one batch file); the bytes staged."""
+    root.mkdir()
+    stager = driver.part_stager(str(root))
+    stager.start_bundle()
+    for part in parts:
+        stager.process(part)
+    stager.finish_bundle()
+    return _staged_bytes(root)
 
 
 def _digest_in_memory(config: JobConfig, parts: list[ReleasePart], tmp_path: Path) -> str:
@@ -122,29 +139,26 @@ def _staged_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("part-*.pkl"))
 
 
-def test_the_bounded_driver_reads_each_part_in_the_release_writer_only(tmp_path: Path, reads: PartReads) -> None:
-    config, parts = _config(tmp_path), _parts()
+@pytest.mark.parametrize("uniform", [True, False], ids=["padded", "varying"])
+def test_the_bounded_driver_reads_each_part_once_in_the_release_writer(tmp_path: Path, reads: PartReads,
+                                                                       uniform: bool) -> None:
+    config, parts = _config(tmp_path), _parts(uniform)
     expected = _digest_in_memory(config, parts, tmp_path)
     reads.loads = 0
     root = tmp_path / "staging"
-    root.mkdir()
-    stager = driver.part_stager(str(root))
-    stager.start_bundle()
-    for part in parts:  # one bundle: the parts share one batch file, as in a run
-        stager.process(part)
-    stager.finish_bundle()
-    del parts, part
-    staged = _staged_bytes(root)
+    staged = _stage_bounded(root, parts)
+    del parts
     run = BoundedRun(config, "shuffle", "reports", RunState(), [PartitionRange("reports", 0, 0, 99)], "k1", root,
                      END + 10)
     ledger = ReleaseLedger(config.state / "ledger")
     assert driver.seal_and_publish(run, ledger) == (1, 0)
     entry = ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == expected and reads.published == [entry.release_id]
-    # The release writer's two passes read each part once more than the first (see write_release); nothing
-    # else reads a part's messages. Before the staged index: a whole batch file per load, five loads per part.
-    assert reads.loads <= 2 * N_PARTS - 1
-    assert reads.bytes_read <= 2 * staged
+    # Padded payloads: the layout comes from the headers, each part is read once. Varying ones: the writer's
+    # two passes read each part but the first twice (see write_release). Nothing else reads a part's messages;
+    # before the staged index, each of five loads per part read its whole batch file.
+    assert reads.loads == (N_PARTS if uniform else 2 * N_PARTS - 1)
+    assert reads.bytes_read <= (1 if uniform else 2) * staged
     assert reads.max_alive == 1
 
 
@@ -166,8 +180,8 @@ def test_the_release_agent_holds_one_part_at_a_time(tmp_path: Path, reads: PartR
     entry = agent._ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == expected
     assert reads.max_alive == 1  # before: every part of the release loaded at once
-    assert reads.loads <= 2 * N_PARTS - 1
-    assert reads.bytes_read <= 2 * staged
+    assert reads.loads == N_PARTS
+    assert reads.bytes_read <= staged
 
 
 def test_a_withheld_window_is_found_without_reading_any_part(tmp_path: Path, reads: PartReads,
@@ -205,3 +219,36 @@ def test_parts_staged_without_headers_are_still_released(tmp_path: Path, reads: 
     assert driver.seal_and_publish(run, ledger) == (1, 0)
     entry = ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == expected
+
+
+def test_a_part_that_does_not_match_its_header_is_refused(tmp_path: Path, reads: PartReads) -> None:
+    """The layout signed into every batch comes from the headers: a part that differs from its own (a damaged
+    staging location) stops the release, and nothing is sealed or left behind."""
+    config, parts = _config(tmp_path), _parts()
+    root = tmp_path / "staging"
+    root.mkdir()
+    headers = {f"{p.subkey:05d}": part_header(p) for p in parts}
+    headers["00001"] = headers["00001"]._replace(n_messages=PER_PART - 1)
+    write_batch(root, "part", [(f"{p.subkey:05d}", pickle.dumps(p)) for p in parts], headers)
+    run = BoundedRun(config, "shuffle", "reports", RunState(), [PartitionRange("reports", 0, 0, 99)], "k1", root,
+                     END + 10)
+    ledger = ReleaseLedger(config.state / "ledger")
+    with pytest.raises(ValueError, match="does not match its staged header"):
+        driver.seal_and_publish(run, ledger)
+    assert ledger.get(ReleaseKey(SPEC.spec_id, None, END)) is None and reads.published == []
+    assert not list((config.state / "releases").iterdir())
+
+
+@pytest.mark.parametrize("width", [1, 40, 63, 64, 200, 300_000, 600_000])
+@pytest.mark.parametrize("n", [0, 1, 5000, 30_011])
+def test_batch_bounds_from_headers_are_the_greedy_cut(n: int, width: int) -> None:
+    """The headers' layout cuts batches exactly where the arrays' greedy cut does (same release bytes)."""
+    channels = np.full(n, 2, dtype=np.int32)
+    header = PartHeader(SPEC.spec_id, None, END, 0, n, None, n, width if n else None, (2, 2) if n else None)
+    size = message_bytes(header)
+    assert (size is None) == (n == 0)
+    expected = batch_bounds_of(channels, np.full(n, width, dtype=np.int64))
+    assert (uniform_batch_bounds(n, size) if size else [(0, 0)]) == expected
+    assert message_bytes(header._replace(channels=(-64, 63))) == (size if n else None)  # one varint byte each
+    assert message_bytes(header._replace(channels=(0, 64))) is None  # 64 zig-zags to 128: two bytes
+    assert message_bytes(header._replace(width=None)) is None
