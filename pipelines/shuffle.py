@@ -57,6 +57,7 @@ from transforms.state.verified_sets import VerifiedSets
 
 LOG = logging.getLogger(__name__)
 STAGE = "shuffle"
+PART = "part"  # staging prefix of release parts
 
 
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
@@ -101,9 +102,6 @@ def shuffler_prf_key(config: JobConfig) -> bytes:
 
 def release_file(config: JobConfig, release_id: str) -> Path:
     return config.state / "releases" / f"{release_id}.bin"
-
-
-PART = "part"
 
 
 def part_stager(staging: Location) -> StageFn:
