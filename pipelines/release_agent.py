@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,18 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.job import JobConfig
 from pipelines.release_files import write_release
-from pipelines.shuffle import is_withheld, release_key, seal_written, withheld_entry
+from pipelines.shuffle import StagedParts, seal_written, withheld_entry
 from transforms.sinks import avro_bytes
-from transforms.staging import StagingError, clear_staging, is_url, join, load_staged, read_listed, staged_files
+from transforms.staging import (
+    StagingError,
+    clear_staging,
+    is_url,
+    iter_staged_entries,
+    join,
+    load_staged,
+    staged_entries,
+    staged_files,
+)
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
 from transforms.stream_windows import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
@@ -85,17 +93,19 @@ class ReleaseAgent:
         from transforms.trust.keys import load_shuffler_signer
 
         marker: StagedRelease = load_staged(directory, MARKER)[0]
-        parts = load_staged(directory, PART)  # in sub-key order (their staging names)
-        if tuple(p.subkey for p in parts) != marker.subkeys:
-            raise StagingError(f"staged release {directory} has parts {[p.subkey for p in parts]} but its marker "
+        # In sub-key order (their staging names); headers only: each part is read when the release is written.
+        parts = StagedParts(list(iter_staged_entries(directory, PART)))
+        subkeys = [h.subkey for h in parts.headers]
+        if tuple(subkeys) != marker.subkeys:
+            raise StagingError(f"staged release {directory} has parts {subkeys} but its marker "
                                f"lists {list(marker.subkeys)}: the staging location is damaged")
-        key = release_key(parts)
-        if is_withheld(parts):
+        key = parts.key
+        if parts.withheld:
             self._ledger.seal_many([withheld_entry(key, marker.source_ends, self._run_key)])
             self.totals.withheld += 1
         else:
             self._signer = self._signer or load_shuffler_signer(self._config.keys)
-            written = write_release(self._config.state / "releases", parts, *self._signer)
+            written = write_release(self._config.state / "releases", parts, *self._signer, headers=parts.headers)
             del parts
             if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1
@@ -114,8 +124,9 @@ class ReleaseAgent:
             return
         letters: dict[str, dict[str, Any]] = {}
         for path in files:
-            for name, data in _staged_items(path):
-                letters.setdefault(name, pickle.loads(data))
+            for entry in staged_entries(path):
+                if entry.name not in letters:
+                    letters[entry.name] = entry.load()
         ordered = [letters[name] for name in sorted(letters)]
         digest = hashlib.sha256("\n".join(sorted(letters)).encode()).hexdigest()[:16]
         directory = self._config.state / "dead_letters"
@@ -132,19 +143,6 @@ class ReleaseAgent:
                             producer_config=self._config.kafka_config, client=self._config.kafka_client)
         _remove(files)
         self.totals.dead_letters += len(ordered)
-
-
-def _staged_items(path: str) -> list[tuple[str, bytes]]:
-    """The (name, pickled element) pairs of one staged batch file (``transforms.staging.write_batch``)."""
-    from transforms.staging import FORMAT, VERSION
-
-    try:
-        obj = pickle.loads(read_listed(path))
-    except Exception as err:
-        raise StagingError(f"staged file {path} is damaged: {err}") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT or obj.get("version") != VERSION:
-        raise StagingError(f"staged file {path} is not a staged batch of this version")
-    return obj["items"]
 
 
 def committed_total(config: JobConfig) -> int:

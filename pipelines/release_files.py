@@ -20,12 +20,12 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from transforms.packed import PackedMessages
-from transforms.shuffle import ReleasePart
+from transforms.shuffle import PartHeader, ReleasePart, part_header
 from transforms.state.files import ensure_dir
 from transforms.state.ledger import ReleaseKey
 
@@ -67,35 +67,33 @@ def part_name(part: ReleasePart) -> str:
     return f"{release_id_of(part.spec_id, part.crowd_id, part.window_end_ms)}-{part.subkey:05d}"
 
 
-def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, signer: Any) -> ReleaseFile:
+def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, signer: Any,
+                  headers: Sequence[PartHeader] | None = None) -> ReleaseFile:
     """Number, sign and encode one release's batches into a fsynced temporary file beside its final path.
 
-    ``parts`` are the staged parts of one (spec, crowd, window), in sub-key order; at least one set.
+    ``parts`` are the staged parts of one (spec, crowd, window), in sub-key order; at least one set. They may
+    be read from staging at each access (``pipelines.shuffle.StagedParts``): this function holds one at a time.
+
+    Every batch is signed with the release's totals (messages, batches), and where batches are cut depends on
+    every message's encoded size, so the layout must be known before the first batch is written -- and a
+    release can be larger than memory. Given the parts' staged ``headers``, and when all of the release's
+    messages encode to one size (sealed payloads are padded to the mechanism's longest encoding, so they do
+    unless the channels span two varint lengths), the layout follows from the headers: one pass, each part
+    read once and checked against its header. Otherwise two passes: the layout first (12 bytes per message),
+    then the batches. That first pass goes backwards, so the part it ends on (the first) is the one the
+    second pass starts with: a part is read twice at most, and a release of one part once.
     """
     from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
     from transforms.trust.message_set import SealedMessage
     from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 
-    # Two passes over the parts, each holding one part at a time (``parts`` may load them from staging on
-    # access): the release's layout first (12 bytes per message), then its messages, batch by batch.
-    spec_id = crowd = end = None
-    n_sets, deleted, channels, lengths = 0, 0, [], []
-    for i, p in enumerate(parts):
-        if i == 0:
-            spec_id, crowd, end = p.spec_id, p.crowd_id, p.window_end_ms
-        elif (p.spec_id, p.crowd_id, p.window_end_ms) != (spec_id, crowd, end):
-            raise ValueError("write_release takes the parts of one release")
-        n_sets += p.n_sets
-        deleted = None if deleted is None or p.deleted is None else deleted + p.deleted
-        pack = PackedMessages.of(p.messages)
-        channels.append(pack.channels)
-        lengths.append(np.diff(pack.offsets))
-        del p, pack
-    if spec_id is None or end is None:
-        raise ValueError("write_release needs at least one part")
-    bounds = batch_bounds_of(np.concatenate(channels), np.concatenate(lengths))
-    n_messages = sum(len(c) for c in channels)
-    del channels, lengths
+    if not len(parts) or (headers is not None and len(headers) != len(parts)):
+        raise ValueError("write_release needs at least one part (and one header per part, if headers are given)")
+    layout = _layout_of_headers(headers) if headers is not None else None
+    first = None
+    if layout is None:
+        layout, first = _layout_of_parts(parts)
+    spec_id, crowd, end, n_sets, n_messages, deleted, bounds = layout
     rid = release_id_of(spec_id, crowd, end)
     path = Path(directory) / f"{rid}.bin"
     ensure_dir(path.parent)
@@ -103,7 +101,8 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     digest = hashlib.sha256()
     try:
         with open(temp, "wb") as handle:
-            stream = (m for p in parts for m in PackedMessages.of(p.messages))  # one part at a time
+            stream = _messages(parts, first, headers)  # one part at a time (the first maybe already in hand)
+            del first
             for i, (start, stop) in enumerate(bounds):
                 chunk = tuple(SealedMessage(c, m) for c, m in itertools.islice(stream, stop - start))
                 batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, n_messages, deleted,
@@ -112,6 +111,8 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
                 for piece in (FRAME.pack(len(data)), data):
                     handle.write(piece)
                     digest.update(piece)
+            if next(stream, None) is not None:
+                raise ValueError(f"release {rid} has more messages than its parts' headers say")
             handle.flush()
             os.fsync(handle.fileno())
     except BaseException:
@@ -121,6 +122,91 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, n_messages,
                        len(bounds))
 
+
+class _Layout(NamedTuple):
+    spec_id: str
+    crowd_id: str | None
+    window_end_ms: int
+    n_sets: int
+    n_messages: int
+    deleted: int | None
+    bounds: list[tuple[int, int]]
+
+
+def _one_release(items: Sequence[PartHeader | ReleasePart]) -> tuple[str, str | None, int]:
+    keys = {(p.spec_id, p.crowd_id, p.window_end_ms) for p in items}
+    if len(keys) != 1:
+        raise ValueError("write_release takes the parts of one release")
+    return keys.pop()
+
+
+def _deleted(items: Sequence[PartHeader | ReleasePart]) -> int | None:
+    return None if any(p.deleted is None for p in items) else sum(p.deleted for p in items)  # type: ignore[misc]
+
+
+def _layout_of_headers(headers: Sequence[PartHeader]) -> _Layout | None:
+    """The layout from the staged headers alone, when every message encodes to one size; None otherwise."""
+    spec_id, crowd, end = _one_release(headers)
+    sizes = {message_bytes(h) for h in headers if h.n_messages}
+    if None in sizes or len(sizes) > 1:
+        return None
+    n_messages = sum(h.n_messages for h in headers)
+    bounds = uniform_batch_bounds(n_messages, sizes.pop()) if sizes else [(0, 0)]
+    return _Layout(spec_id, crowd, end, sum(h.n_sets for h in headers), n_messages, _deleted(headers), bounds)
+
+
+def _layout_of_parts(parts: Sequence[ReleasePart]) -> tuple[_Layout, ReleasePart]:
+    """The layout read from the parts, last to first (see ``write_release``); and the first part, still held."""
+    part: ReleasePart | None = None
+    kept, channels, lengths = [], [], []
+    for i in reversed(range(len(parts))):
+        part = parts[i]
+        kept.append(part._replace(messages=()))  # its key and counts, not its messages
+        pack = PackedMessages.of(part.messages)
+        channels.append(pack.channels)
+        lengths.append(np.diff(pack.offsets))
+        del pack
+        if i:
+            part = None  # let it go before the next is read: one part at a time
+    assert part is not None
+    spec_id, crowd, end = _one_release(kept)
+    bounds = batch_bounds_of(np.concatenate(channels[::-1]), np.concatenate(lengths[::-1]))
+    n_messages = sum(len(c) for c in channels)
+    return _Layout(spec_id, crowd, end, sum(p.n_sets for p in kept), n_messages, _deleted(kept), bounds), part
+
+
+def _messages(parts: Sequence[ReleasePart], first: ReleasePart | None,
+              headers: Sequence[PartHeader] | None) -> Iterator[tuple[int, bytes]]:
+    """The messages of ``parts`` in order, ``parts[0]`` being ``first`` if given (not read again), each part
+    checked against its header if given; each part is let go before the next is read."""
+    held, first = first, None
+    for i in range(len(parts)):
+        part, held = (held if i == 0 and held is not None else parts[i]), None
+        if headers is not None and part_header(part) != headers[i]:
+            raise ValueError(f"staged part {i} of release {part.spec_id}/{part.crowd_id}/{part.window_end_ms} does "
+                             "not match its staged header: the staging location is damaged")
+        yield from PackedMessages.of(part.messages)
+        del part
+
+
+def message_bytes(header: PartHeader) -> int | None:
+    """The encoded size of every message of a part (channel and length varints, payload), from its header;
+    None when its messages' sizes may differ."""
+    if header.width is None or header.channels is None:
+        return None
+    low, high = header.channels
+    varints = _varint_bytes(np.asarray([low, high, 0 if low <= 0 <= high else low], dtype=np.int64))
+    if len(set(varints.tolist())) != 1:
+        return None
+    return int(varints[0]) + int(_varint_bytes(np.asarray([header.width]))[0]) + header.width
+
+
+def uniform_batch_bounds(n_messages: int, size: int, max_bytes: int = MAX_BATCH_BYTES) -> list[tuple[int, int]]:
+    """``batch_bounds_of`` for ``n_messages`` messages that all encode to ``size`` bytes, without arrays: the
+    greedy cut puts as many as fit in every batch (at least one)."""
+    budget = _budget(max_bytes)
+    per = max(budget // size, 1)
+    return [(start, min(start + per, n_messages)) for start in range(0, n_messages, per)] or [(0, 0)]
 
 
 def _varint_bytes(values: np.ndarray) -> np.ndarray:
@@ -139,11 +225,7 @@ def batch_bounds(messages: PackedMessages, max_bytes: int = MAX_BATCH_BYTES) -> 
 def batch_bounds_of(channels: np.ndarray, lengths: np.ndarray, max_bytes: int = MAX_BATCH_BYTES
                     ) -> list[tuple[int, int]]:
     """``batch_bounds`` of the messages with these channels and payload lengths."""
-    from transforms.trust.release import BATCH_HEADER_BYTES
-
-    budget = max_bytes - BATCH_HEADER_BYTES
-    if budget < 1024:
-        raise ValueError(f"max_bytes must be at least {BATCH_HEADER_BYTES + 1024}, got {max_bytes}")
+    budget = _budget(max_bytes)
     sizes = (_varint_bytes(channels) + _varint_bytes(lengths) + lengths).tolist()
     bounds, start, used = [], 0, 0
     for i, size in enumerate(sizes):
@@ -154,6 +236,14 @@ def batch_bounds_of(channels: np.ndarray, lengths: np.ndarray, max_bytes: int = 
     if start < len(sizes) or not bounds:
         bounds.append((start, len(sizes)))
     return bounds
+
+
+def _budget(max_bytes: int) -> int:
+    from transforms.trust.release import BATCH_HEADER_BYTES
+
+    if max_bytes - BATCH_HEADER_BYTES < 1024:
+        raise ValueError(f"max_bytes must be at least {BATCH_HEADER_BYTES + 1024}, got {max_bytes}")
+    return max_bytes - BATCH_HEADER_BYTES
 
 
 def file_digest(path: Path) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,14 +41,23 @@ from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part
 from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import produce_records
-from transforms.shuffle import ReleasePart, ScaleOut, Shuffle, WindowClock
+from transforms.shuffle import PartHeader, ReleasePart, ScaleOut, Shuffle, WindowClock, part_header
 from transforms.sinks import StageAvroRecords
-from transforms.staging import Location, StageFn, iter_staged_lazily, join, load_staged, stable_name
+from transforms.staging import (
+    Location,
+    StagedEntry,
+    StageFn,
+    iter_staged_entries,
+    join,
+    load_staged,
+    stable_name,
+)
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.state.verified_sets import VerifiedSets
 
 LOG = logging.getLogger(__name__)
 STAGE = "shuffle"
+PART = "part"  # staging prefix of release parts
 
 
 def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> None:
@@ -72,7 +81,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
         specs, shuffler_prf_key(config), clock, subkeys, spill=spill)
-    _ = released | "StageParts" >> beam.ParDo(StageFn(staging, "part", part_name))
+    _ = released | "StageParts" >> beam.ParDo(part_stager(staging))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
     _ = ingress[VERIFIED] | "StageVerified" >> beam.ParDo(StageFn(staging, "verified", lambda v: stable_name(
@@ -95,28 +104,46 @@ def release_file(config: JobConfig, release_id: str) -> Path:
     return config.state / "releases" / f"{release_id}.bin"
 
 
-class StagedParts(Sequence[ReleasePart]):
-    """The staged parts of one release, each read from staging when accessed (not kept): the driver holds
-    one part (a sub-crowd) at a time, not a whole release, however large the crowd."""
+def part_stager(staging: Location) -> StageFn:
+    """The stage that writes release parts, each with its ``PartHeader`` in the batch's index."""
+    return StageFn(staging, PART, part_name, header_of=part_header)
 
-    def __init__(self, loaders: Sequence[Callable[[], ReleasePart]]):
-        self._loaders = list(loaders)
+
+class StagedParts(Sequence[ReleasePart]):
+    """The staged parts of one release, in sub-key order: their headers held, each part read from staging
+    when accessed and not kept, so the driver holds one part (a sub-crowd) at a time, however large the
+    crowd, and reads no part's messages to group, count or withhold a release (``headers``)."""
+
+    def __init__(self, entries: Sequence[StagedEntry], headers: Sequence[PartHeader] | None = None):
+        self._entries = list(entries)
+        self.headers = list(headers) if headers is not None else [header_of(e) for e in self._entries]
 
     def __len__(self) -> int:
-        return len(self._loaders)
+        return len(self._entries)
 
     def __getitem__(self, index: int) -> ReleasePart:  # type: ignore[override]
-        return self._loaders[index]()
+        return self._entries[index].load()
+
+    @property
+    def key(self) -> ReleaseKey:
+        return release_key(self.headers)
+
+    @property
+    def withheld(self) -> bool:
+        return is_withheld(self.headers)
+
+
+def header_of(entry: StagedEntry) -> PartHeader:
+    """A staged part's header, from the batch's index; a part staged without one (by an earlier esa) is read."""
+    return entry.header if isinstance(entry.header, PartHeader) else part_header(entry.load())
 
 
 def staged_releases(staging: Location) -> Iterator[StagedParts]:
     """The staged parts, one release at a time (part names start with the release id), sub-key order."""
-    def release_of(named: tuple[str, Callable[[], ReleasePart]]) -> tuple[str, str | None, int]:
-        part = named[1]()  # read once more for its key only, then dropped
-        return part.spec_id, part.crowd_id, part.window_end_ms
-
-    for _, named in itertools.groupby(iter_staged_lazily(staging, "part"), key=release_of):
-        yield StagedParts([load for _, load in named])
+    headed = ((header_of(e), e) for e in iter_staged_entries(staging, PART))
+    for _, group in itertools.groupby(headed, key=lambda he: release_key([he[0]])):
+        headers, entries = zip(*group, strict=True)
+        yield StagedParts(entries, headers)
 
 
 def publish(config: JobConfig, release_id: str, path: Path) -> int:
@@ -152,11 +179,13 @@ def withheld_entry(key: ReleaseKey, source_ends: dict[str, int], run_key: str) -
                         run_key=run_key, sealed_at_ms=int(time.time() * 1000), status=WITHHELD)
 
 
-def release_key(parts: Sequence[ReleasePart]) -> ReleaseKey:
+def release_key(parts: Sequence[PartHeader | ReleasePart]) -> ReleaseKey:
+    """The (spec, crowd, window end) of a release, from its parts or their headers."""
     return ReleaseKey(parts[0].spec_id, parts[0].crowd_id, parts[0].window_end_ms)
 
 
-def is_withheld(parts: Sequence[ReleasePart]) -> bool:
+def is_withheld(parts: Sequence[PartHeader | ReleasePart]) -> bool:
+    """Whether the crowd threshold withheld a release (no part has a set), from its parts or their headers."""
     return sum(p.n_sets for p in parts) == 0
 
 
@@ -193,7 +222,8 @@ def seal_written(config: JobConfig, ledger: ReleaseLedger, written: ReleaseFile,
 
 def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
     """The release step, one staged release at a time (``seal_written``). Withheld windows are sealed
-    together at the end (one durable batch)."""
+    together at the end (one durable batch). Each part's messages are read by ``write_release`` alone (see
+    there how often); grouping and withholding use the parts' staged headers."""
     from transforms.trust.keys import load_shuffler_signer
 
     config = run.config
@@ -201,11 +231,11 @@ def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
     withheld: list[ReleaseEntry] = []
     signer: tuple | None = None
     for parts in staged_releases(run.staging):
-        if is_withheld(parts):  # withheld by the crowd threshold: sealed as such, never published
-            withheld.append(withheld_entry(release_key(parts), run.source_ends, run.key))
+        if parts.withheld:  # withheld by the crowd threshold: sealed as such, never published
+            withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
             continue
         signer = signer or load_shuffler_signer(config.keys)
-        written = write_release(config.state / "releases", parts, *signer)
+        written = write_release(config.state / "releases", parts, *signer, headers=parts.headers)
         del parts  # the release is in its file: hold one release's messages at a time, never two
         if seal_written(config, ledger, written, run.source_ends, run.key):
             released += 1

@@ -41,7 +41,7 @@ from transforms.ingress import DEAD, NAMESPACE, IngressFn, PriorRuns, SetElement
 from transforms.kafka_clients import KafkaRecord
 from transforms.kafka_sdf import wall_ms
 from transforms.records import dead_letter
-from transforms.shuffle import ReleasePart
+from transforms.shuffle import ReleasePart, part_header
 from transforms.spec import AnalysisSpec
 from transforms.staging import StagingDoFn, is_url, join, stable_name, write_batch
 
@@ -247,10 +247,10 @@ def release_dir(root: str, part: ReleasePart | tuple[str, str | None, int]) -> s
     return join(root, RELEASES, release_id_of(spec_id, crowd, end))
 
 
-def _stage(directory: str, prefix: str, named: list[tuple[str, bytes]]) -> None:
+def _stage(directory: str, prefix: str, named: list[tuple[str, bytes]], headers: dict[str, Any] | None = None) -> None:
     if not is_url(directory):
         Path(directory).mkdir(parents=True, exist_ok=True)
-    write_batch(directory, prefix, named)
+    write_batch(directory, prefix, named, headers)
 
 
 class StagePartFn(StagingDoFn):
@@ -258,8 +258,9 @@ class StagePartFn(StagingDoFn):
     the token leaves only after the file is written, so the marker that follows them is written last."""
 
     def process(self, part: ReleasePart) -> Iterator[tuple[tuple[str, str | None, int], int]]:
-        _stage(release_dir(self._directory, part), PART,
-               [(f"{part.subkey:05d}", pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))])
+        name = f"{part.subkey:05d}"  # the header lets the release agent read the part's messages once
+        _stage(release_dir(self._directory, part), PART, [(name, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))],
+               {name: part_header(part)})
         yield (part.spec_id, part.crowd_id, part.window_end_ms), part.subkey
 
 

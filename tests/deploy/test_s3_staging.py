@@ -26,6 +26,7 @@ from transforms.staging import (
     StageFn,
     check_location,
     clear_staging,
+    iter_staged_entries,
     join,
     load_staged,
     read_staged,
@@ -121,6 +122,10 @@ def test_beam_filesystems_stage_load_and_clear(s3: S3Endpoint) -> None:
     assert len(staged_files(root, "part-*.pkl")) == 1  # one batch for the bundle, not one object per element
     write_batch(root, "part", [("a", pickle.dumps(("a", 1))), ("d", pickle.dumps(("d", 4)))])  # a retry, regrouped
     assert load_staged(root, "part") == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]  # no second copy of "a"
+    write_batch(root, "part", [("d", pickle.dumps(("d", 4))), ("e", pickle.dumps(("e", big)))], headers={"e": "E"})
+    (entry,) = [e for e in iter_staged_entries(root, "part") if e.name == "e"]
+    assert entry.header == "E" and entry.data is None  # listed from the batch's index, its bytes not read yet
+    assert entry.load() == ("e", big)  # its own byte range, read through the object store
     clear_staging(root)
     assert s3.keys("esa-test/") == []
     clear_staging(root)  # clearing what is not there is not an error

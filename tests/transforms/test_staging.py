@@ -9,7 +9,17 @@ import apache_beam as beam
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from transforms.staging import StageFn, StagingError, iter_staged, load_staged, stable_name, write_batch
+from transforms.staging import (
+    FORMAT,
+    StageFn,
+    StagingError,
+    iter_staged,
+    iter_staged_entries,
+    load_staged,
+    stable_name,
+    staged_entries,
+    write_batch,
+)
 
 
 def test_a_pipeline_stages_many_elements_in_few_files(tmp_path: Path) -> None:
@@ -64,7 +74,58 @@ def test_large_elements_are_read_from_their_file_only_when_their_turn_comes(tmp_
     loader = iter_staged(tmp_path, "part")
     assert next(loader) == expected[0]  # every file listed and indexed; then a large element's file goes
     assert any(elements[n][1] >= 5 for n in names[7:])  # the second file holds a large element
-    (second,) = [p for p in tmp_path.glob("part-*.pkl") if pickle.loads(p.read_bytes())["items"][0][0] == names[7]]
+    (second,) = [p for p in tmp_path.glob("part-*.pkl") if staged_entries(str(p))[0].name == names[7]]
     second.unlink()
     with pytest.raises(StagingError, match="damaged"):
         list(loader)
+
+
+def test_headers_are_read_without_the_elements_and_an_element_alone(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver decides from a part's header, then reads that part's byte range only, never its neighbours."""
+    import transforms.staging as staging
+
+    monkeypatch.setattr(staging, "KEEP_IN_MEMORY", 1000)
+    elements = {f"e{i}": ("elem", i, bytes([i]) * 5000) for i in range(4)}  # "large": 5 kB each
+    fn = StageFn(str(tmp_path), "part", lambda e: f"e{e[1]}", header_of=lambda e: ("head", e[1]))
+    fn.start_bundle()
+    for element in elements.values():
+        fn.process(element)
+    fn.finish_bundle()
+    (path,) = tmp_path.glob("part-*.pkl")
+    reads: list[int] = []
+    real = staging._open
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        handle = real(name)
+        read = handle.read
+        handle.read = lambda *size: reads.append(len(data := read(*size))) or data  # type: ignore[method-assign]
+        return handle
+
+    monkeypatch.setattr(staging, "_open", counting)
+    entries = list(iter_staged_entries(tmp_path, "part"))
+    assert [(e.name, e.header) for e in entries] == [(f"e{i}", ("head", i)) for i in range(4)]
+    assert sum(reads) < 1000  # the index only: no element was read
+    reads.clear()
+    assert entries[2].load() == elements["e2"]
+    assert sum(reads) == entries[2].size < path.stat().st_size // 3
+    path.write_bytes(path.read_bytes()[:entries[3].start + 10])  # truncated inside the last element
+    with pytest.raises(StagingError, match="damaged: truncated"):
+        entries[3].load()
+
+
+def test_small_elements_are_kept_from_the_listing_and_version_1_files_still_load(tmp_path: Path) -> None:
+    """A staging location can outlive an upgrade (the streaming shuffler's): files of version 1 still load."""
+    old = [(stable_name(i), pickle.dumps(("old", i))) for i in range(3)]
+    (tmp_path / "part-v1.pkl").write_bytes(pickle.dumps({"format": FORMAT, "version": 1, "items": old}))
+    write_batch(tmp_path, "part", [(stable_name(i), pickle.dumps(("new", i))) for i in range(2, 5)],
+                headers={stable_name(4): "four"})
+    entries = list(iter_staged_entries(tmp_path, "part"))
+    assert all(e.data is not None for e in entries)  # small: held, not read again
+    for path in tmp_path.glob("part-*.pkl"):
+        path.unlink()
+    values = {e.name: e.load() for e in entries}
+    assert values[stable_name(2)] in {("old", 2), ("new", 2)}  # one copy per name (a retry's copy is the same)
+    assert {values[stable_name(i)] for i in (0, 1, 3, 4)} == {("old", 0), ("old", 1), ("new", 3), ("new", 4)}
+    headers = {e.name: e.header for e in entries}
+    assert headers[stable_name(4)] == "four" and headers[stable_name(3)] is None and headers[stable_name(0)] is None

@@ -9,7 +9,6 @@ as late and change nothing.
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import apache_beam as beam
@@ -21,7 +20,7 @@ from apache_beam.transforms.window import TimestampedValue
 
 from tests.transforms.release_inputs import KEY, TIMES_POLICY, WIN_A, WIN_B, WINDOW_MS, Devices, make_spec, shuffle_run
 from transforms.ingress import PriorRuns
-from transforms.staging import load_staged, staged_files
+from transforms.staging import load_staged, staged_entries, staged_files
 from transforms.stream_windows import DEAD_DIR, LATE_REASON, MARKER, PART, RELEASES, StreamShuffle
 
 SPEC = make_spec(subkeys=4, min_clients=5)
@@ -75,8 +74,7 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
     assert sum(p.n_sets for p in released[WIN_A + WINDOW_MS][0]) > 0  # a real release, not a withheld window
     assert released[WIN_A + WINDOW_MS][1].source_ends == {"reports/0": N_A}  # the late ones are not in it
     assert released[WIN_B + WINDOW_MS][1].source_ends == {"reports/1": N_B}
-    letters = [pickle.loads(data) for path in staged_files(root / DEAD_DIR, "dead-*.pkl")
-               for _, data in pickle.loads(Path(path).read_bytes())["items"]]
+    letters = [entry.load() for path in staged_files(root / DEAD_DIR, "dead-*.pkl") for entry in staged_entries(path)]
     assert sorted(x["offset"] for x in letters) == [r.offset for r in late]
     assert {x["reason"] for x in letters} == {LATE_REASON}
 

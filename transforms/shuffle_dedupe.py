@@ -1,0 +1,174 @@
+"""The shuffler's first step per (crowd, window, device bucket): hold open windows, dedupe, strip identity.
+
+Open windows: every set is held (the next run re-reads it from its offset). Closed windows: one set per
+device and window (``max_reports_per_window`` of them) -- the earliest by event time, then Kafka position, so
+a rerun keeps the same ones -- byte-identical copies and later sets are dead-lettered as duplicates, and a
+multi-message set without exactly one presence marker or flooding a channel is dead-lettered. What is kept
+leaves as units (one device's kept sets) under sub-keys drawn by a keyed PRF of (device, crowd), with no
+device identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
+from apache_beam.transforms.window import GlobalWindows
+
+from transforms.ingress import DEAD, NAMESPACE
+from transforms.mechanisms.base import is_single_message, messages_per_channel
+from transforms.mechanisms.randomness import keyed_index
+from transforms.packed import Message, PackedUnits
+from transforms.packed_sets import PackedSets
+from transforms.records import PRESENCE, dead_letter
+from transforms.shuffle_plan import WindowClock
+from transforms.spec import AnalysisSpec
+from transforms.spill import SpillBuffer, load
+from transforms.staging import Location
+
+HELD = "held"
+Unit = tuple[int, tuple[Message, ...]]  # one device's kept sets in a window: (set count, their messages)
+
+
+class DedupeAndStripFn(beam.DoFn):
+    """((spec, crowd, window, bucket), [packed sets]) -> kept sets under sub-keys, or held.
+
+    The packed sets are pickled ``PackedSets`` or ``SpillRef``s to them (``IngressFn``). Open windows: every
+    set is held (its offset leaves on ``HELD`` so the next run re-reads it). Closed windows: one set per
+    device (``quota`` per window), identity stripped; what leaves is ((spec, crowd, window), (sub-key,
+    PackedUnits)): per sub-key, the bucket's devices packed into arrays, each with its rank (a keyed PRF of
+    the device) that orders the sub-crowd canonically -- or, given ``spill``, a ``SpillRef`` to them.
+    """
+
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock,
+                 subkeys: Mapping[str, int] | None = None, spill: Location | None = None):
+        self._specs = {s.spec_id: s for s in specs}
+        self._key, self._clock = key, clock
+        self._subkeys = dict(subkeys or {})  # spec_id -> sub-keys per crowd (default: the spec's)
+        self._spill = str(spill) if spill else None
+        self._buffer: SpillBuffer | None = None
+        self._watermark: tuple[int | None] | None = None
+        self._held = Metrics.counter(NAMESPACE, "sets_held")
+        self._valid = Metrics.counter(NAMESPACE, "sets_valid")
+        self._devices = Metrics.counter(NAMESPACE, "distinct_devices")
+        self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
+
+    def start_bundle(self) -> None:
+        if self._spill:
+            self._buffer = SpillBuffer(self._spill, PackedUnits.concat, lambda u: len(u.messages.payload) + 28 * len(u))
+
+    def finish_bundle(self) -> Iterator[Any]:
+        if self._buffer is not None:
+            for (crowd_key, subkey), ref in self._buffer.flush():
+                yield GlobalWindows.windowed_value((crowd_key, (subkey, ref)))
+
+    def _reject(self, sets: PackedSets, row: int, reason: str) -> TaggedOutput:
+        self._dead.inc()
+        return TaggedOutput(DEAD, dead_letter("shuffle", reason, source=sets.source(row), spec_id=sets.spec_id))
+
+    def process(self, keyed: tuple[tuple[str, str | None, int, int], Iterable[Any]],
+                run_times: Mapping[str, int]) -> Iterator[Any]:
+        (spec_id, _, window_end, _), values = keyed
+        spec = self._specs[spec_id]
+        if self._watermark is None:
+            self._watermark = (self._clock.watermark(run_times),)
+        sets = PackedSets.concat([load(v) for v in values])
+        if not self._clock.closed(window_end, spec.allowed_lateness_seconds * 1000, self._watermark[0]):
+            self._held.inc(len(sets))
+            earliest = np.full(len(sets.sources), np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(earliest, sets.source_index, sets.offsets)
+            for (topic, partition), offset in zip(sets.sources, earliest.tolist(), strict=True):
+                if offset != np.iinfo(np.int64).max:
+                    yield TaggedOutput(HELD, (f"{topic}/{partition}", offset))
+            return
+        yield from self._dedupe(spec, sets)
+
+    def _dedupe(self, spec: AnalysisSpec, sets: PackedSets) -> Iterator[Any]:
+        """Keep each device's earliest sets (up to its quota), dead-letter the rest; emit units per sub-key."""
+        spec_id, crowd, window_end = sets.spec_id, sets.crowd_id, sets.window_end_ms
+        order = sets.arrival_order()
+        devices = sets.devices[order]
+        starts = np.flatnonzero(np.concatenate([[True], np.any(devices[1:] != devices[:-1], axis=1)])) \
+            if len(order) else np.zeros(0, np.int64)
+        ends = np.append(starts[1:], len(order)).astype(np.int64)
+        single = is_single_message(spec.randomizer)
+        per_channel = messages_per_channel(spec.randomizer)
+        quota = spec.max_reports_per_client
+        subkeys = self._subkeys.get(spec_id, spec.crowd.subkeys)
+        kept_rows: list[int] = []  # rows kept, device by device, each device's in arrival order
+        unit_sets: list[int] = []
+        ranks: list[int] = []
+        digests = sets.digests
+        for first, stop in zip(starts.tolist(), ends.tolist(), strict=True):
+            rows = order[first:stop].tolist()
+            n_kept, kept_digests = 0, set()
+            for row in rows:
+                digest = digests[row].tobytes() if stop - first > 1 else b""
+                if digest in kept_digests:  # a copy of *any* kept set, not only the first
+                    yield self._reject(sets, row, "duplicate: an identical copy of a set already kept (replay or "
+                                                  "resend)")
+                    continue
+                if n_kept >= quota:
+                    yield self._reject(sets, row, f"duplicate: the device already sent {quota} set(s) in this "
+                                                  "window")
+                    continue
+                problem = None if single else set_problem(self._messages_of(sets, row), per_channel)
+                if problem:
+                    yield self._reject(sets, row, problem)
+                    continue
+                n_kept += 1
+                kept_digests.add(digest)
+                kept_rows.append(row)
+            if n_kept:
+                # One unit per device: the threshold counts, and deletes, devices (its noise is calibrated to
+                # one device changing the count by one), whatever its quota of sets per window.
+                # One keyed PRF value per device: its sub-key, and its rank in the sub-crowd's canonical order.
+                device = sets.devices[rows[0]].tobytes().hex()
+                ranks.append(keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", 1 << 64))
+                unit_sets.append(n_kept)
+        self._devices.inc(len(starts))
+        self._valid.inc(len(kept_rows))
+        if not unit_sets:
+            return
+        kept = np.asarray(kept_rows, dtype=np.int64)
+        n_sets = np.asarray(unit_sets, dtype=np.int32)
+        unit_of_row = np.repeat(np.arange(len(n_sets)), n_sets)
+        n_messages = np.bincount(unit_of_row, weights=sets.n_messages[kept], minlength=len(n_sets)).astype(np.int32)
+        rank_array = np.asarray(ranks, dtype=np.uint64)
+        subkey_of = (rank_array % np.uint64(subkeys)).astype(np.int64)
+        row_start = np.concatenate([[0], np.cumsum(n_sets)[:-1]]).astype(np.int64)
+        for subkey in np.unique(subkey_of).tolist():
+            units = np.flatnonzero(subkey_of == subkey)
+            rows = kept[np.concatenate([np.arange(row_start[u], row_start[u] + n_sets[u]) for u in units])] \
+                if n_sets.max() > 1 else kept[units]
+            packed = PackedUnits(n_sets[units], n_messages[units], sets.messages.take(sets.message_rows(rows)),
+                                 rank_array[units])
+            if self._buffer is not None:
+                for (crowd_key, sub), ref in self._buffer.add(((spec_id, crowd, window_end), subkey), packed):
+                    yield crowd_key, (sub, ref)
+            else:
+                yield (spec_id, crowd, window_end), (subkey, packed)
+
+    @staticmethod
+    def _messages_of(sets: PackedSets, row: int) -> tuple[Message, ...]:
+        rows = sets.message_rows(np.asarray([row]))
+        return tuple(sets.messages[int(i)] for i in rows)
+
+
+def set_problem(messages: tuple[Message, ...], per_channel_limit: int) -> str | None:
+    """Why a multi-message set cannot be used as it is, or None."""
+    per_channel: dict[int, int] = {}
+    for channel, _ in messages:
+        per_channel[channel] = per_channel.get(channel, 0) + 1
+    if per_channel.get(PRESENCE, 0) != 1:
+        return f"message set with {per_channel.get(PRESENCE, 0)} presence markers (expected exactly 1)"
+    flooded = [c for c, k in per_channel.items() if c != PRESENCE and k > per_channel_limit]
+    if flooded:
+        return (f"flood: {per_channel[flooded[0]]} messages on channel {flooded[0]} in one set "
+                f"(at most {per_channel_limit})")
+    return None
+
