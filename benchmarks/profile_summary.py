@@ -16,8 +16,9 @@ from pathlib import Path
 
 # (category, substrings of a frame): the first category whose substring a frame contains, innermost frame first
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
-    ("X25519 (libsodium)", ("nacl/",)),
-    ("Ed25519, HKDF, AEAD (cryptography)", ("cryptography/",)),
+    ("Ed25519 (libsodium)", ("crypto_sign",)),
+    ("X25519 (libsodium)", ("crypto_scalarmult",)),
+    ("HKDF, AEAD, release signatures (cryptography)", ("cryptography/", "nacl/")),
     ("privacy accounting (PLD)", ("transforms/privacy/", "dp_accounting/")),
     ("LDP mechanisms (numpy)", ("transforms/mechanisms/",)),
     ("Kafka client", ("kafka/", "confluent_kafka/")),
@@ -32,15 +33,15 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
 # py-spy shows no native frames: time inside a C/Rust call is charged to the Python function that made it.
 # These functions of ours are, as the innermost frame, almost only such a call.
 NATIVE_CALLERS = {
-    "verify_message_set": "Ed25519, HKDF, AEAD (cryptography)",
-    "sign_message_set": "Ed25519, HKDF, AEAD (cryptography)",
-    "sign_release_batch": "Ed25519, HKDF, AEAD (cryptography)",
-    "verify_release_batch": "Ed25519, HKDF, AEAD (cryptography)",
-    "SimulatedFleet._entry": "simulated devices' key derivation",
-    "_derive": "Ed25519, HKDF, AEAD (cryptography)",
-    "open_sealed": "Ed25519, HKDF, AEAD (cryptography)",
-    "seal": "Ed25519, HKDF, AEAD (cryptography)",
+    "sign_release_batch": "HKDF, AEAD, release signatures (cryptography)",
+    "verify_release_batch": "HKDF, AEAD, release signatures (cryptography)",
+    "SimulatedFleet._seed": "HKDF, AEAD, release signatures (cryptography)",
+    "_derive": "HKDF, AEAD, release signatures (cryptography)",
 }
+
+
+# how py-spy names a job process of benchmarks/stage_process.py (a multiprocessing spawn child)
+JOB_PROCESS = "--multiprocessing-fork"
 
 
 def categorize(stack: list[str]) -> str:
@@ -54,10 +55,12 @@ def categorize(stack: list[str]) -> str:
     return "other (interpreter, stdlib)"
 
 
-def summarize(path: Path) -> list[tuple[str, float]]:
+def summarize(path: Path, jobs_only: bool = False) -> list[tuple[str, float]]:
     counts: collections.Counter[str] = collections.Counter()
     for line in path.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
+        if jobs_only and JOB_PROCESS not in stack:
+            continue
         if stack and n.isdigit():
             counts[categorize(stack.split(";"))] += int(n)
     total = sum(counts.values()) or 1
@@ -67,8 +70,11 @@ def summarize(path: Path) -> list[tuple[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profile", type=Path, help="py-spy --format raw output")
+    parser.add_argument("--jobs_only", action="store_true",
+                        help="only the jobs' own processes (benchmarks/stage_process.py children), not the "
+                             "benchmark's set-up and raw client measurements")
     args = parser.parse_args()
-    for name, share in summarize(args.profile):
+    for name, share in summarize(args.profile, args.jobs_only):
         print(f"{share:7.1%}  {name}")
 
 
