@@ -140,6 +140,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="bad records of each kind to inject (shows the dead-letter path; default 3)")
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
+    demo.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
+                      help=f"Kafka client library of the simulator and the three jobs (default {DEFAULT_CLIENT})")
+    demo.add_argument("--kafka_config", type=Path, default=None, metavar="FILE",
+                      help="file of extra Kafka client settings (TLS/SASL), one key=value per line, for every "
+                           "client of the demo, checked as the jobs' --kafka_config; with --bootstrap")
 
     query = sub.add_parser("query", help="answer ranges, quantiles, top items, items, sums and kv keys from stored "
                                          "estimates")
@@ -489,11 +494,14 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return query_command(args)
     from pipelines.demo.run import run_demo
+    from pipelines.options import load_kafka_config
 
+    kafka_config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
     _announce_seed(args.seed, "demo")
     run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,
              spec_path=args.spec, kind=args.kind, distribution=args.distribution, zipf_s=args.zipf_s,
-             bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap)
+             bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap,
+             kafka_client=args.kafka_client, kafka_config=kafka_config)
     return 0
 
 

@@ -74,7 +74,9 @@ class Producer(Protocol):
 
 # ---------------------------------------------------------------- kafka-python
 
-_ADMIN_KEYS = ("security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version", "bootstrap_timeout_ms")
+# what of --kafka_config the kafka-python admin client takes (connection and identity, not producer/consumer tuning)
+_ADMIN_KEYS = ("client_id", "security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version",
+               "bootstrap_timeout_ms")
 
 
 class _KpConsumer:
@@ -168,8 +170,8 @@ class _KpProducer:
 def _kp_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, config: Mapping[str, Any]) -> None:
     from kafka import KafkaAdminClient
 
-    settings = {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID, **settings)
+    settings = {"client_id": CLIENT_ID} | {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **settings)
     try:
         spec = {t: {"num_partitions": partitions, "replication_factor": 1} for t in topics}
         response = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)

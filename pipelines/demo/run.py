@@ -37,6 +37,7 @@ from pipelines.examples import EXAMPLES_DIR
 from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, default_keys_dir
 from pipelines.paths import OutputLocation, output_location
+from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.mechanisms.base import Mechanism
 from transforms.spec import AnalysisSpec, SpecError, load_spec
 from transforms.state.estimates_store import read_estimates
@@ -246,8 +247,12 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
 def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out: str | Path | OutputLocation,
              spec_path: Path | None = None, kind: str = "histogram", distribution: str = "zipf",
              zipf_s: float = 1.1, bad_per_kind: int = 3, seed: int | None = None,
-             bootstrap: str | None = None) -> DemoOutcome:
-    """Run the whole demo of one kind (``DEMO_SPECS``); uses an embedded broker unless ``bootstrap`` names one."""
+             bootstrap: str | None = None, kafka_client: str = DEFAULT_CLIENT,
+             kafka_config: dict[str, Any] | None = None) -> DemoOutcome:
+    """Run the whole demo of one kind (``DEMO_SPECS``); uses an embedded broker unless ``bootstrap`` names one.
+    ``kafka_client`` and ``kafka_config`` (TLS/SASL settings, already checked) serve every Kafka client of the
+    demo: the simulator's producers and the three jobs."""
+    kafka_config = dict(kafka_config or {})
     if kind not in DEMO_SPECS:
         raise ValueError(f"demo kind must be one of {', '.join(DEMO_SPECS)} (got {kind!r})")
     spec = load_spec(spec_path or DEMO_SPECS[kind])
@@ -274,13 +279,15 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
         t0 = time.perf_counter()
         enrol_simulated(default_keys_dir(out), population.client_ids.tolist())
         produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic, reports_topic=reports_topic,
-                           bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"))
+                           bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"),
+                           client=kafka_client, client_config=kafka_config)
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",
               file=sys.stderr, flush=True)
         # A demo is a backfill of past windows: drain releases every window at the end of the run.
         config = JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=out, raw_topic=raw_topic,
                            reports_topic=reports_topic, shuffled_topic=f"shuffled-{run_id}",
-                           group_id=f"esa-demo-{run_id}", seed=seed, drain=True)
+                           group_id=f"esa-demo-{run_id}", seed=seed, drain=True, kafka_client=kafka_client,
+                           kafka_config=kafka_config)
         with heartbeat("pipeline running"):
             summary = run(config)
     estimates = read_estimates(out)

@@ -123,8 +123,8 @@ def test_kafka_config_reaches_every_client(broker, tmp_path: Path, topic_name: s
         if kind == "producer":
             assert (config[names["client"]], config[names["linger"]]) == (client_id, 7), config
             assert client == CONFLUENT or config["max_block_ms"] == 4321
-    if client == CONFLUENT:  # librdkafka's admin client takes the client id too (kafka-python's: connection only)
-        assert dict(built)["admin"]["client.id"] == client_id
+    admin_id = "client.id" if client == CONFLUENT else "client_id"  # the admin client is named as configured too
+    assert dict(built)["admin"][admin_id] == client_id
 
     expected = {reports: 40, "refused_by_device_budget": 0} if devices else {raw: 43, reports: 3}
     assert produced == expected
