@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.trust.ed25519 import SodiumSigner, verify_detached
+from transforms.trust.ed25519 import SodiumSigner, derive_signers, sign_many, verify_detached
 
 # Order of the Ed25519 base point: a signature's S must be below it.
 GROUP_ORDER = 2**252 + 27742317777372353535851937790883648493
@@ -87,3 +87,17 @@ def test_bad_seed_is_refused_and_the_key_is_never_pickled_or_printed() -> None:
     with pytest.raises(TypeError, match="not pickled"):
         pickle.dumps(signer)
     assert seed.hex()[:16] not in repr(signer)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batch_signing_and_key_expansion_equal_one_by_one(threads: int) -> None:
+    seeds = [os.urandom(32) for _ in range(40)]
+    derived = derive_signers(seeds, threads)
+    assert [s.public_bytes_raw() for s in derived] == [SodiumSigner(seed).public_bytes_raw() for seed in seeds]
+    mixed = [Ed25519PrivateKey.from_private_bytes(seed) if i % 3 == 0 else key  # OpenSSL keys sign in place
+             for i, (seed, key) in enumerate(zip(seeds, derived, strict=True))]
+    data = [os.urandom(i * 7) for i in range(40)]
+    assert sign_many(mixed, data, threads) == [Ed25519PrivateKey.from_private_bytes(s).sign(d)
+                                               for s, d in zip(seeds, data, strict=True)]
+    with pytest.raises(ValueError, match="32 bytes"):
+        derive_signers([seeds[0], b"short"], threads)
