@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ class SealSetsFn(beam.DoFn):
 
     A whole input batch is sealed and signed at once: the GIL-free calls (key expansion, the two X25519
     multiplications per message, the signature) run on ``threads`` (``transforms.parallel``), everything in
-    Python on this thread; the bytes are those ``signed_message_set`` makes one set at a time (tested).
+    Python on this thread (``transforms.device.wire.signed_message_sets``, what a device client sends too).
     """
 
     def __init__(self, specs: list[AnalysisSpec], keys_dir: str, threads: int = 0):
@@ -72,40 +71,20 @@ class SealSetsFn(beam.DoFn):
             yield self._seal_all(sets)
 
     def _seal_all(self, sets: list[list[ReportElement]]) -> list[tuple[bytes, bytes]]:
-        from transforms.device.wire import window_end_ms
-        from transforms.records import encode_payload, row_channel
-        from transforms.trust.ed25519 import sign_many
-        from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, signing_bytes
-        from transforms.trust.sealing import associated_data, seal_many
+        from transforms.device.wire import EventRows, signed_message_sets
 
         self._fleet.prepare((reports[0].client_id for reports in sets), self._threads)
-        positions = [_position(reports[0]) for reports in sets]
-        plaintexts, ads, ephemerals, channels = [], [], [], []
-        for reports, position in zip(sets, positions, strict=True):
+        events = []
+        for reports in sets:
             first = reports[0]
-            spec = self._specs[first.spec_id]
-            end = window_end_ms(spec, first.event_time_ms)
-            for i, report in enumerate(reports):
-                channel = row_channel(spec.randomizer, report.payload)
-                plaintexts.append(encode_payload(spec.randomizer, report.payload))
-                ads.append(associated_data(spec.spec_id, first.crowd_id, end, channel))
-                ephemerals.append(_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")))
-                channels.append(channel)
-        sealed = iter(zip(channels, seal_many(self._analyzer, self._key_id, plaintexts, ads, ephemerals,
-                                              self._threads), strict=True))
-        unsigned = []
-        for reports, position in zip(sets, positions, strict=True):
-            first = reports[0]
-            messages = tuple(SealedMessage(*next(sealed)) for _ in reports)
-            unsigned.append(MessageSet(spec_id=first.spec_id, crowd_id=first.crowd_id,
-                                       device_id=self._fleet.device_id(first.client_id),
-                                       event_time_ms=first.event_time_ms,
-                                       nonce=_prf(self._prf_key, b"nonce", position)[:16], key_id=self._key_id,
-                                       messages=messages))
-        signers = [self._fleet.signing_key(reports[0].client_id) for reports in sets]
-        signatures = sign_many(signers, [signing_bytes(ms) for ms in unsigned], self._threads)
-        return [(ms.device_id.encode(), encode_message_set(replace(ms, signature=signature)))
-                for ms, signature in zip(unsigned, signatures, strict=True)]
+            position = _position(first)
+            events.append(EventRows(
+                self._specs[first.spec_id], [r.payload for r in reports], first.event_time_ms, first.crowd_id,
+                self._fleet.device_id(first.client_id), self._fleet.signing_key(first.client_id),
+                _prf(self._prf_key, b"nonce", position)[:16],
+                [_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))]))
+        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._threads)
+        return [(event.device_id.encode(), data) for event, data in zip(events, sealed, strict=True)]
 
 
 def _position(first: ReportElement) -> bytes:

@@ -9,20 +9,36 @@ device's Ed25519 key.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from transforms.records import PayloadRow, encode_payload, row_channel
 from transforms.spec import AnalysisSpec
-from transforms.trust.ed25519 import Signer
-from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
-from transforms.trust.sealing import associated_data, seal
+from transforms.trust.ed25519 import Signer, sign_many
+from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, signing_bytes
+from transforms.trust.sealing import associated_data, seal_many
 
 
 def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:
     window = spec.window_seconds * 1000
     return (event_time_ms // window + 1) * window
+
+
+class EventRows(NamedTuple):
+    """One event's payload rows and what its set carries besides them (``signed_message_sets``)."""
+
+    spec: AnalysisSpec
+    rows: Sequence[PayloadRow]
+    event_time_ms: int
+    crowd_id: str | None
+    device_id: str
+    signer: Signer
+    nonce: bytes
+    ephemerals: Sequence[bytes] | None = None  # one per row: reproducible sealing; None: OS entropy
 
 
 def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_time_ms: int, crowd_id: str | None,
@@ -33,14 +49,30 @@ def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_
     ``ephemerals`` (one per row) make the sealing reproducible (a retried encoder resends the same bytes);
     None draws fresh ephemeral keys from OS entropy.
     """
-    mechanism = spec.randomizer
-    end = window_end_ms(spec, event_time_ms)
-    messages = []
-    for i, row in enumerate(rows):
-        channel = row_channel(mechanism, row)
-        sealed = seal(analyzer, key_id, encode_payload(mechanism, row),
-                      associated_data(spec.spec_id, crowd_id, end, channel), ephemerals[i] if ephemerals else None)
-        messages.append(SealedMessage(channel, sealed))
-    unsigned = MessageSet(spec_id=spec.spec_id, crowd_id=crowd_id, device_id=device_id, event_time_ms=event_time_ms,
-                          nonce=nonce, key_id=key_id, messages=tuple(messages))
-    return encode_message_set(sign_message_set(unsigned, signer))
+    fixed = None if ephemerals is None else [e if e is not None else os.urandom(32) for e in ephemerals]
+    event = EventRows(spec, rows, event_time_ms, crowd_id, device_id, signer, nonce, fixed)
+    return signed_message_sets([event], analyzer, key_id)[0]
+
+
+def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, threads: int = 1
+                        ) -> list[bytes]:
+    """``signed_message_set`` of each event, the same bytes; the native calls of the whole batch (X25519 pairs,
+    signatures) on ``threads`` (``transforms.parallel``), everything in Python on this thread."""
+    plaintexts, ads, ephemerals, channels = [], [], [], []
+    for event in events:
+        mechanism = event.spec.randomizer
+        end = window_end_ms(event.spec, event.event_time_ms)
+        for i, row in enumerate(event.rows):
+            channel = row_channel(mechanism, row)
+            plaintexts.append(encode_payload(mechanism, row))
+            ads.append(associated_data(event.spec.spec_id, event.crowd_id, end, channel))
+            ephemerals.append(event.ephemerals[i] if event.ephemerals is not None else os.urandom(32))
+            channels.append(channel)
+    sealed = iter(zip(channels, seal_many(analyzer, key_id, plaintexts, ads, ephemerals, threads), strict=True))
+    unsigned = [MessageSet(spec_id=e.spec.spec_id, crowd_id=e.crowd_id, device_id=e.device_id,
+                           event_time_ms=e.event_time_ms, nonce=e.nonce, key_id=key_id,
+                           messages=tuple(SealedMessage(*next(sealed)) for _ in e.rows))
+                for e in events]
+    signatures = sign_many([e.signer for e in events], [signing_bytes(ms) for ms in unsigned], threads)
+    return [encode_message_set(replace(ms, signature=signature))
+            for ms, signature in zip(unsigned, signatures, strict=True)]
