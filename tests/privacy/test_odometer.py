@@ -179,3 +179,26 @@ def test_too_large_windows_fall_back_validly(monkeypatch: pytest.MonkeyPatch) ->
     module.shuffle_pld.cache_clear()
     assert "too large" in method
     assert exact < eps <= 1.01 * 10 * epsilon_central(20_000, ALPHA, 4.0, DELTA / 10)
+
+
+@pytest.mark.parametrize(("n", "alpha", "group_interval"), [(20_000, alpha_oue(2.0), 1e-2),
+                                                            (3_000, alpha_grr(2.0, 64), 1e-2)])
+def test_grouped_masses_equal_the_four_cdf_formula(monkeypatch: pytest.MonkeyPatch, n: int, alpha: float,
+                                                   group_interval: float) -> None:
+    """Groups reuse their predecessor's cdf values (two binomial cdfs per group, not four): bit for bit the
+    masses of the direct formula A1 Pr[B in [xs-1, xe-1]] + A2 Pr[B in [xs, xe]]."""
+    import transforms.privacy.shuffle_pld as shuffle_pld_module
+    from transforms.privacy.binomial import binom_cdf
+
+    def direct(xs, xe, trials, row, a1, a2):
+        return (a1 * (binom_cdf(xe - 1, trials, 0.5) - binom_cdf(xs - 2, trials, 0.5))
+                + a2 * (binom_cdf(xe, trials, 0.5) - binom_cdf(xs - 1, trials, 0.5)))
+
+    fast = shuffle_loss_pmf(n, alpha, 2.0, group_interval=group_interval)
+    monkeypatch.setattr(shuffle_pld_module, "_grouped_mass", direct)
+    reference = shuffle_loss_pmf(n, alpha, 2.0, group_interval=group_interval)
+    assert fast[0].size == reference[0].size > 0
+    assert np.array_equal(fast[0], reference[0]) and np.array_equal(fast[1], reference[1])
+    assert fast[2] == reference[2]
+    ungrouped = shuffle_loss_pmf(n, alpha, 2.0)
+    assert ungrouped[0].size > fast[0].size  # the groups exist: the test exercises _grouped_mass

@@ -72,6 +72,24 @@ def _log_binom_half(k: np.ndarray, trials: np.ndarray) -> np.ndarray:
     return np.where(inside, out, -np.inf)
 
 
+def _grouped_mass(xs: np.ndarray, xe: np.ndarray, trials: np.ndarray, row: np.ndarray, a1: np.ndarray,
+                  a2: np.ndarray) -> np.ndarray:
+    """P-mass of each group [xs, xe] of x: A1 Pr[B in [xs-1, xe-1]] + A2 Pr[B in [xs, xe]], B ~ Bin(trials, 1/2).
+
+    The groups of one m tile its x window in order (each starts where the previous ended), so a group's lower
+    cdf values are its predecessor's upper ones: two cdf evaluations per group instead of four, the same
+    numbers bit for bit (binomial cdfs are most of the cost of a PLD: ~0.4 s per million here).
+    """
+    upper0, upper1 = binom_cdf(xe - 1, trials, 0.5), binom_cdf(xe, trials, 0.5)
+    first = np.ones(xs.shape, dtype=bool)
+    first[1:] = (row[1:] != row[:-1]) | (xs[1:] != xe[:-1] + 1)  # a new m (or a gap: then computed directly)
+    lower0, lower1 = np.empty_like(upper0), np.empty_like(upper1)
+    lower0[1:], lower1[1:] = upper0[:-1], upper1[:-1]
+    lower0[first] = binom_cdf(xs[first] - 2, trials[first], 0.5)
+    lower1[first] = binom_cdf(xs[first] - 1, trials[first], 0.5)
+    return a1 * (upper0 - lower0) + a2 * (upper1 - lower1)
+
+
 def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float = PLD_WINDOW_SDS,
                      group_interval: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """The privacy loss of (P_alpha, Q_alpha) under P as (loss values, P-probabilities, mass on +infinity).
@@ -121,9 +139,8 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
     single = width[rows] == 1
     prob = A1 * np.exp(_log_binom_half(x - 1, mm - 1)) + A2 * np.exp(_log_binom_half(x, mm - 1))
     if not single.all():
-        g, xs, xe, mg = ~single, start[~single], x[~single], np.maximum(mm[~single] - 1, 0)
-        prob[g] = (A1[g] * (binom_cdf(xe - 1, mg, 0.5) - binom_cdf(xs - 2, mg, 0.5))
-                   + A2[g] * (binom_cdf(xe, mg, 0.5) - binom_cdf(xs - 1, mg, 0.5)))
+        g = ~single
+        prob[g] = _grouped_mass(start[g], x[g], np.maximum(mm[g] - 1, 0), rows[g], A1[g], A2[g])
     with np.errstate(divide="ignore", invalid="ignore"):  # A1 = A2 = 0 (underflow) only where prob = 0
         loss = np.log(A1 * x + A2 * (mm - x)) - np.log(A2 * x + A1 * (mm - x))
     zero = mm == 0  # the single outcome (0, 0): same probability under P and Q
