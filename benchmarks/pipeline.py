@@ -144,6 +144,31 @@ def main() -> None:
                       f"max|z| {max(r['max_z'] for r in runs):.2f}, within 3 se "
                       f"{min(r['within3'] for r in runs):.1%}")
     print_raw_table(medians)
+    print_target_cores(medians, thread_count(0), args.kafka_client)
+
+
+def print_target_cores(medians: list[tuple[str, int, dict[str, float]]], cores: int, client: str) -> None:
+    """Cores the per-record cryptography alone needs at the issue's targets (each job at 0.5 of its client's raw
+    read rate, ``esa run`` at 0.7 of the raw topic's): a lower bound, whatever the rest of the job costs.
+
+    Crypto CPU seconds per record are ``cores / ceiling`` (``crypto_ceiling``); the analyzer's raw rate is in
+    messages (its records are release batches), the chain's per event is the three jobs' per-event sum.
+    """
+    print(f"\ncores the per-record cryptography alone needs at the targets (this machine: {cores})")
+    print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'target/s':>10}{'crypto us':>10}{'cores':>7}")
+    for mechanism, n, med in medians:
+        msgs_per_set = med["encode_msg"] / med["encode_rec"] if med["encode_rec"] else 1.0
+        per_event = 0.0
+        for stage in STAGES:
+            seconds = cores / med[f"{stage}_ceiling"]
+            raw = med[f"{stage}_read_{client}"]
+            if stage == "analyze":  # release batches: the raw read in messages
+                raw *= med["analyze_msg"] / max(med["analyze_rec"], 1e-9)
+            per_event += seconds * (msgs_per_set if stage == "analyze" else 1.0)
+            target = 0.5 * raw
+            print(f"{mechanism:<12}{n:>10,}  {stage:<8}{target:>10,.0f}{seconds * 1e6:>10.1f}{target * seconds:>7.1f}")
+        target = 0.7 * med[f"encode_read_{client}"]
+        print(f"{mechanism:<12}{n:>10,}  {'run':<8}{target:>10,.0f}{per_event * 1e6:>10.1f}{target * per_event:>7.1f}")
 
 
 def print_raw_table(medians: list[tuple[str, int, dict[str, float]]]) -> None:
