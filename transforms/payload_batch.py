@@ -71,7 +71,7 @@ def decode_payloads(mechanism: Mechanism, plaintexts: Sequence[bytes], channels:
     """Decode and check every opened payload of a batch: (usable rows, their indices, (index, reason) of the
     others), with the same verdicts as ``decode_payload`` on each."""
     array, kept, failures = decode_payload_array(mechanism, plaintexts, channels)
-    return array_to_rows(array), kept, failures
+    return (array_to_rows(array) if len(array) else []), kept, failures  # (it cannot reshape an empty array)
 
 
 def decode_payload_array(mechanism: Mechanism, plaintexts: Sequence[bytes], channels: Sequence[int]

@@ -138,8 +138,8 @@ def _varint_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     groups = ((v << 1) ^ (v >> 63)).view(np.uint64)[..., None] >> _SHIFTS  # (n, k, 10)
     length = np.maximum(np.count_nonzero(groups, axis=-1), 1)[..., None]
     data = (groups & np.uint64(0x7F)).astype(np.uint8) | ((length - 1 > _J).astype(np.uint8) << 7)
-    n = len(values)
-    return data.reshape(n, -1), (length > _J).reshape(n, -1)
+    shape = (len(values), 10 * values.shape[1])
+    return data.reshape(shape), (length > _J).reshape(shape)
 
 
 class _TooLongError(Exception):
@@ -181,6 +181,8 @@ def encode_payloads(mechanism: Mechanism, rows: np.ndarray) -> np.ndarray:
     if rows.dtype != dtype:
         raise ValueError(f"rows have dtype {rows.dtype}, expected the wire dtype {dtype} of {mechanism.name}")
     layouts = _layouts(mechanism)
+    if not len(rows):
+        return np.zeros((0, width), dtype=np.uint8)
     if layouts is not None:
         try:
             marker = _marker_mask(mechanism, rows)
