@@ -277,3 +277,12 @@ def test_device_wire_encodes_mixed_batches_per_mechanism_with_the_same_bytes() -
     want = [encode_payload(e.spec.randomizer, r) for e in events for r in e.rows]
     assert _plaintexts(events) == want
     assert _plaintexts(events[:1]) == want[:len(events[0].rows)]  # below the vectorizing threshold
+
+
+@pytest.mark.parametrize("case", ["mm_hadamard", "olh"])
+def test_batches_without_a_usable_payload_decode_to_nothing(case: str) -> None:
+    mechanism = _spec(case).randomizer
+    width = 2 + payload_pad_length(mechanism)
+    rows, kept, failures = decode_payloads(mechanism, [b"\xff\xff", bytes(width)], [0, 0])
+    assert rows == [] and kept == [] and [i for i, _ in failures] == [0, 1]
+    assert decode_payloads(mechanism, [], []) == ([], [], [])
