@@ -78,11 +78,16 @@ def decode_payload_array(mechanism: Mechanism, plaintexts: Sequence[bytes], chan
                          ) -> tuple[np.ndarray, list[int], list[tuple[int, str]]]:
     """``decode_payloads`` with the usable rows as one wire array (``records.wire_dtype``), in index order."""
     fast_index, fast = decode_canonical(mechanism, plaintexts, channels)
+    failures: list[tuple[int, str]] = []
     vouched = np.zeros(len(plaintexts), dtype=bool)
-    vouched[fast_index] = True
+    try:
+        vouched[fast_index] = True  # decoded: each is kept, or refused as outside the domain
+        fast, fast_index = _drop_outside(mechanism, fast, fast_index, failures)
+    except (ValueError, OverflowError, TypeError):  # a value ``validate`` cannot take: the per-row check words it
+        vouched[:] = False
+        fast_index, fast = fast_index[:0], fast[:0]
     slow_rows: list[PayloadRow] = []
     slow_kept: list[int] = []
-    failures: list[tuple[int, str]] = []
     for i in np.flatnonzero(~vouched).tolist():
         try:
             slow_rows.append(decode_payload(mechanism, plaintexts[i], channels[i], check_domain=False))
@@ -91,23 +96,28 @@ def decode_payload_array(mechanism: Mechanism, plaintexts: Sequence[bytes], chan
             failures.append((i, str(err)))
     problems = domain_problems(mechanism, slow_rows, [channels[i] for i in slow_kept])
     failures += [(slow_kept[j], p) for j, p in enumerate(problems) if p is not None]
-    slow = rows_to_array(mechanism, [r for r, p in zip(slow_rows, problems, strict=True) if p is None])
-    slow_index = np.array([i for i, p in zip(slow_kept, problems, strict=True) if p is None], dtype=np.int64)
-    check = np.flatnonzero(_needs_check(mechanism, fast))
-    if len(check):
-        bad = check[_invalid_array(mechanism, fast[check])]
-        if len(bad):
-            failures += [(int(fast_index[j]), _outside(mechanism, row))
-                         for j, row in zip(bad.tolist(), array_to_rows(fast[bad]), strict=True)]
-            good = np.ones(len(fast), dtype=bool)
-            good[bad] = False
-            fast, fast_index = fast[good], fast_index[good]
     failures.sort()
-    if not len(slow):
+    slow_index = [i for i, p in zip(slow_kept, problems, strict=True) if p is None]
+    if not slow_index:
         return fast, fast_index.tolist(), failures
-    index = np.concatenate([fast_index, slow_index])
+    slow = rows_to_array(mechanism, [r for r, p in zip(slow_rows, problems, strict=True) if p is None])
+    index = np.concatenate([fast_index, np.array(slow_index, dtype=np.int64)])
     order = np.argsort(index, kind="stable")
     return np.concatenate([fast, slow])[order], index[order].tolist(), failures
+
+
+def _drop_outside(mechanism: Mechanism, rows: np.ndarray, index: np.ndarray, failures: list[tuple[int, str]]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, index) without the rows outside the output domain, whose (index, reason) join ``failures``."""
+    check = np.flatnonzero(_needs_check(mechanism, rows))
+    bad = check[_invalid_array(mechanism, rows[check])] if len(check) else check
+    if not len(bad):
+        return rows, index
+    failures += [(int(index[j]), _outside(mechanism, row))
+                 for j, row in zip(bad.tolist(), array_to_rows(rows[bad]), strict=True)]
+    good = np.ones(len(rows), dtype=bool)
+    good[bad] = False
+    return rows[good], index[good]
 
 
 def _needs_check(mechanism: Mechanism, rows: np.ndarray) -> np.ndarray:

@@ -286,3 +286,24 @@ def test_batches_without_a_usable_payload_decode_to_nothing(case: str) -> None:
     rows, kept, failures = decode_payloads(mechanism, [b"\xff\xff", bytes(width)], [0, 0])
     assert rows == [] and kept == [] and [i for i, _ in failures] == [0, 1]
     assert decode_payloads(mechanism, [], []) == ([], [], [])
+
+
+@pytest.mark.parametrize("case", ["olh", "mm_hadamard"])
+def test_a_validate_that_refuses_the_batch_falls_back_to_per_row_checks(case: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the mechanism's ``validate`` raises on the stacked batch, every row is checked alone (as before)."""
+    mechanism = _spec(case).randomizer
+    original = type(mechanism).validate
+
+    def picky(self: Any, reports: np.ndarray) -> np.ndarray:
+        if len(reports) > 1:
+            raise ValueError("cannot check a batch")
+        return original(self, reports)
+
+    monkeypatch.setattr(type(mechanism), "validate", picky)
+    rows = array_to_rows(_honest(case))
+    plaintexts = [encode_payload(mechanism, r) for r in rows]
+    channels = [row_channel(mechanism, r) for r in rows]
+    got = _verdicts(mechanism, plaintexts, channels)
+    assert repr(got) == repr(_one_by_one(mechanism, plaintexts, channels))
+    assert all(isinstance(v, tuple) for v in got)
