@@ -1,12 +1,13 @@
 """Sealed payload plaintexts of a whole batch at once: the bytes of ``records.encode_payload``, per field over all rows.
 
 Why: the edge encoder pads thousands of payloads per batch and the analyzer decodes thousands per release
-batch; fastavro takes ~6-13 microseconds per payload each way, the vectorized codec well under one.
+batch; fastavro takes ~6-14 microseconds per payload each way, this codec 0.05-0.4 (1-3 for the 14 integers
+of a multi-message Hadamard payload; ``benchmarks/payload_codec.py``).
 
 Encoding is byte-identical to ``encode_payload`` (2-byte big-endian length, schemaless Avro of the payload
 union of ``schemas/Report.avsc``, zeros up to ``payload_pad_length``): the union branch index, zigzag varints,
 bytes (length varint, then the bytes), arrays in one block (count varint, items, then 0; empty: just 0) and
-little-endian doubles are laid out per field as fixed-width byte columns with a keep mask, then compacted.
+little-endian doubles, written field after field at a per-row cursor (one numpy call per field and varint byte).
 
 Decoding (``decode_canonical``) reads every field of every candidate row the way a canonical encoding lays it
 out, without any check, and then vouches only for the rows whose re-encoding reproduces their input bytes
@@ -41,7 +42,6 @@ from transforms.records import (
 __all__ = ["decode_canonical", "encode_payloads", "is_vectorized"]
 
 _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # the 7-bit groups of a 64-bit varint (at most 10 bytes)
-_J = np.arange(10)
 
 
 class _Segment(NamedTuple):
@@ -336,7 +336,10 @@ def decode_canonical(mechanism: Mechanism, plaintexts: Sequence[bytes], channels
     if len(markers):
         rows[markers] = np.zeros(1, dtype=dtype)[0]
         rows[CHANNEL][markers] = PRESENCE
-    encoded = encode_payloads(mechanism, rows)
+    try:
+        encoded = encode_payloads(mechanism, rows)
+    except ValueError:  # garbage too long to re-encode (cannot happen within the pad length): all per row
+        return index[:0], rows[:0]
     if encoded.tobytes() == matrix.tobytes():  # an honest batch: one comparison
         return index, rows
     same = (encoded == matrix).all(axis=1)

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import transforms.payload_batch as payload_batch
+import transforms.payload_codec as payload_codec
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_names, example_path
 from transforms.device.wire import EventRows, _plaintexts
@@ -307,3 +308,17 @@ def test_a_validate_that_refuses_the_batch_falls_back_to_per_row_checks(case: st
     got = _verdicts(mechanism, plaintexts, channels)
     assert repr(got) == repr(_one_by_one(mechanism, plaintexts, channels))
     assert all(isinstance(v, tuple) for v in got)
+
+
+@pytest.mark.parametrize("case", ["olh", "mm_hadamard"])
+def test_a_mechanism_without_a_layout_uses_the_per_row_functions(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback for a payload the codec does not lay out: per-row bytes, nothing vouched for, same verdicts."""
+    mechanism = _spec(case).randomizer
+    rows = _honest(case)
+    monkeypatch.setattr(payload_codec, "_layouts", lambda m: None)
+    assert not is_vectorized(mechanism)
+    plaintexts = [bytes(r) for r in encode_payloads(mechanism, rows)]
+    assert plaintexts == _per_row(mechanism, rows)
+    channels = [row_channel(mechanism, r) for r in array_to_rows(rows)]
+    assert len(decode_canonical(mechanism, plaintexts, channels)[0]) == 0
+    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(_one_by_one(mechanism, plaintexts, channels))

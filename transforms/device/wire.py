@@ -61,7 +61,10 @@ _VECTOR_MIN = 16  # rows of one mechanism from which one vectorized call beats p
 
 
 def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
-    """Every row's padded payload plaintext, in order: rows of one mechanism in one ``encode_payloads`` call."""
+    """Every row's padded payload plaintext, in order: rows of one mechanism in one ``encode_payloads`` call.
+
+    Rows are wire tuples (``records.array_to_rows``); rows that do not stack into the wire dtype are encoded
+    (or refused) one by one by ``encode_payload``, as before."""
     groups: dict[int, tuple[Mechanism, list[PayloadRow], list[int]]] = {}
     position = 0
     for event in events:
