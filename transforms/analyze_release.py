@@ -26,8 +26,8 @@ from apache_beam.pvalue import TaggedOutput
 from transforms.analyze import CrowdAccumulator
 from transforms.ingress import PriorRuns, partition_key
 from transforms.kafkaio import KafkaRecord
-from transforms.payload_batch import decode_payloads
-from transforms.records import SourceRef, count_clients, dead_letter, rows_to_array
+from transforms.payload_batch import decode_payload_array
+from transforms.records import SourceRef, count_clients, dead_letter
 from transforms.spec import AnalysisSpec
 
 LOG = logging.getLogger(__name__)
@@ -179,12 +179,12 @@ def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads:
     opened = open_many(private, [m.sealed for m in batch.messages], [ads[ch] for ch in channels], threads)
     plain = [(i, p) for i, p in enumerate(opened) if isinstance(p, bytes)]
     failures = [(i, f"unusable message: {p}") for i, p in enumerate(opened) if not isinstance(p, bytes)]
-    rows, _, bad = decode_payloads(mechanism, [p for _, p in plain], [channels[i] for i, _ in plain])
+    rows, _, bad = decode_payload_array(mechanism, [p for _, p in plain], [channels[i] for i, _ in plain])
     failures += [(plain[j][0], f"unusable message: {reason}") for j, reason in bad]
     counts = None
-    if rows:
+    if len(rows):
         counts = mechanism.new_accumulator()
-        counts.add(*count_clients(mechanism, rows_to_array(mechanism, rows)))
+        counts.add(*count_clients(mechanism, rows))
     return OpenedBatch(_header(batch), batch.batch_index, bytes(batch.signature), element.source,
                        len(batch.messages), counts, len(rows), tuple(reason for _, reason in sorted(failures)))
 

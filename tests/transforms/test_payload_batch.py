@@ -12,7 +12,7 @@ from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
-from transforms.payload_batch import decode_payloads
+from transforms.payload_batch import decode_payload_array, decode_payloads
 from transforms.records import (
     PRESENCE,
     array_to_rows,
@@ -20,6 +20,7 @@ from transforms.records import (
     decode_payload,
     encode_payload,
     row_channel,
+    rows_to_array,
     wire_dtype,
 )
 from transforms.spec import load_spec
@@ -62,8 +63,23 @@ def _hostile(mechanism, rows, rng):
             payloads.append((encode_payload(mechanism, tuple(huge)), row_channel(mechanism, r)))
     if rows:
         payloads.append((encode_payload(mechanism, rows[0]), 10**6))
+    for r in messages[:3]:  # well-formed for fastavro but not canonical, or damaged at full width
+        payloads += [(text, row_channel(mechanism, r)) for text in _noncanonical(encode_payload(mechanism, r), rng)]
     order = rng.permutation(len(payloads))
     return [payloads[i][0] for i in order], [payloads[i][1] for i in order]
+
+
+def _noncanonical(data: bytes, rng) -> list[bytes]:
+    """Variants of a canonical plaintext of the same width: an overlong union index (0x80|b 0x00, which fastavro
+    reads), another union branch, a non-zero padding byte, a length prefix one off either way, random bytes."""
+    size = int.from_bytes(data[:2], "big")
+    out = [(size + 1).to_bytes(2, "big") + bytes([data[2] | 0x80, 0]) + data[3:-1],
+           data[:2] + bytes([(data[2] + 2) % 18]) + data[3:]]
+    if size < len(data) - 2:
+        out.append(data[:-1] + b"\x01")
+    out += [(size + 1).to_bytes(2, "big") + data[2:], (size - 1).to_bytes(2, "big") + data[2:]]
+    out.append(rng.integers(0, 256, len(data), dtype=np.uint8).tobytes())
+    return out
 
 
 def _device_rows(spec, n: int, rng) -> list:
@@ -93,4 +109,7 @@ def test_batch_verdicts_equal_single_verdicts(spec_file: str) -> None:
         verdicts[i] = reason
     assert verdicts == want
     assert sum(isinstance(v, tuple) for v in want) >= len(rows)  # every honest payload decodes
+    array, kept_too, failures_too = decode_payload_array(mechanism, plaintexts, channels)
+    assert (kept_too, failures_too) == (kept, failures)
+    assert array.dtype == wire_dtype(mechanism) and array.tobytes() == rows_to_array(mechanism, got_rows).tobytes()
     assert len(failures) >= 3  # the two undecodable payloads and the unknown channel at least

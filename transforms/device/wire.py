@@ -9,6 +9,7 @@ device's Ed25519 key.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -16,7 +17,9 @@ from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-from transforms.records import PayloadRow, encode_payload, row_channel
+from transforms.mechanisms.base import Mechanism
+from transforms.payload_codec import encode_payloads
+from transforms.records import PayloadRow, encode_payload, row_channel, rows_to_array
 from transforms.spec import AnalysisSpec
 from transforms.trust.ed25519 import Signer, sign_many
 from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, signing_bytes
@@ -54,17 +57,47 @@ def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_
     return signed_message_sets([event], analyzer, key_id)[0]
 
 
+_VECTOR_MIN = 16  # rows of one mechanism from which one vectorized call beats per-row fastavro (~6 us a row)
+
+
+def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
+    """Every row's padded payload plaintext, in order: rows of one mechanism in one ``encode_payloads`` call.
+
+    Rows are wire tuples (``records.array_to_rows``); rows that do not stack into the wire dtype are encoded
+    (or refused) one by one by ``encode_payload``, as before."""
+    groups: dict[int, tuple[Mechanism, list[PayloadRow], list[int]]] = {}
+    position = 0
+    for event in events:
+        mechanism = event.spec.randomizer
+        _, rows, where = groups.setdefault(id(mechanism), (mechanism, [], []))
+        rows.extend(event.rows)
+        where.extend(range(position, position + len(event.rows)))
+        position += len(event.rows)
+    out: list[bytes] = [b""] * position
+    for mechanism, rows, where in groups.values():
+        encoded = None
+        if len(rows) >= _VECTOR_MIN:
+            with contextlib.suppress(ValueError, OverflowError, TypeError):  # rows that do not stack: per row
+                matrix = encode_payloads(mechanism, rows_to_array(mechanism, rows))
+                blob, width = matrix.tobytes(), matrix.shape[1]
+                encoded = [blob[k * width:(k + 1) * width] for k in range(len(rows))]
+        if encoded is None:
+            encoded = [encode_payload(mechanism, row) for row in rows]
+        for k, data in zip(where, encoded, strict=True):
+            out[k] = data
+    return out
+
+
 def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, threads: int = 1
                         ) -> list[bytes]:
     """``signed_message_set`` of each event, the same bytes; the native calls of the whole batch (X25519 pairs,
     signatures) on ``threads`` (``transforms.parallel``), everything in Python on this thread."""
-    plaintexts, ads, ephemerals, channels = [], [], [], []
+    plaintexts, ads, ephemerals, channels = _plaintexts(events), [], [], []
     for event in events:
         mechanism = event.spec.randomizer
         end = window_end_ms(event.spec, event.event_time_ms)
         for i, row in enumerate(event.rows):
             channel = row_channel(mechanism, row)
-            plaintexts.append(encode_payload(mechanism, row))
             ads.append(associated_data(event.spec.spec_id, event.crowd_id, end, channel))
             ephemerals.append(event.ephemerals[i] if event.ephemerals is not None else os.urandom(32))
             channels.append(channel)
