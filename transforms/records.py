@@ -260,8 +260,8 @@ def array_to_rows(reports: np.ndarray) -> list[PayloadRow]:
             width = int(np.prod(col.shape[1:]))
             blob = np.ascontiguousarray(col).tobytes()
             columns.append([blob[i * width:(i + 1) * width] for i in range(len(reports))])
-        elif col.ndim > 1:
-            columns.append([tuple(r) for r in col.reshape(len(col), -1).tolist()])
+        elif col.ndim > 1:  # an explicit width: reshape(0, -1) is ambiguous for an empty batch
+            columns.append([tuple(r) for r in col.reshape(len(col), int(np.prod(col.shape[1:]))).tolist()])
         else:
             columns.append(col.tolist())
     return list(zip(*columns, strict=True))

@@ -50,3 +50,11 @@ def test_reports_round_trip_and_stay_in_domain(name: str, d: int, seed: int, cli
     decoded = decode_record("Report", encode_record("Report", record))
     assert decoded == record
     assert payload_from_avro(mech, decoded["payload"]) == row
+
+
+def test_array_to_rows_of_empty_batches_with_vector_fields() -> None:
+    """An empty batch with a multi-value field (mm_hadamard's ``values``) is no rows, not a reshape error."""
+    dtype = np.dtype([("channel", "<i8"), ("values", "<i8", (14,)), ("bits", "u1", (4,))])
+    assert array_to_rows(np.zeros(0, dtype=dtype)) == []
+    rows = array_to_rows(np.ones(2, dtype=dtype))
+    assert rows[0] == (1, (1,) * 14, b"\x01" * 4) and len(rows) == 2
