@@ -51,15 +51,18 @@ def grr_spec(size: int = 64) -> AnalysisSpec:
     })
 
 
-def signed_records(keys: Path, spec: AnalysisSpec, n: int, devices: int, partitions: int) -> list[KafkaRecord]:
-    """``n`` signed sets of ``devices`` enrolled simulated devices, as Kafka records spread over partitions."""
+def signed_records(keys: Path, spec: AnalysisSpec, n: int, devices: int, partitions: int, windows: int = 1
+                   ) -> list[KafkaRecord]:
+    """``n`` signed sets of ``devices`` enrolled simulated devices, their event times in the last ``windows``
+    closed windows, as Kafka records spread over partitions."""
     clients = [f"dev-{i}" for i in range(devices)]
     enrol_simulated(keys, clients)
     fleet = SimulatedFleet.from_keys_dir(keys)
     fleet.prepare(clients)
     key_id, analyzer = load_analyzer_public(keys)
     rng = np.random.default_rng(1)  # a benchmark's inputs: reproducible
-    events = [EventRows(spec, [(int(rng.integers(spec.d)),)], NOW_MS - int(rng.integers(6 * WINDOW_MS)), None,
+    first = NOW_MS - (windows + 1) * WINDOW_MS  # NOW_MS is a window boundary: the last closed windows
+    events = [EventRows(spec, [(int(rng.integers(spec.d)),)], first + int(rng.integers(windows * WINDOW_MS)), None,
                         fleet.device_id(clients[i % devices]), fleet.signing_key(clients[i % devices]),
                         rng.bytes(16)) for i in range(n)]
     values = signed_message_sets(events, analyzer, key_id, threads=2)
@@ -89,6 +92,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=10_000, help="enrolled devices sending them")
     parser.add_argument("--batch", type=int, default=2_000, help="records per IngressFn element")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--windows", type=int, default=1, help="windows the event times spread over")
     parser.add_argument("--crypto_threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--reread", action="store_true", help="sets verified by an earlier run (no signatures)")
@@ -97,7 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         keys = Path(tmp) / "keys"
         t0 = time.perf_counter()
-        records = signed_records(keys, spec, args.n, args.devices, args.partitions)
+        records = signed_records(keys, spec, args.n, args.devices, args.partitions, args.windows)
         batches = [records[i:i + args.batch] for i in range(0, len(records), args.batch)]
         times = TimePolicy(NOW_MS, 30 * 86_400_000, 3_600_000)
         registry = str(registry_path(keys))
@@ -106,7 +110,8 @@ def main() -> None:
             first = IngressFn([spec], registry, prior, times, 1)
             first.setup()
             prior = PriorRuns(verified=verified_before(first, batches))
-        print(f"{args.n:,} sets of {args.devices:,} enrolled devices, batches of {args.batch}, "
+        print(f"{args.n:,} sets of {args.devices:,} enrolled devices in {args.windows} window(s), batches of "
+              f"{args.batch}, "
               f"{'re-read (verified before)' if args.reread else 'first read'}; built in "
               f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.1f}")
         for threads in args.crypto_threads:
