@@ -18,6 +18,7 @@ from schemas import SCHEMA_VERSION, WireFormatError, decode_record, encode_recor
 from .canonical import blob, i64, optional_text, tagged, text
 from .devices import DeviceRegistry
 from .ed25519 import Signer, verify_detached
+from .message_set_reader import read_message_set
 
 __all__ = [
     "MAX_MESSAGES",
@@ -221,9 +222,12 @@ def decode_message_set(data: bytes) -> MessageSet:
         raise WireFormatError(f"not bytes ({type(data).__name__})")
     if len(data) > MAX_ENCODED_BYTES:
         raise WireFormatError(f"message set of {len(data)} bytes exceeds {MAX_ENCODED_BYTES}")
-    r = decode_record("MessageSet", bytes(data))
-    spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, signature = (
-        r["spec_id"], r["crowd_id"], r["device_id"], r["event_time"], r["nonce"], r["key_id"], r["signature"])
-    messages = _checked_messages(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, signature,
-                                 r["messages"])
-    return MessageSet(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, messages, signature)
+    raw = bytes(data)
+    fields = read_message_set(raw, SealedMessage)  # None: a datum only fastavro may judge
+    if fields is None:
+        r = decode_record("MessageSet", raw)
+        fields = (r["spec_id"], r["crowd_id"], r["device_id"], r["event_time"], r["nonce"], r["key_id"],
+                  r["messages"], r["signature"])
+    spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, messages, signature = fields
+    checked = _checked_messages(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, signature, messages)
+    return MessageSet(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, checked, signature)
