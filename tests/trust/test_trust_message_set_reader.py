@@ -112,8 +112,11 @@ def test_a_sealed_message_past_two_length_bytes_is_left_to_fastavro() -> None:
     ("overlong version", HEADER + b"\x82\x00" + encoded(record())[len(HEADER) + 1:]),
     ("ten-byte event time", encoded(record(event_time=0)).replace(
         b"\x00\x20nnnn", b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x00\x20nnnn", 1)),
-    ("union index 2", encoded(record()).replace(b"ab\x00\x40", b"ab\x04\x40", 1)),
+    ("union index 2", encoded(record(crowd_id="c")).replace(b"ab\x02\x02c", b"ab\x04\x02c", 1)),
+    ("negative length", encoded(record(spec_id="")).replace(b"\x02\x00\x00\x40", b"\x02\x01\x00\x40", 1)),
     ("negative block count", encoded(record()).replace(b"\x14analyzer-1\x02\x00", b"\x14analyzer-1\x01\x00\x00", 1)),
+    ("negative sealed length", encoded(record(messages=[{"channel": 0, "sealed": b""}])).replace(
+        b"\x02\x00\x00\x00\x80\x01", b"\x02\x00\x01\x00\x80\x01", 1)),
     ("trailing byte", encoded(record()) + b"\x00"),
     ("truncated", encoded(record())[:-1]),
     ("unknown schema", HEADER[:2] + b"\x00" * 8 + encoded(record())[len(HEADER):]),
