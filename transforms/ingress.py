@@ -37,6 +37,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
+from schemas import WireFormatError
 from transforms.dead_letters import record_dead_letter
 from transforms.encode import crowd_of
 from transforms.kafkaio import KafkaRecord
@@ -48,6 +49,8 @@ from transforms.spec import AnalysisSpec
 from transforms.spill import SpillBuffer
 from transforms.staging import Location
 from transforms.state.verified_sets import VerifiedSets
+from transforms.trust.ed25519 import verify_detached
+from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = "esa"
@@ -312,9 +315,6 @@ class IngressFn(beam.DoFn):
         What the check needs: None for a set verified by an earlier run (byte-identical, same position), else
         (signature, signed bytes), or the reason it cannot have been signed (given only if its device is known).
         """
-        from schemas import WireFormatError
-        from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
-
         if record.value is None:
             return "empty record"
         try:
@@ -385,6 +385,4 @@ def _public_key_or_none(registry: Any, device_id: str) -> bytes | None:
 
 
 def _verify(check: tuple[bytes, bytes, bytes]) -> bool:
-    from transforms.trust.ed25519 import verify_detached
-
     return verify_detached(*check)
