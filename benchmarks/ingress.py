@@ -99,7 +99,7 @@ def verified_before(fn: IngressFn, batches: list[list[KafkaRecord]]) -> Verified
     """What a first run verified, as the next run receives it."""
     entries = [out.value for batch in batches for out in fn.process(batch)
                if getattr(out, "tag", None) == VERIFIED]
-    return VerifiedSets().merged(entries, {})
+    return VerifiedSets().merged([(p, o, np.frombuffer(d, np.uint8)) for p, o, d in entries], {})
 
 
 def main() -> None:
