@@ -270,7 +270,8 @@ class IngressFn(beam.DoFn):
 
     def _admit_batch(self, records: Sequence[KafkaRecord], pkeys: Sequence[str]
                      ) -> tuple[list[SetElement | str], frozenset[int]]:
-        """(each record's set or the reason it is refused, positions of the sets verified now), in four passes:
+        """(each record's set or the reason it is refused, positions whose signature was checked in this call),
+        in four passes:
 
         1. ``_stage`` every record: decode and check it, everything but its device;
         2. look up every staged set's device in the registry at once (one vectorized search, not one per set);
