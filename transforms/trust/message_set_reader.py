@@ -98,15 +98,20 @@ def read_message_set(data: bytes, message: Callable[[int, bytes], Any]) -> tuple
         event_time, pos = _long(data, pos)
         nonce, pos = _short(data, pos)
         key_id, pos = _short(data, pos)
-        messages = []
+        messages: list[Any] = []
+        append = messages.append
         count, pos = _long(data, pos)
         while count:
             if count < 0:  # a block with its size in bytes: legal Avro, never written by fastavro
                 return None
             for _ in range(count):
-                channel, pos = _long(data, pos)
+                b = data[pos]
+                if b < 0x80:  # a one-byte channel (-32..63): every mechanism's but the widest
+                    channel, pos = (b >> 1) ^ -(b & 1), pos + 1
+                else:
+                    channel, pos = _long(data, pos)
                 sealed, pos = _blob(data, pos)
-                messages.append(message(channel, sealed))
+                append(message(channel, sealed))
             count, pos = _long(data, pos)
         signature, pos = _blob(data, pos)
         if pos != len(data):
