@@ -168,7 +168,7 @@ class DeviceRegistry:
         rows = np.minimum(np.searchsorted(self._ids, wanted.view("S16").ravel()), len(self._ids) - 1)
         return np.where((self._id_bytes[rows] == wanted).all(axis=1), rows, -1)
 
-    def public_keys(self, device_ids: Sequence[Any]) -> list[bytes | None]:
+    def public_keys(self, device_ids: Iterable[Any]) -> list[bytes | None]:
         """``[self.public_key(d) for d in device_ids]``, vectorized: the shuffler looks up every set of a
         batch, and one binary search per id (with its hex decoding) cost ~2 microseconds a set."""
         ids = device_ids if isinstance(device_ids, list) else list(device_ids)
