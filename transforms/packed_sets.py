@@ -50,18 +50,41 @@ class PackedSets:
 
     @classmethod
     def of(cls, spec_id: str, crowd_id: str | None, window_end_ms: int, items: Sequence[Any]) -> PackedSets:
-        """Pack ``SetElement``s (all of this spec, crowd and window)."""
-        sources: dict[tuple[str, int], int] = {}
-        index = [sources.setdefault((i.source.topic, i.source.partition), len(sources)) for i in items]
+        """Pack ``SetElement``s (all of this spec, crowd and window).
+
+        Columns come from one transpose (``zip(*items)``) and one ``bytes.fromhex`` of every device id: ingress
+        packs every set it admits, and a pass over the items per column cost ~1.6 microseconds a set."""
         n = len(items)
-        return cls(spec_id, crowd_id, window_end_ms,
-                   devices=np.frombuffer(b"".join(bytes.fromhex(i.device_id) for i in items), np.uint8),
-                   event_ms=np.fromiter((i.event_time_ms for i in items), np.int64, n),
-                   digests=np.frombuffer(b"".join(i.digest[:DIGEST_BYTES] for i in items), np.uint8),
-                   sources=list(sources), source_index=np.asarray(index, np.int32),
-                   offsets=np.fromiter((i.source.offset for i in items), np.int64, n),
-                   n_messages=np.fromiter((len(i.messages) for i in items), np.int32, n),
-                   messages=PackedMessages.of(m for i in items for m in i.messages))
+        if not n:
+            return cls(spec_id, crowd_id, window_end_ms, devices=np.zeros(0, np.uint8), event_ms=np.zeros(0, np.int64),
+                       digests=np.zeros(0, np.uint8), sources=[], source_index=np.zeros(0, np.int32),
+                       offsets=np.zeros(0, np.int64), n_messages=np.zeros(0, np.int32),
+                       messages=PackedMessages.of(()))
+        _, _, devices, event_ms, _, digests, messages, refs = zip(*items, strict=True)
+        topics, partitions, offsets = zip(*refs, strict=True)
+        sources = dict.fromkeys(zip(topics, partitions, strict=True))
+        if len(sources) == 1:
+            index = np.zeros(n, np.int32)
+        else:
+            position = {source: k for k, source in enumerate(sources)}
+            index = np.array([position[s] for s in zip(topics, partitions, strict=True)], np.int32)
+        if not all(len(d) == 2 * ID_BYTES for d in devices):  # one fromhex of all would misalign them
+            raise ValueError(f"a device id is not {2 * ID_BYTES} hex digits")
+        digest_bytes = b"".join([d[:DIGEST_BYTES] for d in digests])
+        if len(digest_bytes) != n * DIGEST_BYTES:
+            raise ValueError(f"a digest is shorter than {DIGEST_BYTES} bytes")
+        # Consistent by construction (one row per item, indices from the sources' own numbering, counts from
+        # the very messages packed): built without __init__'s checks, which cost ~7 microseconds a pack, and
+        # ingress packs every (window, bucket) of every batch: ~4 sets a pack at 512 buckets.
+        self = object.__new__(cls)
+        self.spec_id, self.crowd_id, self.window_end_ms = spec_id, crowd_id, int(window_end_ms)
+        self.devices = np.frombuffer(bytes.fromhex("".join(devices)), np.uint8).reshape(n, ID_BYTES)
+        self.digests = np.frombuffer(digest_bytes, np.uint8).reshape(n, DIGEST_BYTES)
+        self.event_ms, self.offsets = np.array(event_ms, np.int64), np.array(offsets, np.int64)
+        self.source_index, self.n_messages = index, np.fromiter(map(len, messages), np.int32, n)
+        self.sources = tuple((str(t), int(p)) for t, p in sources)
+        self.messages = PackedMessages.of([m for ms in messages for m in ms])
+        return self
 
     @classmethod
     def concat(cls, packs: Sequence[PackedSets]) -> PackedSets:

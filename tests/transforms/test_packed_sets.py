@@ -89,3 +89,34 @@ def test_message_rows_select_the_messages_of_given_sets_in_order() -> None:
     assert list(picked) == [m for r in rows for m in items[r].messages]
     assert packed.message_rows(np.zeros(0, np.int64)).size == 0
     assert isinstance(picked, PackedMessages)
+
+
+def columns(p: PackedSets) -> list:
+    return [p.spec_id, p.crowd_id, p.window_end_ms, p.sources, p.messages.payload,
+            *((a.dtype.str, a.shape, a.tobytes()) for a in (p.devices, p.event_ms, p.digests, p.source_index,
+                                                           p.offsets, p.n_messages, p.messages.channels,
+                                                           p.messages.offsets))]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 60])
+def test_of_builds_exactly_what_the_checked_constructor_builds(n: int) -> None:
+    """``of`` skips __init__'s checks (its columns are consistent by construction): the same pack, column for
+    column, as one rebuilt through __init__ (which unpickling does)."""
+    items = random_sets(np.random.default_rng(10 + n), n)
+    packed = PackedSets.of(SPEC_ID, "crowd", WINDOW_END, items)
+    rebuilt = PackedSets(SPEC_ID, "crowd", WINDOW_END, devices=packed.devices, event_ms=packed.event_ms,
+                         digests=packed.digests, sources=packed.sources, source_index=packed.source_index,
+                         offsets=packed.offsets, n_messages=packed.n_messages, messages=packed.messages)
+    assert columns(packed) == columns(rebuilt) == columns(pickle.loads(pickle.dumps(packed)))
+    assert list(packed) == [i._replace(crowd_id="crowd", digest=i.digest[:DIGEST_BYTES]) for i in items]
+
+
+def test_of_refuses_device_ids_and_digests_it_cannot_pack() -> None:
+    items = random_sets(np.random.default_rng(3), 3)
+    # 31 and 33 digits: joined they are whole bytes, one by one they are not
+    shifted = [items[0]._replace(device_id=items[0].device_id[:-1]),
+               items[1]._replace(device_id="a" + items[1].device_id)]
+    with pytest.raises(ValueError, match="32 hex digits"):
+        PackedSets.of(SPEC_ID, None, WINDOW_END, shifted)
+    with pytest.raises(ValueError, match="shorter than 16 bytes"):
+        PackedSets.of(SPEC_ID, None, WINDOW_END, [items[0], items[1]._replace(digest=b"short")])

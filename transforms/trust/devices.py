@@ -11,8 +11,9 @@ import hashlib
 import io
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -147,6 +148,43 @@ class DeviceRegistry:
             return None
         i = int(np.searchsorted(self._ids, raw))
         return i if i < len(self._ids) and self._id_bytes[i].tobytes() == raw else None
+
+    def _rows(self, device_ids: Sequence[Any]) -> np.ndarray:
+        """Loaded row of each id (-1: not among the loaded rows), with one binary search over the batch when
+        every id is a 32-digit hex string (one ``bytes.fromhex`` of them all), else ``_row`` one id at a time."""
+        n = len(device_ids)
+        if not len(self._ids):
+            return np.full(n, -1, dtype=np.int64)
+        raw = None
+        if all(type(d) is str and len(d) == 32 for d in device_ids):
+            try:
+                raw = bytes.fromhex("".join(device_ids))
+            except ValueError:  # a character that is not hex: each id on its own says which
+                raw = None
+        if raw is None or len(raw) != 16 * n:  # shorter: whitespace, which fromhex skips
+            return np.fromiter((-1 if (i := self._row(d) if isinstance(d, str) else None) is None else i
+                                for d in device_ids), np.int64, n)
+        wanted = np.frombuffer(raw, dtype=np.uint8).reshape(n, 16)
+        rows = np.minimum(np.searchsorted(self._ids, wanted.view("S16").ravel()), len(self._ids) - 1)
+        return np.where((self._id_bytes[rows] == wanted).all(axis=1), rows, -1)
+
+    def public_keys(self, device_ids: Iterable[Any]) -> list[bytes | None]:
+        """``[self.public_key(d) for d in device_ids]``, vectorized: the shuffler looks up every set of a
+        batch, and one binary search per id (with its hex decoding) cost ~2 microseconds a set."""
+        ids = device_ids if isinstance(device_ids, list) else list(device_ids)
+        out: list[bytes | None] = [None] * len(ids)
+        rows = self._rows(ids)
+        found = np.flatnonzero(rows >= 0)
+        if len(found):
+            keys = self._keys[rows[found]].tobytes()
+            for j, i in enumerate(found.tolist()):
+                out[i] = keys[j * PUBLIC_KEY_BYTES:(j + 1) * PUBLIC_KEY_BYTES]
+        if self._added:  # enrolled here and not saved yet: these win, as in public_key
+            for i, d in enumerate(ids):
+                added = self._added.get(d) if isinstance(d, str) else None
+                if added is not None:
+                    out[i] = added[0]
+        return out
 
     def save(self, path: Path) -> None:
         """Write the registry atomically (owner-only: it is shuffler-domain data)."""

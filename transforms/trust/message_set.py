@@ -9,6 +9,7 @@ letters and logs leave the shuffler's trust domain.
 from __future__ import annotations
 
 import re
+import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from schemas import SCHEMA_VERSION, WireFormatError, decode_record, encode_recor
 from .canonical import blob, i64, optional_text, tagged, text
 from .devices import DeviceRegistry
 from .ed25519 import Signer, verify_detached
+from .message_set_reader import read_message_set
 
 __all__ = [
     "MAX_MESSAGES",
@@ -28,6 +30,8 @@ __all__ = [
     "encode_message_set",
     "sign_message_set",
     "signature_inputs",
+    "signed_inputs",
+    "signed_parts",
     "signing_bytes",
     "verify_message_set",
 ]
@@ -44,6 +48,10 @@ MIN_CHANNEL = -1  # the presence marker of multi-message mechanisms (transforms.
 #: Largest well-formed encoding (every message at its maximum size, plus the header fields).
 MAX_ENCODED_BYTES = MAX_MESSAGES * (MAX_SEALED_BYTES + 8) + 4 * MAX_ID_CHARS * 4 + 256
 _DEVICE_ID = re.compile(r"[0-9a-f]{32}")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_I64_U32 = struct.Struct(">qI")  # a 64-bit value, then the 4-byte length of the blob that follows it
+_TAG_BLOB = blob(MESSAGE_SET_TAG)
 
 
 class AuthError(ValueError):
@@ -74,13 +82,41 @@ class MessageSet:
 
 def messages_bytes(messages: tuple[SealedMessage, ...]) -> bytes:
     """Canonical encoding of an ordered message list (count, then channel and blob of each)."""
-    return i64(len(messages)) + b"".join(i64(m.channel) + blob(m.sealed) for m in messages)
+    parts = [_I64.pack(len(messages))]
+    append = parts.append
+    for m in messages:
+        channel, sealed = m.channel, m.sealed
+        if type(channel) is int and type(sealed) is bytes:  # exact types: i64 refuses bool
+            append(_I64_U32.pack(channel, len(sealed)))
+            append(sealed)
+        else:  # anything else goes through the checked encoders (which raise on what cannot be signed)
+            append(i64(channel) + blob(sealed))
+    return b"".join(parts)
 
 
 def signing_bytes(ms: MessageSet) -> bytes:
-    """What the device signs: every field but the signature, canonical and domain-separated."""
-    return tagged(MESSAGE_SET_TAG, text(ms.spec_id), optional_text(ms.crowd_id), text(ms.device_id),
-                  i64(ms.event_time_ms), blob(ms.nonce), text(ms.key_id), messages_bytes(ms.messages))
+    """What the device signs: every field but the signature, canonical and domain-separated.
+
+    The layout is ``tagged(tag, text(spec), optional_text(crowd), text(device), i64(time), blob(nonce),
+    text(key_id), messages_bytes(messages))``; built with one join, not one bytes object per field (this runs
+    for every set the shuffler admits), and through those checked encoders when a field is not of its plain type.
+    """
+    spec_id, crowd_id, device_id, event_time, nonce, key_id = (
+        ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms, ms.nonce, ms.key_id)
+    if not (type(spec_id) is str and type(device_id) is str and type(key_id) is str
+            and type(event_time) is int and type(nonce) is bytes
+            and (crowd_id is None or type(crowd_id) is str)):
+        return tagged(MESSAGE_SET_TAG, text(spec_id), optional_text(crowd_id), text(device_id), i64(event_time),
+                      blob(nonce), text(key_id), messages_bytes(ms.messages))
+    spec, device, key = spec_id.encode("utf-8"), device_id.encode("utf-8"), key_id.encode("utf-8")
+    if crowd_id is None:
+        crowd = b"\x00"
+    else:
+        raw = crowd_id.encode("utf-8")
+        crowd = b"\x01" + _U32.pack(len(raw)) + raw
+    return b"".join((_TAG_BLOB, _U32.pack(len(spec)), spec, crowd, _U32.pack(len(device)), device,
+                     _I64_U32.pack(event_time, len(nonce)), nonce, _U32.pack(len(key)), key,
+                     messages_bytes(ms.messages)))
 
 
 def sign_message_set(ms: MessageSet, signer: Signer) -> MessageSet:
@@ -98,8 +134,18 @@ def signature_inputs(ms: MessageSet, registry: DeviceRegistry) -> tuple[bytes, b
         raise AuthError("unknown device (not enrolled)") from None
     if public is None:
         raise AuthError("unknown device (not enrolled)")
+    return signed_inputs(ms, public)
+
+
+def signed_inputs(ms: MessageSet, public: bytes) -> tuple[bytes, bytes, bytes]:
+    """``signature_inputs`` with the device's key already looked up (a batch looks its devices up at once)."""
+    return (public, *signed_parts(ms))
+
+
+def signed_parts(ms: MessageSet) -> tuple[bytes, bytes]:
+    """(signature, signed bytes) of ``ms``; AuthError if its fields cannot have been signed."""
     try:
-        return public, bytes(ms.signature), signing_bytes(ms)
+        return bytes(ms.signature), signing_bytes(ms)
     except Exception:  # fields of the wrong type or range cannot have been signed
         raise AuthError("bad signature (malformed message set)") from None
 
@@ -125,29 +171,39 @@ def check_messages(messages: Any, min_count: int, max_count: int | None) -> tupl
     if max_count is not None and not min_count <= len(messages) <= max_count:
         raise WireFormatError(f"message count {len(messages)} outside [{min_count}, {max_count}]")
     out = []
+    append = out.append
     for m in messages:
-        channel, sealed = (m["channel"], m["sealed"]) if isinstance(m, dict) else (m.channel, m.sealed)
+        as_dict = isinstance(m, dict)
+        channel, sealed = (m["channel"], m["sealed"]) if as_dict else (m.channel, m.sealed)
         if not isinstance(channel, int) or not MIN_CHANNEL <= channel <= MAX_CHANNEL:
             raise WireFormatError("channel out of range [-1, 2^31)")
         if not isinstance(sealed, bytes) or not 1 <= len(sealed) <= MAX_SEALED_BYTES:
             raise WireFormatError(f"sealed message must be 1..{MAX_SEALED_BYTES} bytes")
-        out.append(m if isinstance(m, SealedMessage) else SealedMessage(channel, sealed))
+        append(SealedMessage(channel, sealed) if as_dict or not isinstance(m, SealedMessage) else m)
     return tuple(out)
 
 
-def _check(ms: MessageSet) -> tuple[SealedMessage, ...]:
-    check_text("spec_id", ms.spec_id)
-    if ms.crowd_id is not None:
-        check_text("crowd_id", ms.crowd_id, min_chars=0)
-    if not isinstance(ms.device_id, str) or not _DEVICE_ID.fullmatch(ms.device_id):
+def _checked_messages(spec_id: Any, crowd_id: Any, device_id: Any, event_time_ms: Any, nonce: Any, key_id: Any,
+                      signature: Any, messages: Any) -> tuple[SealedMessage, ...]:
+    """Every field of a set checked, in this order (the first failure is the reason); the messages as
+    SealedMessages. Takes the fields, not a MessageSet, so the decoder builds its MessageSet once."""
+    check_text("spec_id", spec_id)
+    if crowd_id is not None:
+        check_text("crowd_id", crowd_id, min_chars=0)
+    if not isinstance(device_id, str) or not _DEVICE_ID.fullmatch(device_id):
         raise WireFormatError("device_id must be 32 lowercase hex digits")
-    check_time("event_time", ms.event_time_ms)
-    if not isinstance(ms.nonce, bytes) or len(ms.nonce) != NONCE_BYTES:
+    check_time("event_time", event_time_ms)
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
         raise WireFormatError(f"nonce must be {NONCE_BYTES} bytes")
-    check_text("key_id", ms.key_id)
-    if not isinstance(ms.signature, bytes) or len(ms.signature) != SIGNATURE_BYTES:
+    check_text("key_id", key_id)
+    if not isinstance(signature, bytes) or len(signature) != SIGNATURE_BYTES:
         raise WireFormatError(f"signature must be {SIGNATURE_BYTES} bytes")
-    return check_messages(ms.messages, 1, MAX_MESSAGES)
+    return check_messages(messages, 1, MAX_MESSAGES)
+
+
+def _check(ms: MessageSet) -> tuple[SealedMessage, ...]:
+    return _checked_messages(ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms, ms.nonce, ms.key_id,
+                             ms.signature, ms.messages)
 
 
 def encode_message_set(ms: MessageSet) -> bytes:
@@ -166,8 +222,12 @@ def decode_message_set(data: bytes) -> MessageSet:
         raise WireFormatError(f"not bytes ({type(data).__name__})")
     if len(data) > MAX_ENCODED_BYTES:
         raise WireFormatError(f"message set of {len(data)} bytes exceeds {MAX_ENCODED_BYTES}")
-    r = decode_record("MessageSet", bytes(data))
-    ms = MessageSet(spec_id=r["spec_id"], crowd_id=r["crowd_id"], device_id=r["device_id"],
-                    event_time_ms=r["event_time"], nonce=r["nonce"], key_id=r["key_id"],
-                    messages=tuple(r["messages"]), signature=r["signature"])
-    return replace(ms, messages=_check(ms))
+    raw = bytes(data)
+    fields = read_message_set(raw, SealedMessage)  # None: a datum only fastavro may judge
+    if fields is None:
+        r = decode_record("MessageSet", raw)
+        fields = (r["spec_id"], r["crowd_id"], r["device_id"], r["event_time"], r["nonce"], r["key_id"],
+                  r["messages"], r["signature"])
+    spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, messages, signature = fields
+    checked = _checked_messages(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, signature, messages)
+    return MessageSet(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, checked, signature)
