@@ -128,3 +128,17 @@ def test_loaded_registry_is_compact_and_exact_for_ids_ending_in_zero_bytes(tmp_p
     assert loaded.public_key(zid[:-2]) is None  # 15 bytes: not an id, even if it is a prefix
     arrays = (loaded._ids, loaded._id_bytes, loaded._keys, loaded._times)
     assert sum(a.nbytes for a in arrays) / len(keys) <= 72  # 16 + 16 + 32 + 8 bytes per device
+
+
+@pytest.mark.parametrize("client", ["alice", "", "ünïcode-client", "c" * 300])
+def test_fleet_seeds_are_the_library_hkdf(client: str) -> None:
+    """The one-HMAC seed equals HKDF-SHA256(master, salt=None, info=tag + client id) as ``cryptography`` computes
+    it: simulated devices keep their keys (and the enrolled registry stays valid) across the change."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from transforms.trust.devices import FLEET_TAG
+
+    master = os.urandom(32)
+    expected = HKDF(hashes.SHA256(), 32, salt=None, info=FLEET_TAG + client.encode("utf-8")).derive(master)
+    assert SimulatedFleet(master)._seed(client) == expected

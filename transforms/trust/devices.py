@@ -8,6 +8,7 @@ device ids to keys, never to people.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import time
 from collections import OrderedDict
@@ -18,9 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .ed25519 import SodiumSigner
 from .files import KeyFileError, atomic_write, read_key_file
@@ -259,6 +258,7 @@ class SimulatedFleet:
         if not isinstance(master, bytes) or len(master) < 16:
             raise ValueError("fleet master secret must be at least 16 bytes")
         self._master = master
+        self._prk = hmac.digest(bytes(32), master, "sha256")  # HKDF-Extract with the default (all-zero) salt
         self._cache_size = cache_size
         self._cache: OrderedDict[str, tuple[SodiumSigner, bytes, str]] = OrderedDict()
 
@@ -293,7 +293,9 @@ class SimulatedFleet:
             self._cache.popitem(last=False)
 
     def _seed(self, client_id: str) -> bytes:
-        return HKDF(hashes.SHA256(), 32, salt=None, info=FLEET_TAG + client_id.encode("utf-8")).derive(self._master)
+        # HKDF-SHA256(master, salt=None, info, 32 bytes) spelled out (RFC 5869): the extract step does not depend
+        # on the client, so it is done once (``_prk``) and a seed is one HMAC (~1 microsecond, not ~3).
+        return hmac.digest(self._prk, FLEET_TAG + client_id.encode("utf-8") + b"\x01", "sha256")
 
     def signing_key(self, client_id: str) -> SodiumSigner:
         return self._entry(client_id)[0]
