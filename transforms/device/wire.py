@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from transforms.mechanisms.base import Mechanism
 from transforms.payload_codec import encode_payloads
-from transforms.records import PayloadRow, encode_payload, row_channel, rows_to_array
+from transforms.records import CHANNEL, PayloadRow, encode_payload, rows_to_array, wire_dtype
 from transforms.spec import AnalysisSpec
 from transforms.trust.ed25519 import Signer, sign_many
 from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, signing_bytes
@@ -93,12 +92,18 @@ def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, 
     """``signed_message_set`` of each event, the same bytes; the native calls of the whole batch (X25519 pairs,
     signatures) on ``threads`` (``transforms.parallel``), everything in Python on this thread."""
     plaintexts, ads, ephemerals, channels = _plaintexts(events), [], [], []
+    routing: dict[tuple, bytes] = {}  # associated data by (spec, crowd, window end, channel): few per batch
     for event in events:
         mechanism = event.spec.randomizer
         end = window_end_ms(event.spec, event.event_time_ms)
+        at = _channel_index(mechanism)
         for i, row in enumerate(event.rows):
-            channel = row_channel(mechanism, row)
-            ads.append(associated_data(event.spec.spec_id, event.crowd_id, end, channel))
+            channel = 0 if at is None else int(row[at])
+            key = (event.spec.spec_id, event.crowd_id, end, channel)
+            ad = routing.get(key)
+            if ad is None:
+                ad = routing[key] = associated_data(*key)
+            ads.append(ad)
             ephemerals.append(event.ephemerals[i] if event.ephemerals is not None else os.urandom(32))
             channels.append(channel)
     sealed = iter(zip(channels, seal_many(analyzer, key_id, plaintexts, ads, ephemerals, threads), strict=True))
@@ -107,5 +112,12 @@ def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, 
                            messages=tuple(SealedMessage(*next(sealed)) for _ in e.rows))
                 for e in events]
     signatures = sign_many([e.signer for e in events], [signing_bytes(ms) for ms in unsigned], threads)
-    return [encode_message_set(replace(ms, signature=signature))
+    return [encode_message_set(MessageSet(ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms, ms.nonce,
+                                          ms.key_id, ms.messages, signature))
             for ms, signature in zip(unsigned, signatures, strict=True)]
+
+
+def _channel_index(mechanism: Mechanism) -> int | None:
+    """Where a wire row carries its channel (``records.row_channel``), once per event instead of per row."""
+    names = wire_dtype(mechanism).names
+    return names.index(CHANNEL) if CHANNEL in names else None

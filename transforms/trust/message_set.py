@@ -13,12 +13,13 @@ import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
-from schemas import SCHEMA_VERSION, WireFormatError, decode_record, encode_record
+from schemas import WireFormatError, decode_record
 
 from .canonical import blob, i64, optional_text, tagged, text
 from .devices import DeviceRegistry
 from .ed25519 import Signer, verify_detached
 from .message_set_reader import read_message_set
+from .message_set_writer import write_message_set
 
 __all__ = [
     "MAX_MESSAGES",
@@ -209,11 +210,8 @@ def _check(ms: MessageSet) -> tuple[SealedMessage, ...]:
 def encode_message_set(ms: MessageSet) -> bytes:
     """Single-object Avro ``MessageSet``; refuses (WireFormatError) what a reader would refuse."""
     messages = _check(ms)
-    record = {"schema_version": SCHEMA_VERSION, "spec_id": ms.spec_id, "crowd_id": ms.crowd_id,
-              "device_id": ms.device_id, "event_time": ms.event_time_ms, "nonce": ms.nonce, "key_id": ms.key_id,
-              "messages": [{"channel": m.channel, "sealed": m.sealed} for m in messages],
-              "signature": ms.signature}
-    return encode_record("MessageSet", record, check=False)
+    return write_message_set(ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms, ms.nonce, ms.key_id,
+                             messages, ms.signature)
 
 
 def decode_message_set(data: bytes) -> MessageSet:
