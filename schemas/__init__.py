@@ -116,3 +116,15 @@ def decode_record(expected: str, message: bytes | None) -> dict[str, Any]:
 def avro_file_schema(name: str) -> Any:
     """The parsed schema for Avro container files (e.g. ``beam.io.WriteToAvro``)."""
     return load_schema(name).parsed
+
+
+def zigzag_varint(value: int) -> bytes:
+    """Avro's encoding of an int or long: zig-zag, then 7 bits a byte, low bits first (for hand-written layouts
+    that must match fastavro byte for byte: ``transforms.payload_codec``, ``transforms.trust.message_set_writer``)."""
+    u = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while u >= 0x80:
+        out.append((u & 0x7F) | 0x80)
+        u >>= 7
+    out.append(u)
+    return bytes(out)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from schemas import load_schema
+from schemas import load_schema, zigzag_varint
 from transforms.mechanisms.base import Mechanism, channel_count, is_single_message
 from transforms.records import (
     CHANNEL,
@@ -53,17 +53,6 @@ class _Segment(NamedTuple):
     const: bytes = b""
 
 
-def _varint(value: int) -> bytes:
-    """Zigzag varint of a small Python int (constants of a layout)."""
-    u = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
-
-
 @cache
 def _union() -> list[dict[str, Any]]:
     for field in load_schema("Report").parsed["fields"]:
@@ -78,11 +67,11 @@ def _layout(mechanism: Mechanism, kind: str) -> tuple[_Segment, ...] | None:
     branches = [b["name"] for b in _union()]
     record = _union()[branches.index(name)]
     dtype = wire_dtype(mechanism)
-    out: list[_Segment] = [_Segment("const", const=_varint(branches.index(name)))]
+    out: list[_Segment] = [_Segment("const", const=zigzag_varint(branches.index(name)))]
     for field in record["fields"]:
         avro, fname = field["type"], field["name"]
         if fname == "length":  # payload_to_avro writes the mechanism's bit length, whatever the row holds
-            out.append(_Segment("const", const=_varint(bit_length(mechanism))))
+            out.append(_Segment("const", const=zigzag_varint(bit_length(mechanism))))
             continue
         if fname not in (dtype.names or ()) or fname == CHANNEL:
             return None
@@ -92,13 +81,13 @@ def _layout(mechanism: Mechanism, kind: str) -> tuple[_Segment, ...] | None:
         if avro in ("long", "int") and not sub.shape and integer:
             out.append(_Segment("varints", fname, 1))
         elif avro == "bytes" and sub.shape and sub.base == np.uint8:
-            out += [_Segment("const", const=_varint(count)), _Segment("raw", fname, count)]
+            out += [_Segment("const", const=zigzag_varint(count)), _Segment("raw", fname, count)]
         elif isinstance(avro, dict) and avro.get("type") == "array" and sub.shape:
             items = avro.get("items")
             if not ((items == "long" and integer) or (items == "double" and sub.base.kind == "f")):
                 return None
             if count:
-                out.append(_Segment("const", const=_varint(count)))
+                out.append(_Segment("const", const=zigzag_varint(count)))
                 out.append(_Segment("varints" if items == "long" else "doubles", fname, count))
             out.append(_Segment("const", const=b"\x00"))
         else:

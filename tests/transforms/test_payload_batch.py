@@ -10,6 +10,7 @@ import pytest
 
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
+from tests.transforms.payload_helpers import one_by_one
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
 from transforms.payload_batch import decode_payload_array, decode_payloads
@@ -17,7 +18,6 @@ from transforms.records import (
     PRESENCE,
     array_to_rows,
     client_messages,
-    decode_payload,
     encode_payload,
     row_channel,
     rows_to_array,
@@ -27,16 +27,6 @@ from transforms.spec import load_spec
 
 SPECS = ["app_language.toml", "app_language_multimessage.toml", "feature_usage.toml", "grid.toml",
          "latency_range.toml", "latency_range_multimessage.toml", "sensor_vector.toml", "url_heavy_hitters.toml"]
-
-
-def _one_by_one(mechanism, plaintexts, channels):
-    out = []
-    for data, channel in zip(plaintexts, channels, strict=True):
-        try:
-            out.append(decode_payload(mechanism, data, channel))
-        except ValueError as err:
-            out.append(str(err))
-    return out
 
 
 def _hostile(mechanism, rows, rng):
@@ -99,7 +89,7 @@ def test_batch_verdicts_equal_single_verdicts(spec_file: str) -> None:
     rng = np.random.default_rng(7)
     rows = _device_rows(spec, 40, rng)
     plaintexts, channels = _hostile(mechanism, rows, rng)
-    want = _one_by_one(mechanism, plaintexts, channels)
+    want = one_by_one(mechanism, plaintexts, channels)
     got_rows, kept, failures = decode_payloads(mechanism, plaintexts, channels)
     verdicts: list = [None] * len(plaintexts)
     for i, row in zip(kept, got_rows, strict=True):

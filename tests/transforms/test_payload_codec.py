@@ -18,6 +18,7 @@ import transforms.payload_batch as payload_batch
 import transforms.payload_codec as payload_codec
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_names, example_path
+from tests.transforms.payload_helpers import one_by_one
 from transforms.device.wire import EventRows, _plaintexts
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import channel_count, encode_messages, is_single_message
@@ -141,16 +142,6 @@ def test_arbitrary_rows_encode_as_fastavro_does(case: str, data: st.DataObject) 
     assert [bytes(r) for r in encode_payloads(mechanism, rows)] == _per_row(mechanism, rows)
 
 
-def _one_by_one(mechanism: Any, plaintexts: list[bytes], channels: list[int]) -> list[Any]:
-    out: list[Any] = []
-    for data, channel in zip(plaintexts, channels, strict=True):
-        try:
-            out.append(decode_payload(mechanism, data, channel))
-        except ValueError as err:
-            out.append(str(err))
-    return out
-
-
 MUTATIONS = ["flip", "truncate", "extend", "overlong", "branch", "padding", "prefix", "random", "channel"]
 
 
@@ -222,7 +213,7 @@ def test_hostile_batches_get_the_one_by_one_verdicts(case: str, data: st.DataObj
         channels.append(channel)
     accepted = _assert_only_canonical(mechanism, plaintexts, channels)
     assert set(range(len(honest))) <= set(accepted.tolist())  # every honest plaintext takes the fast path
-    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(_one_by_one(mechanism, plaintexts, channels))
+    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(one_by_one(mechanism, plaintexts, channels))
 
 
 @pytest.mark.parametrize("case", ["olh", "mm_hadamard", "rappor", "privkv", "vector_sum", "oue/10"])
@@ -237,7 +228,7 @@ def test_noncanonical_payloads_fastavro_accepts_take_the_per_row_path(case: str)
     assert decode_payload(mechanism, overlong, channel) == row
     plaintexts, channels = [canonical, overlong], [channel, channel]
     assert _assert_only_canonical(mechanism, plaintexts, channels).tolist() == [0]
-    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(_one_by_one(mechanism, plaintexts, channels))
+    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(one_by_one(mechanism, plaintexts, channels))
 
 
 @pytest.mark.parametrize("example", example_names())
@@ -306,7 +297,7 @@ def test_a_validate_that_refuses_the_batch_falls_back_to_per_row_checks(case: st
     plaintexts = [encode_payload(mechanism, r) for r in rows]
     channels = [row_channel(mechanism, r) for r in rows]
     got = _verdicts(mechanism, plaintexts, channels)
-    assert repr(got) == repr(_one_by_one(mechanism, plaintexts, channels))
+    assert repr(got) == repr(one_by_one(mechanism, plaintexts, channels))
     assert all(isinstance(v, tuple) for v in got)
 
 
@@ -321,4 +312,4 @@ def test_a_mechanism_without_a_layout_uses_the_per_row_functions(case: str, monk
     assert plaintexts == _per_row(mechanism, rows)
     channels = [row_channel(mechanism, r) for r in array_to_rows(rows)]
     assert len(decode_canonical(mechanism, plaintexts, channels)[0]) == 0
-    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(_one_by_one(mechanism, plaintexts, channels))
+    assert repr(_verdicts(mechanism, plaintexts, channels)) == repr(one_by_one(mechanism, plaintexts, channels))

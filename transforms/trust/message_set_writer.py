@@ -15,32 +15,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from schemas import SCHEMA_VERSION, load_schema
+from schemas import SCHEMA_VERSION, load_schema, zigzag_varint
 
 __all__ = ["write_message_set"]
 
 _HEADER = load_schema("MessageSet").header
 
 
-def _varint(value: int) -> bytes:
-    """Avro's zig-zag varint of a 64-bit int or long."""
-    u = (value << 1) ^ (value >> 63)
-    if u < 0x80:
-        return bytes((u,))
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
-
-
-_VERSION = _varint(SCHEMA_VERSION)
+_VERSION = zigzag_varint(SCHEMA_VERSION)
 _SHORT = [bytes(((n << 1) & 0x7F,)) for n in range(64)]  # one-byte length prefixes (0..63), precomputed
 
 
 def _length(n: int) -> bytes:
-    return _SHORT[n] if n < 64 else _varint(n)
+    return _SHORT[n] if n < 64 else zigzag_varint(n)
 
 
 def write_message_set(spec_id: str, crowd_id: str | None, device_id: str, event_time_ms: int, nonce: bytes,
@@ -53,12 +40,12 @@ def write_message_set(spec_id: str, crowd_id: str | None, device_id: str, event_
     else:
         crowd = crowd_id.encode("utf-8")
         parts += (b"\x02", _length(len(crowd)), crowd)
-    parts += (_length(len(device)), device, _varint(event_time_ms), _length(len(nonce)), nonce,
+    parts += (_length(len(device)), device, zigzag_varint(event_time_ms), _length(len(nonce)), nonce,
               _length(len(key)), key)
     if messages:
-        parts.append(_varint(len(messages)))
+        parts.append(zigzag_varint(len(messages)))
         for m in messages:
             channel, sealed = m.channel, m.sealed
-            parts += (_SHORT[channel] if 0 <= channel < 64 else _varint(channel), _length(len(sealed)), sealed)
+            parts += (_SHORT[channel] if 0 <= channel < 64 else zigzag_varint(channel), _length(len(sealed)), sealed)
     parts += (b"\x00", _length(len(signature)), signature)
     return b"".join(parts)
