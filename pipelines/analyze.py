@@ -74,7 +74,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
                                                                                                    main="batches"))
     assembled = (decoded.batches
-                 | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads))
+                 | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads, config.python_gc))
                  | "GroupRelease" >> beam.GroupByKey()
                  | "Assemble" >> beam.ParDo(AssembleReleaseFn(specs)).with_outputs(DEAD, HELD, main="releases"))
     by_id = {s.spec_id: s for s in specs}

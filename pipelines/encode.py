@@ -53,7 +53,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
     reports, dead = (pipeline | "ReadRaw" >> run.reader()
                      | "Encode" >> EncodeEvents(specs, encoder_key(config), batched_input=True))
     _ = (reports
-         | "SealAndSign" >> beam.ParDo(SealSetsFn(specs, str(config.keys), config.crypto_threads))
+         | "SealAndSign" >> beam.ParDo(SealSetsFn(specs, str(config.keys), config.crypto_threads,
+                                                          config.python_gc))
          | "Flatten" >> beam.FlatMap(lambda batch: batch)
          | "WriteReports" >> WriteToKafka(config.bootstrap, config.reports_topic, producer_config=config.kafka_config,
                                            client=config.kafka_client))

@@ -116,6 +116,7 @@ class JobConfig:
     now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
     adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
     crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.parallel
+    python_gc: str = "tuned"  # the workers' garbage collector: "tuned" or "default"; see transforms.worker_gc
     staging_location: str | None = None  # where workers stage a run's results; default: STATE/staging
     stop_after_idle_seconds: float | None = None  # --kafka_io sdf: end the stream after this long without data
 
@@ -200,6 +201,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         max_skew_seconds=service.max_skew_seconds,
         adopt_group=service.adopt_consumer_group,
         crypto_threads=service.crypto_threads,
+        python_gc=service.python_gc,
         staging_location=staging_location_of(options),
     )
 

@@ -102,6 +102,9 @@ class EsaServiceOptions(PipelineOptions):
                             help="reports with an event time this far in the future are refused at ingress")
         parser.add_argument("--crypto_threads", type=int, default=0,
                             help="threads per worker for signatures and sealing (0 = one per core, 1 = none)")
+        parser.add_argument("--python_gc", choices=["tuned", "default"], default="tuned",
+                            help="the workers' garbage collector: tuned (freeze what start-up allocated, "
+                                 "collect the young generation every 100,000 objects) or Python's default")
 
 
 def kafka_client_config(path: str | os.PathLike[str]) -> dict[str, object]:

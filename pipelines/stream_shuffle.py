@@ -86,7 +86,7 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
     _ = (pipeline | "ReadReports" >> source
          | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
                                             shuffler_prf_key(config), root, config.max_age_seconds,
-                                            config.crypto_threads))
+                                            config.crypto_threads, config.python_gc))
 
 
 class PipelineThread:

@@ -152,13 +152,17 @@ class OpenBatchFn(beam.DoFn):
     is opened again by the run that completes it; nothing is counted until the release is assembled.
     """
 
-    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0):
+    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0, python_gc: str = "tuned"):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir = keys_dir
         self._threads = threads  # messages of a batch are opened on this many threads (0: one per core)
+        self._python_gc = python_gc  # transforms.worker_gc
 
     def setup(self) -> None:
         from transforms.trust.keys import load_analyzer_private
+        from transforms.worker_gc import tune_worker_gc
+
+        tune_worker_gc(self._python_gc)
 
         self._private = load_analyzer_private(Path(self._keys_dir))
 

@@ -51,6 +51,7 @@ from transforms.staging import Location
 from transforms.state.verified_sets import VerifiedSets
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
+from transforms.worker_gc import tune_worker_gc
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = "esa"
@@ -180,8 +181,9 @@ class IngressFn(beam.DoFn):
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy,
                  threads: int = 0, buckets: int = DEDUPE_BUCKETS, *, spill: Location | None = None,
-                 spill_bytes: int | None = None):
+                 spill_bytes: int | None = None, python_gc: str = "tuned"):
         self._specs = {s.spec_id: s for s in specs}
+        self._python_gc = python_gc  # transforms.worker_gc
         self._spill, self._spill_bytes = (str(spill) if spill else None), spill_bytes
         self._buffer: SpillBuffer | None = None
         self._buckets = buckets  # dedupe groups per (crowd, window): transforms.shuffle.ScaleOut
@@ -196,6 +198,7 @@ class IngressFn(beam.DoFn):
         self._skipped = Metrics.counter(NAMESPACE, "signatures_verified_before")
 
     def setup(self) -> None:
+        tune_worker_gc(self._python_gc)
         self._registry = shared_registry(self._registry_path)
 
     def start_bundle(self) -> None:

@@ -41,16 +41,20 @@ class SealSetsFn(beam.DoFn):
     Python on this thread (``transforms.device.wire.signed_message_sets``, what a device client sends too).
     """
 
-    def __init__(self, specs: list[AnalysisSpec], keys_dir: str, threads: int = 0):
+    def __init__(self, specs: list[AnalysisSpec], keys_dir: str, threads: int = 0, python_gc: str = "tuned"):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir = keys_dir
         self._threads = threads
+        self._python_gc = python_gc  # transforms.worker_gc
         self._sets = Metrics.counter(NAMESPACE, "sets_sealed")
         self._fleet: Any = None
 
     def setup(self) -> None:
         from transforms.trust.devices import SimulatedFleet
         from transforms.trust.keys import load_analyzer_public, load_or_create_secret
+        from transforms.worker_gc import tune_worker_gc
+
+        tune_worker_gc(self._python_gc)
 
         keys = Path(self._keys_dir)
         self._fleet = SimulatedFleet.from_keys_dir(keys)

@@ -305,10 +305,11 @@ class StreamShuffle(beam.PTransform):
     (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location."""
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry: str, prior: PriorRuns, times: TimePolicy, key: bytes,
-                 root: str, late_for_seconds: int, crypto_threads: int = 0):
+                 root: str, late_for_seconds: int, crypto_threads: int = 0, python_gc: str = "tuned"):
         super().__init__()
         self._specs, self._registry, self._prior, self._times = list(specs), registry, prior, times
         self._key, self._root, self._late_for, self._threads = key, root, late_for_seconds, crypto_threads
+        self._python_gc = python_gc
 
     def expand(self, records: beam.PCollection) -> beam.pvalue.PDone:
         from apache_beam.transforms import trigger
@@ -320,7 +321,7 @@ class StreamShuffle(beam.PTransform):
         specs, pipeline = self._specs, records.pipeline
         ingress = (records
                    | "Ingress" >> beam.ParDo(StreamingIngressFn(specs, self._registry, self._prior, self._times,
-                                                                self._threads))
+                                                                self._threads, python_gc=self._python_gc))
                    .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
         gated = ingress.sets | "Windows" >> GateWindows(specs, self._late_for)
         # The runner closed the window: the shuffle's own clock must not hold anything back.

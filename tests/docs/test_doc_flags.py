@@ -18,6 +18,7 @@ JOBS = ("run", "encode", "shuffle", "analyze")
 # Flags of other programs the docs quote, each with the file that must hold it (benchmarks) or the program.
 OTHER_PROGRAMS = {
     "--repeats": REPO / "benchmarks" / "pipeline.py",
+    "--mechanisms": REPO / "benchmarks" / "pipeline.py",
     "--jobs_only": REPO / "benchmarks" / "profile_summary.py",
     "--subprocesses": "py-spy record",
     "--flink-master": "Flink job server image",
