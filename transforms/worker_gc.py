@@ -7,8 +7,8 @@ the hundreds of thousands that importing Beam, NumPy, SciPy, fastavro and pyarro
 long as the worker. ``tune_worker_gc`` moves those into the permanent generation (``gc.freeze``), where the
 collector no longer walks them, and lets the young generation grow to ``YOUNG_THRESHOLD`` objects. Reference
 cycles are still collected, only less often; reference counting, which frees almost everything here, is
-untouched. Measured with ``benchmarks/pipeline.py`` at n = 100,000: the chain 3,946 -> 4,538 events/s
-(encode +20%, shuffle +13%, analyze +8%), peak RSS within 1%.
+untouched. Measured with ``benchmarks/pipeline.py`` (idle machine): the chain 4,038 -> 4,308 events/s at
+n = 100,000 (medians of 3) and 4,857 -> 5,435 at 1,000,000, the encoder gaining most; peak RSS unchanged.
 
 Called from the setup of the jobs' hot DoFns, so it holds in whichever process a runner runs them (the job's
 own process on the local runner, SDK worker processes on Flink or Dataflow); ``--python_gc default`` keeps
