@@ -4,6 +4,8 @@ through the package. (The input-topic preflight is tested in test_preflight.py.)
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,15 +45,70 @@ def test_a_file_in_the_way_is_one_clear_error(tmp_path: Path) -> None:
     assert OutputLocationError("x").exit_code == ExitCode.CONFIG
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_permission_denied_is_one_clear_error(tmp_path: Path) -> None:
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
+NOBODY = 65534  # the conventional unprivileged uid/gid; root ignores directory modes, so root tests as it
+
+
+def _refusal(target: Path) -> str:
+    """The one-line refusal ``prepare`` gives for ``target``, or "" if it accepted it."""
     try:
-        with pytest.raises(OutputLocationError, match="permission denied"):
-            output_location(locked / "out").prepare()
+        output_location(target).prepare()
+    except OutputLocationError as err:
+        return str(err)
+    return ""
+
+
+def _refusal_unprivileged(target: Path) -> str:
+    """``_refusal`` as this user, or, under root, in a forked child that has dropped to ``nobody`` first."""
+    if os.geteuid() != 0:
+        return _refusal(target)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges, answer through the pipe, never return into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(write_end, _refusal(target).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        text = answer.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the unprivileged child failed"
+    return text
+
+
+@pytest.fixture
+def shared_dir(tmp_path: Path):
+    """A directory the unprivileged user can reach: pytest's own base is private to its user (0700)."""
+    if os.geteuid() != 0:
+        yield tmp_path
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="esa-perm-", dir="/tmp"))  # /tmp itself is world-traversable
+    scratch.chmod(0o755)
+    try:
+        yield scratch
     finally:
-        locked.chmod(0o700)
+        for path in [scratch, *scratch.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o700)
+        shutil.rmtree(scratch)
+
+
+def test_permission_denied_is_one_clear_error(shared_dir: Path) -> None:
+    locked = shared_dir / "locked"
+    locked.mkdir(mode=0o555)  # anyone may enter it; nobody but root may write into it
+    open_dir = shared_dir / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    assert _refusal_unprivileged(locked / "out") == f"cannot create output directory {locked / 'out'}: " \
+        "permission denied"
+    assert _refusal_unprivileged(locked) == f"cannot write to output directory {locked}: permission denied"
+    assert _refusal_unprivileged(open_dir / "out") == ""  # the same user where it may write: accepted
 
 
 def test_demo_refuses_an_unusable_out_before_any_work(tmp_path: Path, capsys) -> None:

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -14,7 +15,6 @@ from pipelines.readers import estimates_frame
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
 from transforms.state.estimates_store import write_release_estimates
 
-pd = pytest.importorskip("pandas")
 HOUR = 3_600_000
 START = 1_700_000_000_000 // HOUR * HOUR
 
