@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipelines.exit_codes import EsaError, ExitCode, epilog
+from pipelines.out_of_space import out_of_space, out_of_space_advice
 from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
 
 LOG = logging.getLogger("esa")
@@ -516,6 +517,10 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if type(err).__name__ == "SpecError":
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.CONFIG)
+    words = out_of_space(err)
+    if words is not None:  # before ValueError: Beam may wrap the OSError of a worker in anything
+        print(f"esa {command}: error: {out_of_space_advice(words)}", file=sys.stderr)
+        return int(ExitCode.OUT_OF_SPACE)
     if isinstance(err, ValueError):  # bad arguments, bad parameters
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)

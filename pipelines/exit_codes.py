@@ -9,6 +9,8 @@
     5  STATE_LOCKED       the job's state directory is held by another running job
     6  DEAD_LETTERS       the run finished, but a larger fraction of its records was dead-lettered than
                           ``--max_dead_letter_fraction`` allows (default 0.1)
+    7  OUT_OF_SPACE       a write was refused for lack of space (full disk, quota, file-size limit); the
+                          next run redoes what this one had not finished: free space and start it again
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class ExitCode(IntEnum):
     KAFKA_UNREACHABLE = 4
     STATE_LOCKED = 5
     DEAD_LETTERS = 6
+    OUT_OF_SPACE = 7
 
 
 def epilog() -> str:

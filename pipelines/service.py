@@ -16,6 +16,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from pipelines.out_of_space import out_of_space
+
 LOG = logging.getLogger("esa.service")
 
 
@@ -61,16 +63,28 @@ def progress_line(summary: Any) -> str:
     return "; ".join(parts)
 
 
+OUT_OF_SPACE_MAX_PAUSE_S = 300.0
+
+
+def out_of_space_pause(poll_seconds: float, refused: int) -> float:
+    """Seconds to wait after the ``refused``-th run in a row failed for lack of space: doubling from the poll
+    interval (at least 5 s), at most five minutes, so a service waits out a full disk without spinning."""
+    return min(max(poll_seconds, 5.0) * 2.0 ** (refused - 1), OUT_OF_SPACE_MAX_PAUSE_S)
+
+
 def follow(run_once: Callable[[], Any], poll_seconds: float, max_runs: int | None = None) -> list[Any]:
     """Run ``run_once`` repeatedly (pausing ``poll_seconds`` after a run that read nothing) until stopped.
 
     A missing input topic is waited for, not fatal: jobs started side by side must not die because the
-    job upstream has not published yet (its warning names the closest topic, in case of a typo).
+    job upstream has not published yet (its warning names the closest topic, in case of a typo). A run that
+    fails for lack of space is retried too (``out_of_space_pause``): it is redone whole, like a crashed run,
+    and a service left running for months should outlast a full disk that an operator or log rotation frees.
     """
     from pipelines.preflight import MissingTopicsError
 
     summaries: list[Any] = []
     waiting_for = ""
+    refused = 0  # runs in a row that failed for lack of space
     with StopRequest() as stop:
         while not stop.requested and (max_runs is None or len(summaries) < max_runs):
             try:
@@ -81,7 +95,18 @@ def follow(run_once: Callable[[], Any], poll_seconds: float, max_runs: int | Non
                     waiting_for = str(err)
                 stop.sleep(poll_seconds)
                 continue
-            waiting_for = ""
+            except Exception as err:
+                words = out_of_space(err)
+                if words is None:
+                    raise
+                refused += 1
+                pause = out_of_space_pause(poll_seconds, refused)
+                LOG.error("run failed, out of space: %s. Nothing is lost: the next attempt redoes this run (it "
+                          "first deletes this attempt's staged files). Free space under the state, keys, staging "
+                          "and output locations; retrying in %.0f s (attempt %d)", words, pause, refused + 1)
+                stop.sleep(pause)
+                continue
+            waiting_for, refused = "", 0
             summaries.append(summary)
             LOG.info("run %d: %s", len(summaries), progress_line(summary))
             if summary.count("kafka_records_read") == 0:

@@ -16,6 +16,7 @@ run ends. Each range carries its own digest, checked when read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -84,9 +85,14 @@ def write_file(directory: Location, data: bytes) -> str:
     if not is_url(path):
         Path(directory).mkdir(parents=True, exist_ok=True)
         partial = f"{path}.{os.getpid()}.partial"
-        with open(partial, "wb") as handle:
-            handle.write(data)
-        os.replace(partial, path)
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(data)
+            os.replace(partial, path)
+        except BaseException:  # a full disk must not keep the space it could not finish using
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+            raise
         return path
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems

@@ -229,9 +229,21 @@ def cli_argv(chain: Chain, command: str, *extra: str) -> list[str]:
     return argv + (["--drain"] if chain.drain else []) + list(extra)
 
 
-def start_cli(chain: Chain, command: str, *extra: str) -> subprocess.Popen:
+def start_cli(chain: Chain, command: str, *extra: str, file_size_limit: int | None = None) -> subprocess.Popen:
+    """``esa COMMAND`` on this chain in a subprocess; ``file_size_limit``: the kernel refuses (EFBIG) any write
+    that would make one of its files larger than that many bytes, as a full disk refuses one (ENOSPC)."""
     return subprocess.Popen(cli_argv(chain, command, *extra), env=_env(None), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=None if file_size_limit is None else _limit_file_size(file_size_limit))
+
+
+def _limit_file_size(limit: int) -> Any:
+    def apply() -> None:  # in the child, before exec; an ignored signal stays ignored across exec
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a refused write then fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
 
 
 def subset(population: Any, index: Any) -> Any:
