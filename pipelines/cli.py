@@ -514,13 +514,16 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if any(c.__name__ == "StateLocked" for c in type(err).__mro__):
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.STATE_LOCKED)
+    words = out_of_space(err)
+    if words is not None:  # Beam may wrap a worker's OSError in anything; so may state code
+        print(f"esa {command}: error: {out_of_space_advice(words)}", file=sys.stderr)
+        return int(ExitCode.OUT_OF_SPACE)
+    if any(c.__name__ == "StateError" for c in type(err).__mro__):  # damaged state: never guessed around
+        print(f"esa {command}: error: unusable state: {err}", file=sys.stderr)
+        return int(ExitCode.STATE_UNUSABLE)
     if type(err).__name__ == "SpecError":
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.CONFIG)
-    words = out_of_space(err)
-    if words is not None:  # before ValueError: Beam may wrap the OSError of a worker in anything
-        print(f"esa {command}: error: {out_of_space_advice(words)}", file=sys.stderr)
-        return int(ExitCode.OUT_OF_SPACE)
     if isinstance(err, ValueError):  # bad arguments, bad parameters
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)

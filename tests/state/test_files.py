@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -173,3 +174,23 @@ def test_lock_excludes_a_second_holder_in_the_same_process_until_released(tmp_pa
     assert not first.held
     with StateLock(tmp_path / "state", "shuffle"):
         pass
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV])
+def test_a_filesystem_without_hard_links_is_one_state_error(tmp_path: Path, monkeypatch, code: int) -> None:
+    """No filesystem here lacks hard links, so link(2)'s answer on one (FAT, some FUSE mounts) is simulated."""
+    monkeypatch.setattr(os, "link", lambda *_a: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
+    with pytest.raises(StateError, match="must be on a local POSIX filesystem that supports hard links"):
+        create_exclusive(tmp_path / "entry", b"x")
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone too
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EACCES])
+def test_other_link_failures_keep_the_os_error(tmp_path: Path, monkeypatch, code: int) -> None:
+    """A full disk can refuse the new directory entry itself: that must read as out of space (exit 7), not as
+    a filesystem without hard links."""
+    monkeypatch.setattr(os, "link", lambda *_a: (_ for _ in ()).throw(OSError(code, os.strerror(code))))
+    with pytest.raises(OSError) as caught:
+        create_exclusive(tmp_path / "entry", b"x")
+    assert caught.value.errno == code and not isinstance(caught.value, StateError)
+    assert list(tmp_path.iterdir()) == []

@@ -17,6 +17,7 @@ of the state modules and from ``pyarrow.dataset`` discovery, so a crash leaves o
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -29,6 +30,8 @@ from types import TracebackType
 from typing import Any
 
 TEMP_SUFFIX = ".tmp"
+# what link(2) answers on a filesystem without hard links (FAT, some FUSE and network filesystems)
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EXDEV})
 
 
 class StateError(RuntimeError):
@@ -142,6 +145,8 @@ def create_exclusive(path: Path, data: bytes, mode: int = 0o644) -> bool:
     except FileExistsError:
         return False
     except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise  # a full disk (ENOSPC), a quota, a permission: the OS's own error says it best
         raise StateError(f"cannot create {path} by hard link ({err}); the state directory must be on a local "
                          "POSIX filesystem that supports hard links") from None
     finally:
