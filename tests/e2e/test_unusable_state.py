@@ -32,3 +32,17 @@ def test_a_damaged_run_state_is_one_line_and_exit_8(broker, tmp_path, capsys, da
     assert err[-1].startswith("esa shuffle: error: unusable state: ") and words in err[-1], err
     assert str(state_file) in err[-1]
     assert state_file.read_bytes() == damage and ledger_entries(chain, "shuffle") == []  # untouched, nothing released
+
+
+def test_a_damaged_ledger_entry_is_one_line_and_exit_8(broker, tmp_path, capsys) -> None:
+    spec = load_spec(SPEC_PATH)
+    chain = new_chain(broker.bootstrap, tmp_path, "ledger")
+    produce(chain, synthesize(spec, 200, windows=1, start_ms=recent_start(spec.window_seconds * 1000), seed=4))
+    run_inline(chain, ("encode", "shuffle"))
+    entries = sorted((chain.state("shuffle") / "ledger").rglob("*.json"))
+    assert entries, "the first run sealed nothing"
+    entries[0].write_bytes(entries[0].read_bytes()[:-9])  # torn, as only a damaged disk or another writer can
+
+    assert cli.main(cli_argv(chain, "shuffle")[3:]) == ExitCode.STATE_UNUSABLE
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("esa shuffle: error: unusable state: corrupt state file ") and str(entries[0]) in err
