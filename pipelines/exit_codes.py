@@ -11,8 +11,9 @@
                           ``--max_dead_letter_fraction`` allows (default 0.1)
     7  OUT_OF_SPACE       a write was refused for lack of space (full disk, quota, file-size limit); the
                           next run redoes what this one had not finished: free space and start it again
-    8  STATE_UNUSABLE     a state file is corrupt or inconsistent (the message names it), or the state
-                          directory is on a filesystem it cannot be used on; the job refuses to guess
+    8  STATE_UNUSABLE     a state file is corrupt or inconsistent (the message names it), a topic's log
+                          ends before the job's resume offset (recreated), or the state directory is on a
+                          filesystem it cannot be used on; the job refuses to guess
 """
 
 from __future__ import annotations

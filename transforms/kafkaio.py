@@ -43,6 +43,7 @@ from transforms.kafka_clients import (
     split_element,
 )
 from transforms.kafka_config import DEFAULT_CLIENT, check_client
+from transforms.state.files import StateError
 
 __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "KafkaWriteError", "PartitionRange",
            "ReadFromKafkaBounded", "WriteToKafka", "commit_plan", "committed_offsets", "ensure_topics",
@@ -71,7 +72,8 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
 
 def _probe_real_end(probe: Consumer, topic: str, reported: Mapping[int, int], idle_polls: int,
                     idle_poll_ms: int, max_probe_s: float) -> dict[int, int]:
-    """Seek to the reported ends and poll until the log has been quiet for `idle_polls` x `idle_poll_ms`.
+    """Seek to the reported ends and poll until the log has been quiet for `idle_polls` x `idle_poll_ms`:
+    (the real ends, whether the log went quiet before ``max_probe_s``).
 
     Short polls, not `idle_polls` polls of `idle_poll_ms`: librdkafka's consume() returns only when its batch
     is full or its timeout is over, so a long poll that does find the tail would cost its whole timeout."""
@@ -81,7 +83,14 @@ def _probe_real_end(probe: Consumer, topic: str, reported: Mapping[int, int], id
     while (now := time.monotonic()) - last_data < quiet_s and now - start < max_probe_s:  # a busy producer
         if probe.poll(step_s, MAX_RECORDS):  # never goes quiet: the deadline ends the probe
             last_data = time.monotonic()
-    return {p: max(offset, probe.position(topic, p)) for p, offset in reported.items()}
+    settled = time.monotonic() - last_data >= quiet_s  # else the ends are only lower bounds
+    return {p: max(offset, probe.position(topic, p)) for p, offset in reported.items()}, settled
+
+
+class RewoundLogError(StateError):
+    """A partition's log ends before the offset a job resumes from: the topic was deleted and recreated, the
+    broker lost its data, or the state belongs to another topic. Reading on from the new end would silently
+    skip the new log's first records (and move the resume point backwards), so the job refuses."""
 
 
 def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_polls: int = 2,
@@ -98,7 +107,7 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_
         if not partitions:
             raise ValueError(f"topic {topic!r} does not exist on {bootstrap}")
         begin, reported = probe.offsets(topic, partitions)
-        ends = _probe_real_end(probe, topic, reported, idle_polls, idle_poll_ms, max_probe_s)
+        ends, settled = _probe_real_end(probe, topic, reported, idle_polls, idle_poll_ms, max_probe_s)
     finally:
         probe.close()
     committed: dict[int, int | None] = {}
@@ -110,14 +119,28 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_
             committed = grouped.committed(topic, partitions)
         finally:
             grouped.close()
-    plan = []
+    plan, rewound = [], []
     for p in partitions:
         done = committed.get(p)
         start = begin[p] if done is None else max(done, begin[p])
+        if done is not None and done < begin[p]:
+            _log.error("%s[%d]: %d records (offsets %d to %d) were deleted by the topic's retention before this "
+                       "job read them; they are lost to their windows. Keep the retention longer than the job's "
+                       "longest stop", topic, p, begin[p] - done, done, begin[p] - 1)
+        if start > ends[p] and not settled:  # a busy log, probed only part of the way: read nothing here now
+            _log.warning("%s[%d]: the end of the log was not reached by the probe (%d < %d); reading nothing from "
+                         "this partition in this run", topic, p, ends[p], start)
+            plan.append(PartitionRange(topic, p, start, start))
+            continue
         if start > ends[p]:
-            _log.warning("%s[%d]: committed offset %d is past the end %d; reading nothing", topic, p, start, ends[p])
-            start = ends[p]
+            rewound.append(f"{topic}[{p}] resumes at {start}, its log ends at {ends[p]}")
         plan.append(PartitionRange(topic, p, start, ends[p]))
+    if rewound:
+        raise RewoundLogError(
+            f"the log is shorter than what this job has already read ({'; '.join(rewound)}): the topic was deleted "
+            "and recreated, the broker lost its data, or the offsets belong to another topic or cluster. Nothing was "
+            "read. Reading on from the new end would skip the new log's first records; to read a new log, give it "
+            "a new topic name (offsets are kept per topic, and released windows stay released)")
     _log.info("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
               group_id, [(r.partition, r.start, r.stop) for r in plan])
     return plan
