@@ -71,7 +71,7 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
 
 
 def _probe_real_end(probe: Consumer, topic: str, reported: Mapping[int, int], idle_polls: int,
-                    idle_poll_ms: int, max_probe_s: float) -> dict[int, int]:
+                    idle_poll_ms: int, max_probe_s: float) -> tuple[dict[int, int], bool]:
     """Seek to the reported ends and poll until the log has been quiet for `idle_polls` x `idle_poll_ms`:
     (the real ends, whether the log went quiet before ``max_probe_s``).
 

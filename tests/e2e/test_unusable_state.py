@@ -68,15 +68,9 @@ def _recreate(bootstrap: str, topic: str, records: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: its futures die with it
     for future in admin.delete_topics([topic]).values():
         future.result(timeout=30)
-    wait_for(lambda: not topic_exists(bootstrap, topic), what=f"{topic} to be deleted")
+    wait_for(lambda: topic not in admin.list_topics(timeout=10).topics, what=f"{topic} to be deleted")
     ensure_topics(bootstrap, [topic], partitions=3)
     produce_records(bootstrap, topic, [(None, b"junk %d" % i) for i in range(records)])
-
-
-def topic_exists(bootstrap: str, topic: str) -> bool:
-    from confluent_kafka.admin import AdminClient
-
-    return topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
 
 
 def test_a_recreated_topic_is_refused_not_silently_skipped(broker, tmp_path, capsys) -> None:
