@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -32,9 +33,11 @@ from pipelines.job import (
     finish_run,
     keep_dead_letters,
     locked,
+    nothing_to_do,
     plan_run,
     refuse_streaming,
     run_pipeline,
+    skipped_summary,
 )
 from schemas import encode_record
 from transforms.analyze import estimate_rows
@@ -52,6 +55,7 @@ from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
 from transforms.sinks import StageAvroRecords
 from transforms.staging import StageFn, load_staged
 from transforms.state.estimates_store import write_release_estimates
+from transforms.state.files import atomic_write_json
 from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
 
 LOG = logging.getLogger(__name__)
@@ -88,30 +92,68 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
          | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
 
 
+class UnanalysableRelease(Exception):  # noqa: N818 (a verdict on a release, not a program error)
+    """A release whose estimates cannot be published (its privacy accounting failed); it was not sealed."""
+
+
+def record_failed_release(config: JobConfig, opened: OpenedRelease, run_key: str, reason: str) -> Path:
+    """Write ``STATE/failed_releases/<release id>.json`` (the operator's record; nothing is published), log it.
+
+    The run goes on and its resume offsets move past the release: it is not retried on its own. An operator
+    who fixed the cause replays it by resetting the job (docs/operations.md)."""
+    path = config.state / "failed_releases" / f"{opened.release_id}.json"
+    atomic_write_json(path, {"release_id": opened.release_id, "spec_id": opened.spec_id, "crowd_id": opened.crowd_id,
+                             "window_end_ms": opened.window_end_ms, "n_sets": opened.n_sets, "reason": reason,
+                             "run_key": run_key, "failed_at_ms": int(time.time() * 1000)})
+    LOG.error("release %s (window ending %d of %s, crowd %s) cannot be analysed and was not sealed: %s; "
+              "recorded in %s, the stream goes on", opened.release_id, opened.window_end_ms, opened.spec_id,
+              opened.crowd_id, reason, path)
+    return path
+
+
+def neighbouring_notion(row: dict[str, Any]) -> str:
+    """The neighbouring notion a row's epsilon is stated in (docs/mathematics.md §1.1): a column of the row when
+    the analyzer writes one, else by mechanism (the fragmented RAPPORs are accounted in removal DP)."""
+    for column in ("neighbouring", "neighbouring_notion", "neighbour_notion"):
+        if row.get(column):
+            return str(row[column])
+    return "removal" if str(row.get("mechanism", "")).startswith("rappor") else "replacement"
+
+
 def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],
-                  run_key: str, known: dict[str, dict[ReleaseKey, ReleaseEntry]] | None = None) -> bool:
+                  run_key: str, known: dict[str, dict[ReleaseKey, ReleaseEntry]] | None = None,
+                  epsilons: dict[tuple[str, str, str], float | None] | None = None) -> bool:
     """Seal (analyst ledger) -> odometer -> append-only Parquet part -> topic. True if newly written.
 
     ``known`` caches each spec's ledger entries across the releases of one run (this job holds the state
     directory's lock, so only it adds entries): the ledger is listed once per spec and run, not once per
-    release, which made a run of many windows quadratic in the ledger's size."""
+    release, which made a run of many windows quadratic in the ledger's size. ``epsilons`` collects each
+    population's (spec name, crowd) cumulative epsilon for the operator's metrics."""
     spec = next(s for s in config.specs if s.spec_id == opened.spec_id)
     key = ReleaseKey(opened.spec_id, opened.crowd_id, opened.window_end_ms)
     entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
                          n_messages=int(rows[0]["n_reports"]) if rows else 0, batches=0,
                          source_ends=dict(opened.source_ends), run_key=run_key, sealed_at_ms=int(time.time() * 1000),
                          extra={"accounting": accounting_of(spec, rows)})
+    known = {} if known is None else known
+    if spec.spec_id not in known:
+        known[spec.spec_id] = {e.key: e for e in ledger.entries(spec.spec_id)}
+    # Validate before sealing: a release whose cumulative epsilon cannot be computed must not be sealed as
+    # analysed, or every rerun would fail on it again and the stream would jam behind it.
+    population = {**known[spec.spec_id], key: known[spec.spec_id].get(key, entry)}
+    try:
+        rows = with_cumulative_epsilon(spec, rows, [e for e in population.values() if e.key.crowd_id ==
+                                                    opened.crowd_id], key.window_end_ms)
+    except Exception as err:
+        raise UnanalysableRelease(f"{type(err).__name__}: {err}") from err
     stored, created = ledger.seal(entry)
     if not created and stored.release_id != opened.release_id:
         LOG.error("a second release of window %d of %s was refused", key.window_end_ms, key.spec_id)
         return False
     crash_point("analyze:after_seal")
-    known = {} if known is None else known
-    if spec.spec_id not in known:
-        known[spec.spec_id] = {e.key: e for e in ledger.entries(spec.spec_id)}
     known[spec.spec_id][key] = stored
-    population = [e for e in known[spec.spec_id].values() if e.key.crowd_id == opened.crowd_id]
-    rows = with_cumulative_epsilon(spec, rows, population, key.window_end_ms)
+    if epsilons is not None and rows:
+        epsilons[(spec.name, opened.crowd_id or "", neighbouring_notion(rows[0]))] = rows[0]["eps_central_cumulative"]
     for row in rows:
         row["release_id"] = opened.release_id
     _, written = write_release_estimates(config.out_dir, rows, spec_name=spec.name, window_end_ms=key.window_end_ms,
@@ -132,11 +174,18 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
         bounded = plan_run(config, STAGE, config.shuffled_topic, options)
+        if nothing_to_do(bounded, windowed=False):  # held batches wait for the rest of their release
+            return skipped_summary(bounded, started)
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
-        written, known = 0, {}
+        written, known, failed, epsilons = 0, {}, [], {}
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
-            written += write_release(config, ledger, opened, rows, bounded.key, known)
+            try:
+                written += write_release(config, ledger, opened, rows, bounded.key, known, epsilons)
+            except UnanalysableRelease as err:
+                failed.append(record_failed_release(config, opened, bounded.key, str(err)))
+        bounded.observed["releases_failed"] = len(failed)
+        bounded.observed["epsilon"] = epsilons
         keep_dead_letters(bounded, config.out_dir / "dead_letters")
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})
@@ -144,7 +193,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "duplicate": counters.get("batches_duplicate", 0), "held": counters.get("batches_held", 0),
              "analyzed": counters.get("batches_analyzed", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
-                      {"releases_written": written, "run_key": bounded.key})
+                      {"releases_written": written, "run_key": bounded.key, "progress": bounded.observed})
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -15,8 +15,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pipelines.exit_codes import EsaError, ExitCode, epilog
+from pipelines.logs import FORMAT_ENV, LOG_FORMATS, log_format, setup_logging
 from pipelines.out_of_space import out_of_space, out_of_space_advice
 from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
 
@@ -36,8 +38,7 @@ BEAM_JOBS = {
 STAGE_OUTPUTS = {"end_to_end": ("estimates", "dead_letters"), "encode": ("dead_letters",),
                  "shuffle": ("dead_letters",), "analyze": ("estimates", "dead_letters")}
 VERBOSE = ("-v", "--verbose")
-# Third-party log lines that say nothing actionable to an esa user (shown with -v).
-NOISE = ("apitools not found", "blocking the event loop")
+LOG_FORMAT_FLAGS = ("--log_format", "--log-format")
 
 
 def _positive_int(text: str) -> int:
@@ -76,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details (before or after the "
                         "subcommand)")
+    parser.add_argument("--log_format", choices=LOG_FORMATS, default=None,
+                        help=f"text (default) or json: one JSON object per log line on stderr (before or after the "
+                             f"subcommand; default ${FORMAT_ENV} or text)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     broker = sub.add_parser("broker", help="run a local Kafka-compatible broker (tansu) on loopback")
@@ -291,28 +295,48 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
         return 0
     LOG.debug("%s: %s", command, BEAM_NOTE)
     module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
-    if _follow_requested(job.beam_argv):
-        from pipelines.service import follow
-
-        summaries = follow(lambda: module.run_from_argv(job.beam_argv), _poll_seconds(job.beam_argv))
-        return max((_report_run(command, s, job.max_dead_letter_fraction) for s in summaries), default=0)
+    service = _service_options(job.beam_argv)
+    if service.follow:
+        return _follow(command, module, job, service)
+    if service.metrics_port:
+        raise ValueError("--metrics_port applies to --follow (a service); a single run exits before a scrape")
     return _report_run(command, module.run_from_argv(job.beam_argv), job.max_dead_letter_fraction)
 
 
-def _follow_requested(argv: Sequence[str]) -> bool:
+def _service_options(argv: Sequence[str]) -> Any:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines.options import EsaServiceOptions
 
-    return bool(PipelineOptions(list(argv)).view_as(EsaServiceOptions).follow)
+    return PipelineOptions(list(argv)).view_as(EsaServiceOptions)
 
 
-def _poll_seconds(argv: Sequence[str]) -> float:
+def _follow(command: str, module: Any, job: Any, service: Any) -> int:
+    """``--follow``: hold the state directories for the process's life, serve metrics, report every run as it
+    ends (its JSON line, and the dead-letter warning then, not at exit); the exit code is the worst run's."""
+    import contextlib
+
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.options import EsaServiceOptions
+    from pipelines.job import config_from_options, hold_state_dirs
+    from pipelines.metrics import JobMetrics
+    from pipelines.service import follow
 
-    return float(PipelineOptions(list(argv)).view_as(EsaServiceOptions).poll_seconds)
+    config = config_from_options(PipelineOptions(list(job.beam_argv)))
+    dirs = [config.state / s for s in ("encode", "shuffle", "analyze")] if command == "run" else [config.state]
+    codes = [0]
+
+    def run_once() -> Any:
+        summary = module.run_from_argv(job.beam_argv)
+        codes.append(_report_run(command, summary, job.max_dead_letter_fraction))
+        return summary
+
+    metrics = JobMetrics(command)
+    with hold_state_dirs(dirs, f"esa {command} --follow"), contextlib.ExitStack() as stack:
+        if service.metrics_port:
+            stack.enter_context(metrics.serve(service.metrics_port, service.metrics_host))
+        follow(run_once, float(service.poll_seconds), metrics=metrics)
+    return max(codes)
 
 
 def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
@@ -323,8 +347,11 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
     fraction, warning = dead_letter_verdict({"read": read, "dead_lettered": dead}, max_dead_fraction)
     paths = {"estimates": summary.estimates_path, "dead_letters": summary.dead_letters_path}
     outputs = {name: str(paths[name]) for name in STAGE_OUTPUTS.get(summary.stage, ("dead_letters",))}
+    stages = getattr(summary, "stages", None) or {summary.stage: summary}
+    # Runs with nothing new to read (and, for the shuffler, no window that may have closed) are skipped.
+    skipped = {"skipped": names} if (names := [n for n, s in stages.items() if s.extra.get("skipped")]) else {}
     _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
-                       "dead_letter_fraction": round(fraction, 6), **outputs}))
+                       "dead_letter_fraction": round(fraction, 6), **outputs, **skipped}))
     if not summary.balanced:
         print(f"esa {command}: error: the record accounting does not balance: {summary.accounting}", file=sys.stderr)
         return int(ExitCode.UNEXPECTED)
@@ -452,26 +479,6 @@ def _print(text: str) -> None:
     print(text, flush=True)
 
 
-class _QuietFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(noise in message for noise in NOISE)
-
-
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for handler in logging.getLogger().handlers:
-        quiet = [f for f in handler.filters if isinstance(f, _QuietFilter)]
-        if verbose:
-            for f in quiet:
-                handler.removeFilter(f)
-        elif not quiet:
-            handler.addFilter(_QuietFilter())
-    for noisy in ("apache_beam", "kafka", "root"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
-
-
 def _announce_seed(seed: int | None, command: str) -> None:
     if seed is not None:
         LOG.warning("--seed %d: %s's simulated clients, injected bad records, encoder job key and shuffler "
@@ -533,12 +540,30 @@ def _error_code(command: str, err: BaseException) -> int | None:
     return None
 
 
+def _split_global_flags(argv: list[str]) -> tuple[list[str], bool, str | None]:
+    """Take ``-v`` and ``--log_format F`` out of ``argv`` wherever they are: (the rest, verbose, format)."""
+    rest, verbose, fmt = [], False, None
+    tokens = iter(argv)
+    for token in tokens:
+        name, sep, value = token.partition("=")
+        if token in VERBOSE:
+            verbose = True
+        elif name in LOG_FORMAT_FLAGS:
+            fmt = value if sep else next(tokens, "")
+        else:
+            rest.append(token)
+    return rest, verbose, fmt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = any(a in VERBOSE for a in argv)
-    argv = [a for a in argv if a not in VERBOSE]
-    _setup_logging(verbose)
+    argv, verbose, requested_format = _split_global_flags(list(sys.argv[1:] if argv is None else argv))
     command = argv[0] if argv else "esa"
+    try:
+        fmt = log_format(requested_format)
+    except ValueError as err:
+        print(f"esa {command}: error: --log_format: {err}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    setup_logging(verbose, fmt)
     try:
         if command in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs; job_cli checks them first
             return _run_job(command, argv[1:])
@@ -553,9 +578,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as err:
         code = _error_code(command, err)
-        if code is None:
-            raise
+        if code is None:  # a bug: the traceback goes to the log, one line to the operator
+            LOG.critical("esa %s: internal error", command, exc_info=True)
+            print(f"esa {command}: internal error: {type(err).__name__}: {_one_line(err)} (traceback in the log "
+                  f"above; exit {int(ExitCode.UNEXPECTED)})", file=sys.stderr)
+            return int(ExitCode.UNEXPECTED)
         return code
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,9 @@ class BoundedRun:
     key: str
     staging: str  # a local directory or a URL (``s3://...``, ``gs://...``)
     now_ms: int
+    # What the operator's progress line and metrics report of this run (dead letters by reason class,
+    # watermark, consumer lag), filled as the run goes (``keep_dead_letters``, ``finish_run``).
+    observed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def source_ends(self) -> dict[str, int]:
@@ -328,9 +332,45 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
     staging = join(root, key)
     prepare_staging(staging)
     now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
-    LOG.info("%s run %s: %d records planned from %s (resume %s)", stage, key, sum(r.stop - r.start for r in plan),
-             topic, {r.partition: r.start for r in plan})
+    fresh = sum(max(0, r.stop - max(r.start, state.processed_until.get(f"{r.topic}/{r.partition}", 0))) for r in plan)
+    LOG.log(logging.INFO if fresh else logging.DEBUG, "%s run %s: %d records planned from %s, %d of them new "
+            "(resume %s)", stage, key, sum(r.stop - r.start for r in plan), topic, fresh,
+            {r.partition: r.start for r in plan})
     return BoundedRun(config, stage, topic, state, plan, key, staging, now)
+
+
+def nothing_to_do(run: BoundedRun, windowed: bool) -> bool:
+    """True when this run can be skipped: no record past what earlier runs processed and, for a job that holds
+    windows (``windowed``), no window end plus allowed lateness that the watermark crossed since the last run.
+
+    Why: a ``--follow`` job otherwise re-reads every held set each poll, to find that no window closed. The
+    check needs no index of the held windows: windows end at multiples of the spec's size, so a held window
+    can only have closed if some multiple ``e`` has ``previous < e + lateness <= now``. The previous watermark
+    is computed at the latest wall time a run saw data, never later than the last run: an underestimate, so a
+    run is sometimes done for nothing but never skipped when one may be due. ``--drain`` always runs.
+    """
+    c, state = run.config, run.state
+    if c.drain or any(r.stop > state.processed_until.get(f"{r.topic}/{r.partition}", 0) for r in run.plan):
+        return False
+    if not windowed:
+        return True
+    ooo, idle = c.out_of_orderness_seconds * 1000, c.idle_timeout_seconds * 1000
+    before = state.watermark_ms(max(state.last_data_wall_ms.values(), default=0), ooo, idle)
+    now = state.watermark_ms(run.now_ms, ooo, idle)
+    if before is None or now is None:
+        return now is None  # no data ever: nothing is held
+    for spec in c.specs:
+        size, lateness = spec.window_seconds * 1000, spec.allowed_lateness_seconds * 1000
+        if (now - lateness) // size > (before - lateness) // size:
+            return False
+    return True
+
+
+def skipped_summary(run: BoundedRun, started: float) -> RunSummary:
+    """The summary of a run ``nothing_to_do`` skipped: nothing read, the state untouched."""
+    run.observed.update(consumer_lag=sum(r.stop - r.start for r in run.plan), now_ms=run.now_ms, dead_by_reason={})
+    return RunSummary({}, run.config.out_dir, time.perf_counter() - started, run.stage, {},
+                      {"run_key": run.key, "skipped": True, "progress": run.observed})
 
 
 def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str, int]) -> RunState:
@@ -357,6 +397,13 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
             clocks[pkey] = entries
     new = RunState(resume=resume, processed_until=processed, max_event_ms=max_event, last_data_wall_ms=last_wall,
                    runs=state.runs + 1, updated_at_ms=int(time.time() * 1000), read_clock=clocks)
+    c = run.config
+    run.observed.update(
+        watermark_ms=None if c.drain else new.watermark_ms(run.now_ms, c.out_of_orderness_seconds * 1000,
+                                                           c.idle_timeout_seconds * 1000),
+        # What the group is behind the log end this run saw: records held for windows that are still open.
+        consumer_lag=sum(r.stop - resume[f"{r.topic}/{r.partition}"] for r in run.plan),
+        now_ms=run.now_ms)
     crash_point(f"{run.stage}:before_state")
     new.save(run.config.state / "run_state.json")
     commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]
@@ -385,9 +432,34 @@ def run_pipeline(build: Callable[[beam.Pipeline], None], options: PipelineOption
     return esa_counters(result)
 
 
-def locked(config: JobConfig, stage: str) -> StateLock:
+# State directories this process holds for its whole life (``hold_state_dirs``): a ``--follow`` service
+# keeps its lock between runs, so a second copy of the job is refused at start, not let in between runs.
+_HELD_FOR_LIFE: dict[Path, StateLock] = {}
+
+
+def locked(config: JobConfig, stage: str) -> AbstractContextManager[object]:
+    """The state directory's lock for one run; nothing to take when this process holds it for life."""
     config.state.mkdir(parents=True, exist_ok=True)
+    if config.state.resolve() in _HELD_FOR_LIFE:
+        return nullcontext()
     return StateLock(config.state, stage)
+
+
+@contextmanager
+def hold_state_dirs(state_dirs: Sequence[Path], purpose: str) -> Iterator[None]:
+    """Lock every directory in ``state_dirs`` until the block ends (StateLocked if another process holds one)."""
+    with ExitStack() as stack:
+        held = []
+        for directory in state_dirs:
+            lock = stack.enter_context(StateLock(directory, purpose))
+            key = Path(directory).resolve()
+            _HELD_FOR_LIFE[key] = lock
+            held.append(key)
+        try:
+            yield
+        finally:
+            for key in held:
+                _HELD_FOR_LIFE.pop(key, None)
 
 
 def esa_counters(result: Any) -> dict[str, int]:
@@ -410,10 +482,16 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
 
     letters = load_staged_avro(run.staging, DEAD_LETTERS)
     if not letters:
+        run.observed["dead_by_reason"] = {}
         return None
     target = directory / f"dead-letters-{run.key}.avro"
     atomic_write_bytes(target, avro_bytes("DeadLetter", letters, run.key.encode()))
-    write_counts(directory / "counts", run.key, ReasonCounts().add_letters(letters))
+    counts = ReasonCounts().add_letters(letters)
+    write_counts(directory / "counts", run.key, counts)
+    by_reason: dict[str, int] = {}
+    for row in counts.to_rows():  # reason classes carry no identifiers: safe for logs and metrics
+        by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + row["count"]
+    run.observed["dead_by_reason"] = by_reason
     config = run.config
     if config.dead_letter_topic:
         produce_records(config.bootstrap, config.dead_letter_topic,

@@ -104,7 +104,9 @@ def help_text(command: str, what: str) -> str:
     cli.add_argument("--max_dead_letter_fraction", type=float, default=MAX_DEAD_LETTER_FRACTION,
                      help="exit with code 6 (after a loud warning) when more than this fraction of the records "
                           f"read is dead-lettered (default {MAX_DEAD_LETTER_FRACTION})")
-    cli.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    cli.add_argument("-v", "--verbose", action="store_true", help="log the project's debug details (not Beam's)")
+    cli.add_argument("--log_format", choices=("text", "json"), default=None,
+                     help="text (default) or json: one JSON object per log line (default $ESA_LOG_FORMAT or text)")
     return parser.format_help()
 
 

@@ -105,6 +105,11 @@ class EsaServiceOptions(PipelineOptions):
         parser.add_argument("--python_gc", choices=["tuned", "default"], default="tuned",
                             help="the workers' garbage collector: tuned (freeze what start-up allocated, "
                                  "collect the young generation every 100,000 objects) or Python's default")
+        parser.add_argument("--metrics_port", type=int, default=0,
+                            help="--follow: serve Prometheus metrics on /metrics and health on /healthz at this "
+                                 "port (0 = off); see docs/operations.md")
+        parser.add_argument("--metrics_host", default="127.0.0.1",
+                            help="address the metrics endpoint listens on (0.0.0.0: every interface)")
 
 
 def kafka_client_config(path: str | os.PathLike[str]) -> dict[str, object]:

@@ -34,8 +34,10 @@ from pipelines.job import (
     finish_run,
     keep_dead_letters,
     locked,
+    nothing_to_do,
     plan_run,
     run_pipeline,
+    skipped_summary,
 )
 from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
 from transforms.analyze_release import prior_runs
@@ -260,6 +262,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         if not config.reports_topic:
             raise ValueError("the shuffle job needs --reports_topic")
         bounded = plan_run(config, STAGE, config.reports_topic, options)
+        if nothing_to_do(bounded, windowed=True):
+            return skipped_summary(bounded, started)
         crash_point("shuffle:before_pipeline")
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")
@@ -276,7 +280,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
-                      {"releases": releases, "conflicts": conflicts, "run_key": bounded.key})
+                      {"releases": releases, "conflicts": conflicts, "run_key": bounded.key,
+                       "progress": bounded.observed})
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -141,7 +141,7 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_
             "and recreated, the broker lost its data, or the offsets belong to another topic or cluster. Nothing was "
             "read. Reading on from the new end would skip the new log's first records; to read a new log, give it "
             "a new topic name (offsets are kept per topic, and released windows stay released)")
-    _log.info("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
+    _log.debug("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
               group_id, [(r.partition, r.start, r.stop) for r in plan])
     return plan
 
@@ -170,7 +170,7 @@ def commit_plan(bootstrap: str, group_id: str, plan: Iterable[PartitionRange],
             grouped.commit(topic, offsets)
     finally:
         grouped.close()
-    _log.info("committed %s for group %s", by_topic, group_id)
+    _log.debug("committed %s for group %s", by_topic, group_id)
 
 
 def _read_range(reader: Consumer, r: PartitionRange, stall_timeout_s: float,
@@ -219,7 +219,7 @@ class _ReadPartitionRangeFn(beam.DoFn):
             else:
                 yield from batch
         if n:
-            _log.info("read %d records of %s[%d] in %.2fs", n, r.topic, r.partition, time.monotonic() - t0)
+            _log.debug("read %d records of %s[%d] in %.2fs", n, r.topic, r.partition, time.monotonic() - t0)
 
     def teardown(self) -> None:
         if self._consumer is not None:

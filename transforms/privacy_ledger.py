@@ -65,8 +65,13 @@ def window_release(account: dict[str, Any]) -> Any:
     return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd)
 
 
+MAX_INTERVAL = 0.01  # transforms.privacy.odometer.PrivacyOdometer refuses coarser grids
+
+
 def composition_interval(accounts: list[dict[str, Any]]) -> float:
-    """The PLD grid for this population: 1e-3 of the largest per-window loss scale, never finer than 1e-5.
+    """The PLD grid for this population: 1e-3 of the largest per-window loss scale, never finer than 1e-5 and
+    never coarser than ``MAX_INTERVAL`` (the odometer's limit: a window of epsilon above 10, such as a grid
+    spec's, used to ask for a coarser grid and made every release of the population fail).
 
     Pessimistic rounding costs at most one grid step per window, so the total stays within 0.1% of what
     finer grids give, while the support of the composed distribution (and the memory and time of each
@@ -77,7 +82,7 @@ def composition_interval(accounts: list[dict[str, Any]]) -> float:
     scale = max([float(a.get("crowd_epsilon") or 0.0) for a in accounts]
                 + [float(a.get("eps_central") or 0.0) for a in accounts if a.get("eps_central") is not None]
                 + [0.0])
-    return max(DEFAULT_INTERVAL, 1e-3 * scale) if math.isfinite(scale) else DEFAULT_INTERVAL
+    return min(MAX_INTERVAL, max(DEFAULT_INTERVAL, 1e-3 * scale)) if math.isfinite(scale) else DEFAULT_INTERVAL
 
 
 def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]], delta: float) -> float | None:
