@@ -349,7 +349,8 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
     outputs = {name: str(paths[name]) for name in STAGE_OUTPUTS.get(summary.stage, ("dead_letters",))}
     stages = getattr(summary, "stages", None) or {summary.stage: summary}
     # Runs with nothing new to read (and, for the shuffler, no window that may have closed) are skipped.
-    skipped = {"skipped": names} if (names := [n for n, s in stages.items() if s.extra.get("skipped")]) else {}
+    names = [n for n, s in stages.items() if getattr(s, "extra", {}).get("skipped")]
+    skipped = {"skipped": names} if names else {}
     _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
                        "dead_letter_fraction": round(fraction, 6), **outputs, **skipped}))
     if not summary.balanced:

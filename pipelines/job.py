@@ -350,7 +350,8 @@ def nothing_to_do(run: BoundedRun, windowed: bool) -> bool:
     run is sometimes done for nothing but never skipped when one may be due. ``--drain`` always runs.
     """
     c, state = run.config, run.state
-    if c.drain or any(r.stop > state.processed_until.get(f"{r.topic}/{r.partition}", 0) for r in run.plan):
+    if (windowed and c.drain) or any(r.stop > state.processed_until.get(f"{r.topic}/{r.partition}", 0)
+                                     for r in run.plan):
         return False
     if not windowed:
         return True

@@ -100,7 +100,8 @@ class JobMetrics:
         self.released.labels(stage).inc(released)
         self.releases_failed.labels(stage).inc(int(progress.get("releases_failed", 0)))
         self.runs.labels(stage).inc()
-        self.held.labels(stage).set(int(run.parts.get("held", 0)))
+        if not run.extra.get("skipped"):  # a skipped run read nothing: what is held did not change
+            self.held.labels(stage).set(int(run.parts.get("held", 0)))
         if "consumer_lag" in progress:
             self.consumer_lag.labels(stage).set(int(progress["consumer_lag"]))
         watermark_ms = progress.get("watermark_ms")

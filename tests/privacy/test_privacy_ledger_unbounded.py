@@ -23,3 +23,18 @@ def test_an_infinite_window_makes_the_total_infinite() -> None:
     assert cumulative_for_spec(SPEC, [_own(0.5), _own(math.inf)], 1e-5) == math.inf
     assert cumulative_for_spec(SPEC, [_own(None)], 1e-5) == math.inf
 
+
+
+def test_a_large_window_epsilon_composes_on_the_odometers_coarsest_grid() -> None:
+    """A grid spec's window (eps_central 16: k-RAPPOR at removal 8) used to ask for a 0.016 grid, which the
+    odometer refuses: every release of the population failed after it was sealed, jamming the analyzer. The
+    grid is capped at 0.01; the total lies between the window's own epsilon and basic composition (16 + the
+    crowd count's 1), each bound loosened by one grid step per composed distribution."""
+    from transforms.privacy_ledger import MAX_INTERVAL, composition_interval
+
+    window = {**_own(16.0), "mechanism": "rappor"}
+    assert composition_interval([window]) == MAX_INTERVAL == 0.01
+    one = cumulative_for_spec(SPEC, [window], 1e-5)
+    assert 16.0 <= one <= 17.0 + 2 * MAX_INTERVAL
+    two = cumulative_for_spec(SPEC, [window, window], 1e-5)
+    assert one < two <= 2 * 17.0 + 4 * MAX_INTERVAL
