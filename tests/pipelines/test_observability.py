@@ -145,3 +145,19 @@ def test_follow_reports_status_and_logs_each_run(caplog: pytest.LogCaptureFixtur
     runs = [r for r in caplog.records if r.getMessage().startswith("run ")]
     assert len(runs) == 2 and runs[0].esa["stages"][0]["released"] == 5
     assert metrics.status == "stopping" and metrics.runs_done == 2
+
+
+def test_an_internal_error_exits_1_with_the_traceback_logged_and_one_line(monkeypatch, restore_logging: None,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(_args: object) -> int:
+        raise RuntimeError("an invariant broke\nsecond line")
+
+    monkeypatch.setattr(cli, "_dispatch", broken)
+    assert cli.main(["--log_format", "json", "privacy", "--mechanism", "grr", "--domain", "4", "--epsilon", "1",
+                     "--n", "100", "--delta", "1e-6"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    logged = [json.loads(line) for line in err if line.startswith("{")]
+    plain = [line for line in err if not line.startswith("{")]
+    assert len(logged) == 1 and logged[0]["level"] == "CRITICAL" and "RuntimeError" in logged[0]["traceback"]
+    assert plain == ["esa privacy: internal error: RuntimeError: an invariant broke second line (traceback in the "
+                     "log above; exit 1)"]
