@@ -35,7 +35,7 @@ from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import EXAMPLES_DIR
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig, default_keys_dir
+from pipelines.job import JobConfig, default_keys_dir, default_state_dir
 from pipelines.paths import OutputLocation, output_location
 from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.mechanisms.base import Mechanism
@@ -244,6 +244,21 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
     print("\n" + "\n".join(x if isinstance(x, str) else f"  {x[0]:<40}{x[1]}" for x in lines) + "\n")
 
 
+def refuse_used_out(out: Path) -> None:
+    """A ConfigError (exit 3, before anything is produced) if ``out`` holds an earlier run's outputs or state.
+
+    Why refuse: that run's windows are sealed in ``OUT.state``, so this run's reports for the same windows
+    would all be dead-lettered as late while the summary compared the old estimates with the new truth; and
+    a summary of ``OUT/estimates`` would mix the two runs' specs. Nothing is deleted for the user."""
+    state = default_state_dir(out)
+    used = [p for p in (out / "estimates", out / "summary.json", state) if p.exists() and (
+        not p.is_dir() or any(p.iterdir()))]
+    if used:
+        raise ConfigError(f"--out {out} already holds an earlier run's outputs ({', '.join(str(p) for p in used)}): "
+                          f"its windows are sealed there, so this run's reports would be refused as late. Give "
+                          f"another --out, or delete the old run first: rm -rf {out} {state}")
+
+
 def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out: str | Path | OutputLocation,
              spec_path: Path | None = None, kind: str = "histogram", distribution: str = "zipf",
              zipf_s: float = 1.1, bad_per_kind: int = 3, seed: int | None = None,
@@ -266,6 +281,7 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
                           "(the jobs too write to a local or mounted directory; esa query reads URLs)")
     out = location.prepare().local
     assert out is not None
+    refuse_used_out(out)
     shrink = l2_shrink(spec)
     if shrink is not None:
         print(f"note: {spec.mechanism} clips vectors to L2 norm <= {spec.randomizer.clip:g}; the demo draws its "
