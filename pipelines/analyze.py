@@ -157,7 +157,7 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
     for row in rows:
         row["release_id"] = opened.release_id
     _, written = write_release_estimates(config.out_dir, rows, spec_name=spec.name, window_end_ms=key.window_end_ms,
-                                         release_id=opened.release_id)
+                                         release_id=opened.release_id, kind=spec.kind)
     if config.estimates_topic and stored.status != "published":
         produce_records(config.bootstrap, config.estimates_topic,
                         ((f"{opened.release_id}:{r['item_index']}".encode(), encode_record("Estimate", r, check=False))

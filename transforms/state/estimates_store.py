@@ -11,7 +11,9 @@ them (pyarrow, Spark, DuckDB). The Estimate schema has ``spec_id`` (string, ``na
 directory value as int32 (pyarrow) against the file's int64: a type clash, or a silently shadowed column. So
 the window directory is ``window_end_ms=``. ``spec=`` clashes with nothing (there is no ``spec`` column) and
 holds the spec *name*, which groups every parameter version (spec id) of an analysis under one directory.
-``read_estimates`` returns the Estimate columns only, from the files themselves.
+``read_estimates`` returns the Estimate columns (and, asked for, the analyst's columns of
+``schemas.arrow.ANALYST_FIELDS``), from the files themselves. To read the directory values typed, give
+readers the partitioning ``ESTIMATE_PARTITIONING`` (spec: string, window_end_ms: int64); docs/querying.md.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from schemas.arrow import ESTIMATE_ARROW_SCHEMA
+from schemas.arrow import ESTIMATE_ARROW_SCHEMA, ESTIMATE_PART_SCHEMA
+from transforms.estimate_columns import with_analyst_columns
 from transforms.state.files import create_exclusive
 
 ESTIMATES_DIR = "estimates"
+ESTIMATE_PARTITIONING = ds.partitioning(pa.schema([("spec", pa.string()), ("window_end_ms", pa.int64())]),
+                                        flavor="hive")
 LEGACY_FILE = "estimates.parquet"
 SORT_COLUMNS = ("spec_id", "window_end", "crowd_id", "item")
 _RELEASE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -69,18 +74,23 @@ def _check_rows(rows: list[dict[str, Any]], spec_name: str, window_end_ms: int) 
 
 
 def write_release_estimates(out_dir: Path, rows: list[dict[str, Any]], *, spec_name: str, window_end_ms: int,
-                            release_id: str) -> tuple[Path, bool]:
+                            release_id: str, kind: str | None = None) -> tuple[Path, bool]:
     """Publish one release's estimate rows as a new part: (path, True), or (path, False) if that release's
     part exists already (then nothing is written: the first publication stands).
 
     ``spec_name`` is the spec's name or its id; each row must belong to it and to ``window_end_ms``. An empty
-    ``rows`` writes an empty part, which still records that the release was published.
+    ``rows`` writes an empty part, which still records that the release was published. With the spec's
+    ``kind``, the part also carries the analyst's columns (``transforms.estimate_columns``) and is written
+    with ``ESTIMATE_PART_SCHEMA`` (column descriptions in its metadata).
     """
     path = part_path(out_dir, spec_name, window_end_ms, release_id)
     _check_rows(rows, spec_name, window_end_ms)  # even when the part exists: a caller bug must not hide
     if path.exists():
         return path, False
-    table = pa.Table.from_pylist(rows, schema=ESTIMATE_ARROW_SCHEMA)
+    if kind is None:
+        table = pa.Table.from_pylist(rows, schema=ESTIMATE_ARROW_SCHEMA)
+    else:
+        table = pa.Table.from_pylist(with_analyst_columns(kind, rows), schema=ESTIMATE_PART_SCHEMA)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
     return path, create_exclusive(path, sink.getvalue().to_pybytes())
@@ -95,9 +105,9 @@ def read_estimates(out_dir: Path, *, columns: list[str] | None = None, spec_name
     """
     out_dir = Path(out_dir)
     wanted = list(ESTIMATE_ARROW_SCHEMA.names) if columns is None else list(columns)
-    unknown = [c for c in wanted if c not in ESTIMATE_ARROW_SCHEMA.names]
+    unknown = [c for c in wanted if c not in ESTIMATE_PART_SCHEMA.names]
     if unknown:
-        raise ValueError(f"unknown estimate columns {unknown}; known: {ESTIMATE_ARROW_SCHEMA.names}")
+        raise ValueError(f"unknown estimate columns {unknown}; known: {ESTIMATE_PART_SCHEMA.names}")
     root = out_dir / ESTIMATES_DIR
     if spec_name is not None:
         root = root / f"spec={_segment(spec_name)}"
@@ -105,9 +115,9 @@ def read_estimates(out_dir: Path, *, columns: list[str] | None = None, spec_name
     legacy = out_dir / LEGACY_FILE
     tables = []
     if sources:
-        tables.append(ds.dataset(sources, schema=ESTIMATE_ARROW_SCHEMA, format="parquet").to_table(columns=wanted))
+        tables.append(ds.dataset(sources, schema=ESTIMATE_PART_SCHEMA, format="parquet").to_table(columns=wanted))
     if legacy.is_file():
-        dataset = ds.dataset(str(legacy), schema=ESTIMATE_ARROW_SCHEMA, format="parquet")
+        dataset = ds.dataset(str(legacy), schema=ESTIMATE_PART_SCHEMA, format="parquet")
         if spec_name is None:
             tables.append(dataset.to_table(columns=wanted))
         else:
@@ -115,7 +125,7 @@ def read_estimates(out_dir: Path, *, columns: list[str] | None = None, spec_name
             match = (spec_id == spec_name) | pc.starts_with(spec_id, pattern=spec_name + "@")
             tables.append(dataset.to_table(columns=wanted, filter=match))
     if not tables:
-        return ESTIMATE_ARROW_SCHEMA.empty_table().select(wanted)
+        return ESTIMATE_PART_SCHEMA.empty_table().select(wanted)
     table = pa.concat_tables(tables)
     keys = [(c, "ascending") for c in SORT_COLUMNS if c in wanted]
     return table.sort_by(keys) if keys and table.num_rows else table
