@@ -50,6 +50,7 @@ from transforms.analyze_release import (
     OpenedRelease,
     prior_runs,
 )
+from transforms.estimate_columns import neighbouring_notion
 from transforms.kafkaio import produce_records
 from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
 from transforms.sinks import StageAvroRecords
@@ -109,15 +110,6 @@ def record_failed_release(config: JobConfig, opened: OpenedRelease, run_key: str
               "recorded in %s, the stream goes on", opened.release_id, opened.window_end_ms, opened.spec_id,
               opened.crowd_id, reason, path)
     return path
-
-
-def neighbouring_notion(row: dict[str, Any]) -> str:
-    """The neighbouring notion a row's epsilon is stated in (docs/mathematics.md §1.1): a column of the row when
-    the analyzer writes one, else by mechanism (the fragmented RAPPORs are accounted in removal DP)."""
-    for column in ("neighbouring", "neighbouring_notion", "neighbour_notion"):
-        if row.get(column):
-            return str(row[column])
-    return "removal" if str(row.get("mechanism", "")).startswith("rappor") else "replacement"
 
 
 def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],

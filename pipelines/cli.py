@@ -176,6 +176,12 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
     query.add_argument("--json", action="store_true", help="machine-readable output")
 
+    report = sub.add_parser("report", help="one self-contained HTML page per spec of an output directory: estimates "
+                                           "over windows, the last window, cumulative epsilon, record accounting")
+    report.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the jobs' or the demo's --output_dir")
+    report.add_argument("--out", type=Path, default=None, help="directory of the pages (default OUTPUT_DIR/report)")
+    report.add_argument("--top", type=_positive_int, default=8, help="items drawn over the windows (default 8)")
+
     priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
     priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True,
                       help="the local randomizer (generic: any epsilon-LDP randomizer, the worst case)")
@@ -498,6 +504,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _privacy(args)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "report":
+        from pipelines.report import write_reports
+
+        for path in write_reports(args.output_dir, args.out, args.top):
+            _print(str(path))
+        return 0
     if args.command == "query":
         from pipelines.query import query_command
 
