@@ -43,12 +43,11 @@ def backstop_identity(metric: str, mechanism: Any) -> str:
                       separators=(",", ":"))
 
 
-def _stream_key(key: bytes, identity: bytes, device: str, value: int) -> int:
-    h = hashlib.blake2b(key=key, digest_size=8, person=PRF_PERSON)
-    for part in (identity, device.encode("utf-8"), int(value).to_bytes(8, "little", signed=True)):
-        h.update(len(part).to_bytes(4, "little"))  # length-prefixed: no two tuples share an encoding
-        h.update(part)
-    return int.from_bytes(h.digest(), "little")
+def _stream_key(key: bytes, prefix: bytes, device: str, value: int) -> int:
+    """BLAKE2b PRF of (identity, device, value): length-prefixed fields, so no two tuples share an encoding."""
+    name = device.encode("utf-8")
+    message = b"".join((prefix, len(name).to_bytes(4, "little"), name, value.to_bytes(8, "little", signed=True)))
+    return int.from_bytes(hashlib.blake2b(message, key=key, digest_size=8, person=PRF_PERSON).digest(), "little")
 
 
 def prf_backstops(key: bytes, metric: str, mechanism: Any, devices: Sequence[str], values: np.ndarray) -> np.ndarray:
@@ -62,6 +61,7 @@ def prf_backstops(key: bytes, metric: str, mechanism: Any, devices: Sequence[str
     if len(key) < 16:
         raise ValueError(f"the backstop key must have at least 16 bytes, got {len(key)}")
     identity = backstop_identity(metric, mechanism).encode("utf-8")
+    prefix = len(identity).to_bytes(4, "little") + identity
     v = np.asarray(values, dtype=np.int64)
     if v.ndim != 1 or v.size != len(devices):
         raise ValueError(f"{len(devices)} devices but values of shape {v.shape}")
@@ -70,6 +70,6 @@ def prf_backstops(key: bytes, metric: str, mechanism: Any, devices: Sequence[str
     for i, (device, value) in enumerate(zip(devices, v.tolist(), strict=True)):
         pair = (device, value)
         if pair not in cache:
-            cache[pair] = _stream_key(key, identity, device, value)
+            cache[pair] = _stream_key(key, prefix, device, value)
         keys[i] = cache[pair]
     return mechanism.backstop_bits(v, KeyedRandom(keys))
