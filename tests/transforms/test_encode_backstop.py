@@ -22,7 +22,7 @@ import pytest
 from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import run_pipeline
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
-from transforms.device.backstop import prf_backstops
+from transforms.device.backstop import backstop_identity, prf_backstops
 from transforms.encode import EncodeEvents
 from transforms.encoder_keys import LABELS, SALT, EncoderKeys
 from transforms.kafkaio import KafkaRecord
@@ -35,9 +35,9 @@ HOUR_MS = 3_600_000
 D, TAU = 8, 2
 
 
-def fragment_spec(eps_b: float = 1.0, d: int = D, **changes) -> AnalysisSpec:
+def fragment_spec(eps_b: float = 1.0, d: int = D, fragments: int = TAU, **changes) -> AnalysisSpec:
     spec = spec_from_dict({"analysis": {"name": "frag", "metric": "frag"}, "domain": {"size": d},
-                           "mechanism": {"name": "rappor_fragments", "epsilon": eps_b, "fragments": TAU,
+                           "mechanism": {"name": "rappor_fragments", "epsilon": eps_b, "fragments": fragments,
                                          "epsilon_fragment": 15.0}})
     return dataclasses.replace(spec, **changes) if changes else spec
 
@@ -104,7 +104,11 @@ def test_only_the_backstop_parameters_key_the_prf():
             fragment_spec(allowed_lateness_seconds=600), fragment_spec(window_seconds=86400)]
     for edited in same:
         assert edited.spec_id != spec.spec_id and np.array_equal(draw(edited), base)
+    identity = backstop_identity(spec.metric, spec.randomizer)
+    assert backstop_identity("frag", fragment_spec(fragments=3).randomizer) == identity  # only the fragments differ
     for changed in (fragment_spec(eps_b=1.5), fragment_spec(d=9), fragment_spec(metric="other")):
+        # a new law or metric is a new PRF input (with the same uniforms, rows of a new eps_b could coincide)
+        assert backstop_identity(changed.metric, changed.randomizer) != identity
         redrawn = draw(changed)
         rows = [tuple(r[r < changed.d]) for r in redrawn]
         # each row coincides with probability < 0.02: far fewer than half of 64 can
