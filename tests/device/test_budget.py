@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.device.helpers import DAY, T0, client_kwargs, histogram_spec
-from transforms.device import Budget, BudgetConflict, BudgetExceeded, Client, StateError, stored_budget
+from transforms.device import Budget, BudgetConflict, BudgetExceeded, Client, StateError, change_budget, stored_budget
 from transforms.privacy.composition import fragment_epsilon
 from transforms.spec import load_spec
 
@@ -226,3 +226,62 @@ def test_every_charge_is_replacement_epsilon_checked_against_the_exact_output_la
         assert client.cost(1).epsilon == pytest.approx(exact, rel=1e-9), spec.mechanism
         client.encode(1)
         assert client.status().spent - before == pytest.approx(exact, rel=1e-9)
+
+
+def test_a_looser_budget_takes_effect_when_the_current_epoch_ends(tmp_path):
+    """An app update raising the limit mid-epoch must not give the epoch a second, looser limit: the epoch
+    that spent 4 of 4 stays closed, new clients with the new budget are accepted at once, and from midnight
+    the new limit is the only one."""
+    clock = Clock(T0)
+    spec = histogram_spec("grr", 2.0)
+    old = Client(spec, tmp_path, budget=Budget(4.0), clock=clock, **client_kwargs())
+    old.encode(0)
+    old.encode(1)
+    midnight = math.floor(T0 / DAY) * DAY + DAY
+    assert change_budget(tmp_path, Budget(8.0), now=T0) == midnight
+    assert stored_budget(tmp_path, now=T0) == Budget(4.0) and stored_budget(tmp_path, now=midnight) == Budget(8.0)
+    new = Client(spec, tmp_path, budget=Budget(8.0), clock=clock, **client_kwargs())
+    with pytest.raises(BudgetExceeded):
+        new.encode(2)  # accounted under the limit in force: 4
+    assert new.status().limit == 4.0 and new.status().spent == 4.0
+    clock.now = midnight
+    for _ in range(4):
+        new.encode(2)
+    with pytest.raises(BudgetExceeded):
+        new.encode(2)
+    assert new.status().spent == 8.0 and new.status().limit == 8.0
+    with pytest.raises(BudgetConflict, match="epsilon_per_epoch=8"):
+        old.encode(0)  # the old budget is gone once the new one is in force
+    with pytest.raises(BudgetConflict):
+        Client(spec, tmp_path, budget=Budget(4.0), clock=clock, **client_kwargs())
+
+
+def test_a_tighter_budget_applies_at_once_and_an_epoch_change_waits(tmp_path):
+    clock = Clock(T0)
+    spec = histogram_spec("grr", 1.0)
+    client = Client(spec, tmp_path, budget=Budget(4.0), clock=clock, **client_kwargs())
+    for _ in range(3):
+        client.encode(0)
+    assert change_budget(tmp_path, Budget(2.0), now=T0) == int(T0)  # tighter: the 3 spent already exceed it
+    client = Client(spec, tmp_path, budget=Budget(2.0), clock=clock, **client_kwargs())
+    with pytest.raises(BudgetExceeded):
+        client.encode(0)
+    midnight = math.floor(T0 / DAY) * DAY + DAY
+    assert change_budget(tmp_path, Budget(2.0, epoch_seconds=3600), now=T0) == midnight  # another epoch: waits
+    hourly = Client(spec, tmp_path, budget=Budget(2.0, epoch_seconds=3600), clock=clock, **client_kwargs())
+    clock.now = T0 + 3600
+    with pytest.raises(BudgetExceeded):
+        hourly.encode(0)  # still the day's ledger: an hour later renews nothing
+    clock.now = midnight + 60
+    hourly.encode(0)
+    hourly.encode(0)
+    assert hourly.status().renews_at == midnight + 3600
+
+
+def test_changing_the_budget_of_an_unused_device_applies_at_once(tmp_path):
+    assert change_budget(tmp_path, Budget(3.0), now=T0) == int(T0)
+    assert stored_budget(tmp_path, now=T0) == Budget(3.0)
+    with pytest.raises(BudgetConflict, match="no budget"):
+        Client(histogram_spec("grr", 1.0), tmp_path, clock=Clock(T0), **client_kwargs())
+    assert change_budget(tmp_path, Budget(6.0, epoch_seconds=3600), now=T0) == int(T0)  # nothing reported yet
+    assert stored_budget(tmp_path, now=T0) == Budget(6.0, epoch_seconds=3600)

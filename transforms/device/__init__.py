@@ -21,7 +21,8 @@ Usage (the key id and public key come from the analyzer's ``keys/public/`` direc
     print(client.status())
 
 What persists in ``state_dir`` (``state.py``): the device key, the device's one budget (its limit and epoch,
-set by the first budgeted client; a client with another budget, or none, is refused) and the spend of the
+set by the first budgeted client, changed only by ``change_budget``; a client with another budget, or none,
+is refused: ``policy.py``) and the spend of the
 current epoch across every spec the device reports on, in replacement-LDP epsilon (``budget.py``, cost
 rules in ``accounting.py``), and permanent randomization such as [ESA]'s backstop, drawn once per (metric,
 backstop parameters, value) and reused by every later report (``memo.py``). What a reinstall (a wiped state
@@ -29,9 +30,10 @@ directory) means for privacy: docs/device-privacy.md.
 """
 
 from transforms.device.accounting import ReportCost, report_cost
-from transforms.device.budget import Budget, BudgetConflict, BudgetExceeded, BudgetStatus, stored_budget
+from transforms.device.budget import Budget, BudgetExceeded, BudgetStatus
 from transforms.device.client import Client
 from transforms.device.memo import MemoStore, is_memoizing
+from transforms.device.policy import BudgetConflict, change_budget, stored_budget
 from transforms.device.state import StateError
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "MemoStore",
     "ReportCost",
     "StateError",
+    "change_budget",
     "is_memoizing",
     "report_cost",
     "stored_budget",

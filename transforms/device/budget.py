@@ -1,13 +1,8 @@
 """A device's privacy budget: one epsilon per epoch (e.g. per day) across every spec the device reports on.
 
 **One budget per device.** The limit and the epoch length are a property of the device, not of a ``Client``
-object: the first budgeted client on a state directory writes them to ``state_dir/budget_policy.json``
-(write-once), and every later client must ask for exactly that budget. A client asking for another limit,
-another epoch length, or none at all is refused (``BudgetConflict``) -- otherwise a second client with a
-looser limit, or an hourly client next to a daily one, would spend past the device's limit on the same
-ledger. ``stored_budget(state_dir)`` reads the device's budget for a caller that wants to inherit it::
-
-    {"format": 1, "epsilon_per_epoch": 4.0, "epoch_seconds": 86400, "set_at": 1764000000}
+object: they are stored in the state directory (``policy.py``), and a client asking for another budget,
+or none, is refused.
 
 Every charge is in one neighbouring notion, *replacement* LDP (one device's value replaced by another),
 the notion the analyzer's ledger publishes; ``accounting.py`` converts removal budgets ([ESA]'s unary
@@ -37,13 +32,10 @@ from typing import Any
 
 from transforms.device.state import StateError, read_json, write_json
 
-__all__ = ["BUDGET_FILE", "POLICY_FILE", "Budget", "BudgetConflict", "BudgetExceeded", "BudgetStatus", "Ledger",
-           "check_policy", "stored_budget"]
+__all__ = ["BUDGET_FILE", "Budget", "BudgetExceeded", "BudgetStatus", "Ledger"]
 
 BUDGET_FILE = "budget.json"
-POLICY_FILE = "budget_policy.json"
 FORMAT = 1
-POLICY_FORMAT = 1
 # Relative slack when comparing a sum of float charges with the limit: ten reports of 0.1 fit a budget of 1.
 TOLERANCE = 1e-9
 
@@ -64,57 +56,6 @@ class Budget:
         if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 1:
             raise ValueError(f"epoch_seconds must be an integer >= 1, got {seconds!r}")
         object.__setattr__(self, "epsilon_per_epoch", float(eps))
-
-
-class BudgetConflict(ValueError):  # noqa: N818 -- named like BudgetExceeded, its sibling in the device API
-    """A client whose budget is not the device's: the state directory holds another limit or epoch (or a
-    budget where the client has none, or none where a ledger exists). Nothing was reported or spent."""
-
-
-def _describe(budget: Budget | None) -> str:
-    if budget is None:
-        return "no budget"
-    return f"Budget(epsilon_per_epoch={budget.epsilon_per_epoch:g}, epoch_seconds={budget.epoch_seconds})"
-
-
-def stored_budget(state_dir: Path) -> Budget | None:
-    """The device's budget as stored in ``state_dir`` (None if no budgeted client ever ran there).
-
-    Read without the state lock: the policy file is written once, atomically.
-    """
-    path = Path(state_dir) / POLICY_FILE
-    raw = read_json(path)
-    if raw is None:
-        return None
-    try:
-        if raw["format"] != POLICY_FORMAT:
-            raise StateError(f"{path}: unknown budget policy format {raw['format']!r}")
-        return Budget(float(raw["epsilon_per_epoch"]), int(raw["epoch_seconds"]))
-    except (KeyError, TypeError, ValueError) as err:
-        if isinstance(err, StateError):
-            raise
-        raise StateError(f"{path}: malformed budget policy ({type(err).__name__}: {err})") from None
-
-
-def check_policy(state_dir: Path, budget: Budget | None, now: float) -> None:
-    """Hold ``budget`` against the device's stored one (call under the state lock); the first budgeted client
-    on a state directory stores its budget. Raises ``BudgetConflict`` on any difference."""
-    state_dir = Path(state_dir)
-    stored = stored_budget(state_dir)
-    if stored is None and budget is not None:
-        write_json(state_dir / POLICY_FILE, {"format": POLICY_FORMAT, "epsilon_per_epoch": budget.epsilon_per_epoch,
-                                             "epoch_seconds": budget.epoch_seconds, "set_at": int(now)})
-        return
-    if stored is None and (state_dir / BUDGET_FILE).exists():
-        stored_text = "a budget ledger (budget.json) without a stored limit"
-    elif stored != budget:
-        stored_text = _describe(stored)
-    else:
-        return
-    raise BudgetConflict(
-        f"{state_dir}: this device's state carries {stored_text}, but the client was given {_describe(budget)}; "
-        "a device has one budget shared by all its clients -- pass the stored one "
-        "(transforms.device.stored_budget(state_dir))")
 
 
 def _iso(seconds: float) -> str:
