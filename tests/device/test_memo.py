@@ -42,7 +42,7 @@ def test_backstop_is_drawn_once_and_reused_across_windows_and_restarts(tmp_path)
     assert restarted.memoized_values == 1 and _stored(restarted, 5) == backstop
     restarted.encode(2)
     assert restarted.memoized_values == 2 and _stored(restarted, 5) == backstop
-    # the pipeline's one-shot encoder draws a new backstop each time: without the memo the reports would vary
+    # fresh draws of the backstop vary (eps_b = 1), so without the memo the reports above would too
     mech = spec.randomizer
     fresh = {tuple(row[row < 8]) for row in mech.backstop_bits(np.full(8, 5), np.random.default_rng(0))}
     assert len(fresh) > 1
