@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
                           "directory each under this directory; their signed message sets go straight to the "
                           "reports topic (default: raw events, which `esa encode` encodes at the edge)")
     sim.add_argument("--device_budget", type=_positive_float, default=None,
-                     help="with --devices: each device's privacy budget per day, across all specs")
+                     help="with --devices: each device's privacy budget per day, across all specs (replacement "
+                          "LDP epsilon); stored in each device's state, so a later run with another value is refused")
     sim.add_argument("--keys_dir", type=Path, default=Path("out.keys"),
                      help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
                           "out.keys, which is what `esa run --output_dir out` uses)")
