@@ -579,6 +579,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"esa {command}: error: --log_format: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)
     setup_logging(verbose, fmt)
+    from pipelines.layout import layout_error
+
+    if (shadowed := layout_error()) is not None:
+        print(f"esa {command}: error: {shadowed}", file=sys.stderr)
+        return int(ExitCode.CONFIG)
     try:
         if command in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs; job_cli checks them first
             return _run_job(command, argv[1:])
