@@ -1,4 +1,5 @@
-"""Extract the commands of README.md (fenced ```bash blocks and the ```python block) for the docs tests.
+"""Extract the commands of README.md and of docs/guide.md, the guide it sends newcomers to (fenced ```bash
+blocks and the ```python block) for the docs tests.
 
 Nothing is hard-coded here: the tests read the README as users do, so a changed command is a tested
 command. Every bash command is *classified*; a command of no known class is an error naming it, so a new
@@ -14,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+GUIDE = REPO / "docs" / "guide.md"
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r"^## (.+)$", re.MULTILINE)
@@ -43,8 +45,9 @@ class Command:
 
 
 def blocks(text: str | None = None) -> list[Block]:
-    """Every fenced block of the README with the section it belongs to."""
-    text = README.read_text(encoding="utf-8") if text is None else text
+    """Every fenced block of the README and the guide (or of ``text``) with the section it belongs to."""
+    if text is None:
+        return [b for path in (README, GUIDE) for b in blocks(path.read_text(encoding="utf-8"))]
     headings = [(m.start(), m.group(1).strip()) for m in _HEADING.finditer(text)]
     found = []
     for match in _FENCE.finditer(text):
@@ -122,6 +125,8 @@ def classify(command: Command) -> str:
         sub = argv[1]
         if sub in ("encode", "shuffle", "analyze") and "--follow" in argv:
             return "service"
+        if sub == "simulate":
+            return "service-simulate"
         if sub == "privacy":
             return "privacy-horse" if option(argv, "--mechanism") == "rappor" else "privacy"
         if sub == "plan":

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -77,9 +76,9 @@ def test_every_readme_command_is_run_by_a_test() -> None:
     langs = {b.lang for b in blocks()}
     assert langs <= {"", "bash", "python"}, f"a README block in a language no test runs: {langs}"
     kinds = [classify(c) for c in bash_commands()]  # raises naming the unknown command
-    assert set(kinds) == {"quickstart-demo", "ci", "trust-init", "service", "privacy", "plan", "range-demo",
-                          "query", "privacy-horse"}, kinds
-    assert kinds.count("service") == 3 and len(python_blocks()) == 1
+    assert set(kinds) == {"quickstart-demo", "ci", "trust-init", "service", "service-simulate", "privacy", "plan",
+                          "range-demo", "query", "privacy-horse"}, kinds
+    assert kinds.count("service") == 3 and kinds.count("service-simulate") == 1 and len(python_blocks()) == 1
 
 
 def test_unknown_commands_are_refused() -> None:
@@ -172,57 +171,51 @@ def test_device_client_snippet(tmp_path: Path) -> None:
 
 # -- running it as a service ------------------------------------------------------------------------------
 
-TIMING_FLAGS = ["--poll_seconds", "1", "--idle_timeout_seconds", "1", "--out_of_orderness_seconds", "0"]
+def _free_port() -> int:
+    import socket
 
-
-def _service_spec(path: Path) -> Path:
-    """examples/app_language.toml with one-minute windows that close at their end (no allowed lateness)."""
-    text = (REPO / "examples/app_language.toml").read_text()
-    for key, value in (("size_seconds", "60"), ("allowed_lateness_seconds", "0")):
-        lines = text.splitlines()
-        hits = [i for i, ln in enumerate(lines) if ln.split("=")[0].strip() == key]
-        assert len(hits) == 1, key
-        lines[hits[0]] = f"{key} = {value}"
-        text = "\n".join(lines) + "\n"
-    path.write_text(text)
-    return path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _service_argv(command: Command, subs: dict[str, str], topics: dict[str, str]) -> list[str]:
+    """The README command with the broker, /srv/esa, the example spec's path and the metrics ports pointed at
+    this test's, and the topics renamed (one broker serves every test). Nothing else changes."""
     argv = [subs.get(t, t) for t in command.argv]
     argv = [a.replace("/srv/esa", subs["/srv/esa"]) for a in argv]
+    argv = [str(REPO / a) if a.startswith("examples/") else a for a in argv]
     for flag in ("--raw_topic", "--reports_topic", "--shuffled_topic"):
         if flag in argv:
             argv = replace_option(argv, flag, topics[option(argv, flag)])
-    return _argv([*argv, *TIMING_FLAGS])
+    if "--metrics_port" in argv:
+        argv = replace_option(argv, "--metrics_port", str(_free_port()))
+    return _argv(argv)
 
 
 @pytest.mark.slow
 def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
-    """Trust init, then simulated telemetry (``esa simulate --keys_dir KEYS``, a few windows in the past),
-    then the three ``--follow`` jobs side by side until the analyzer has written estimates; SIGTERM stops
-    each with exit 0. The only additions to the README's commands are the timing flags
-    ``--poll_seconds 1 --idle_timeout_seconds 1 --out_of_orderness_seconds 0`` (so windows close in seconds)."""
+    """The README's walk-through as written: trust init, ``esa simulate`` (one minute of reports into the
+    topics the jobs read), then the three ``--follow`` jobs side by side until the analyzer has written the
+    minute's estimates, within the minute or so the README promises; SIGTERM stops each with exit 0."""
     from transforms.state.estimates_store import read_estimates
 
     (init,) = by_class("trust-init")
+    (simulate,) = by_class("service-simulate")
     services = by_class("service")
     srv = tmp_path / "srv"
     srv.mkdir()
-    spec = _service_spec(tmp_path / "S.toml")
-    subs = {"H:P": broker.bootstrap, "S.toml": str(spec), "/srv/esa": str(srv)}
+    subs = {"H:P": broker.bootstrap, "/srv/esa": str(srv)}
     tag = uuid.uuid4().hex[:8]
     topics = {name: f"readme-{name}-{tag}" for name in ("telemetry", "reports", "shuffled")}
     keys = init.argv[-1].replace("/srv/esa", str(srv))
     _run(_argv([*init.argv[:-1], keys]), cwd=tmp_path)
-
+    simulated = [*_service_argv(simulate, subs, topics), "--raw_topic", topics["telemetry"],
+                 "--reports_topic", topics["reports"]]  # the README's simulate writes the default topics
+    produced = json.loads(_run(simulated, cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert produced["produced"], produced
     window_ms = 60_000
-    start_ms = (int(time.time() * 1000) // window_ms - 4) * window_ms
-    produced = _run([*ESA, "simulate", "--bootstrap", broker.bootstrap, "--spec", str(spec), "--clients", "300",
-                     "--start_time", datetime.fromtimestamp(start_ms / 1000, UTC).isoformat(),
-                     "--keys_dir", keys, "--raw_topic", topics["telemetry"], "--reports_topic", topics["reports"]],
-                    cwd=tmp_path)
-    assert json.loads(produced.stdout.strip().splitlines()[-1])["produced"], produced.stdout
+    started = time.monotonic()
 
     analyze_out = None
     procs = []
@@ -245,6 +238,7 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
             time.sleep(1)
         else:
             pytest.fail(f"no estimates under {analyze_out} after 180 s\n{_tails(tmp_path)}")
+        waited = time.monotonic() - started
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -259,6 +253,7 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
         for log in logs:
             log.close()
     assert codes == [0, 0, 0], f"{codes}\n{_tails(tmp_path)}"
+    assert waited < 90, f"estimates after {waited:.0f} s: the README promises about a minute"
     for command in services:  # each job printed one balanced JSON line per run
         stage = command.argv[1]
         runs = [json.loads(ln) for ln in (tmp_path / f"{stage}.log").read_text().splitlines() if ln.startswith("{")]
@@ -266,7 +261,7 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
     rows = read_estimates(analyze_out)
     ends = {int(v.timestamp() * 1000) if hasattr(v, "timestamp") else int(v)
             for v in rows.column("window_end").to_pylist()}
-    assert ends == {start_ms + window_ms} and min(rows.column("n_clients").to_pylist()) > 0, ends
+    assert ends == {produced["first_window_start"] + window_ms} and min(rows.column("n_clients").to_pylist()) > 0
 
 
 def _tails(tmp_path: Path) -> str:
