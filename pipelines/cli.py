@@ -307,7 +307,8 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
     if service.follow:
         return _follow(command, module, job, service)
     if service.metrics_port:
-        raise ValueError("--metrics_port applies to --follow (a service); a single run exits before a scrape")
+        raise ValueError("--metrics_port is served by --follow jobs (a single run exits before a scrape; the "
+                         "streaming shuffler, --kafka_io sdf, logs its progress but serves no metrics yet)")
     return _report_run(command, module.run_from_argv(job.beam_argv), job.max_dead_letter_fraction)
 
 
