@@ -128,7 +128,8 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "n_reports": int(accumulator.messages),
         "n_clients": clients,
         "n_deleted": accumulator.deleted,
-        "eps_local": k * float(mechanism.epsilon_local),  # a client's k reports compose
+        # replacement notion like eps_central (rappor's removal budget is in parameters); k reports compose
+        "eps_local": k * float(getattr(mechanism, "epsilon_replacement", mechanism.epsilon_local)),
         "eps_central": central_epsilon(mechanism, clients, spec.delta, k),
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
@@ -151,6 +152,8 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
     removal = getattr(mechanism, "epsilon_central_removal", None)  # privacy ledger (h-privacy): eps_central is
     if callable(removal) and int(result.n) >= 2:                     # replacement DP; [ESA]'s removal value here
         out["eps_central_removal"] = float(removal(int(result.n), spec.delta))
+    if hasattr(mechanism, "epsilon_replacement"):  # eps_local is the replacement value; the removal one here
+        out["eps_local_removal"] = float(mechanism.epsilon_local)
     ledger = getattr(mechanism, "ledger", None)
     if callable(ledger):
         out["ledger"] = ledger(int(result.n))

@@ -49,7 +49,8 @@ TRUE_COUNTS = np.array([6000, 4000, 3000, 2000, 2000, 1600, 1000, 400])  # sums 
 MECHANISMS = ["grr", "oue", "olh"]
 ESTIMATE_FIELDS = [f["name"] for f in load_schema("Estimate").parsed["fields"]]
 # Filled by the analyzer's driver once the release is sealed in its ledger (pipelines/analyze.py).
-DRIVER_FIELDS = {"release_id", "eps_central_cumulative", "windows_composed", "delta_cumulative"}
+DRIVER_FIELDS = {"release_id", "eps_central_cumulative", "windows_composed", "delta_cumulative", "notion",
+                 "eps_count_cumulative"}
 
 
 def make_spec(mechanism: str, name: str = "analyze_test") -> AnalysisSpec:
