@@ -223,7 +223,7 @@ def sample_estimate_rows() -> list[dict[str, Any]]:
                     "parameters": json.dumps({"d": 3, "epsilon": 1.0}),
                     "eps_central_cumulative": float(rng.uniform(0.1, 0.2)), "windows_composed": 2,
                     "delta_cumulative": 3e-6,
-                    "release_id": f"{start:032x}",
+                    "release_id": f"{start:032x}", "notion": "replacement", "eps_count_cumulative": None,
                 })
     return rows
 
