@@ -18,8 +18,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from transforms.privacy.odometer import PrivacyOdometer, WindowRelease
-from transforms.privacy.shuffle_pld import DEFAULT_INTERVAL
+from transforms.privacy.odometer import PrivacyOdometer, WindowRelease, interval_for
 from transforms.spec import AnalysisSpec
 
 
@@ -27,8 +26,11 @@ def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, A
     """What the odometer needs of one window's release (JSON-safe, stored in the analyst's ledger)."""
     mechanism = spec.randomizer
     n = int(rows[0]["n_clients"]) if rows else 0
-    own = callable(getattr(mechanism, "epsilon_central", None)) or spec.max_reports_per_client > 1 \
-        or not math.isfinite(float(mechanism.epsilon_local))
+    # Unary encodings (rappor, rappor_fragments) are two changed channels of a binary randomizer each: their
+    # exact pair, not their (eps, delta) ledger, so their delta does not pile up window after window.
+    channels = 2 if hasattr(mechanism, "epsilon_replacement") else 1
+    own = (callable(getattr(mechanism, "epsilon_central", None)) and channels == 1) \
+        or spec.max_reports_per_client > 1 or not math.isfinite(float(mechanism.epsilon_local))
     design = spec.crowd.count_design(spec.window_seconds)
     return {"mechanism": mechanism.name, "own_accountant": bool(own), "metric": spec.metric,
             "mixture_alpha": None if own else float(mechanism.mixture_alpha),
@@ -37,7 +39,7 @@ def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, A
             "notion": spec.crowd.notion, "count_charges": spec.crowd.charges,
             "count_sigma": None if design is None else design[0],
             "count_threshold": None if design is None else design[1],
-            "window_seconds": spec.window_seconds}
+            "window_seconds": spec.window_seconds, "channels": channels}
 
 
 def metric_of(entry: Any) -> str:
@@ -58,7 +60,8 @@ def window_release(account: dict[str, Any], charge_legacy_count: bool = False) -
     if account.get("own_accountant"):
         return WindowRelease(None, None, account["n_clients"], *crowd, float(account["eps_central"]),
                              float(account["delta"]), **count)
-    return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd, **count)
+    return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd, **count,
+                         channels=int(account.get("channels") or 1))
 
 
 def withheld_release(spec: AnalysisSpec) -> WindowRelease | None:
@@ -86,16 +89,11 @@ def _count_part(release: WindowRelease) -> WindowRelease:
 
 
 def composition_interval(accounts: list[dict[str, Any]]) -> float:
-    """The PLD grid for this population: 1e-3 of the largest per-window loss scale, never finer than 1e-5.
-
-    Pessimistic rounding costs at most one grid step per window, so the total stays within 0.1% of what
-    finer grids give, while the support of the composed distribution (and the memory and time of each
-    release) no longer grows with windows of large per-window epsilon.
-    """
+    """The population's PLD grid (``odometer.interval_for`` of its largest per-window loss scale)."""
     scale = max([float(a.get("crowd_epsilon") or 0.0) for a in accounts if "count_charges" not in a]
                 + [float(a.get("eps_central") or 0.0) for a in accounts if a.get("eps_central") is not None]
                 + [0.0])
-    return max(DEFAULT_INTERVAL, 1e-3 * scale) if math.isfinite(scale) else DEFAULT_INTERVAL
+    return interval_for(scale)
 
 
 def _finite(value: Any) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checks import check_delta, check_epsilon, check_int
-from .odometer import WindowRelease, compose_releases
+from .odometer import WindowRelease, compose_with_delta, interval_for
 
 __all__ = ["WindowsPlan", "format_windows_plan", "plan_for_windows"]
 
@@ -75,7 +75,8 @@ def plan_for_windows(make_plan: Callable[[float, float], Any], n: int, windows: 
         nonlocal count
         count += 1
         plan = make_plan(eps_window, delta_window)
-        eps, method = compose_releases([_release(plan, n, delta_window)] * windows, delta)
+        scale = float(getattr(plan, "eps_central", None) or eps_window)  # the analyzer's grid rule
+        eps, _, method = compose_with_delta([_release(plan, n, delta_window)] * windows, delta, interval_for(scale))
         return eps, method, plan
 
     # Basic composition makes target / W per window (at delta / (2W)) feasible up to the PLD's rounding;
