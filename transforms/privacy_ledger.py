@@ -82,12 +82,6 @@ def withheld_windows(spec: AnalysisSpec, ends: list[int], upto_window_end_ms: in
     return max(0, int(slots) - len(ends))
 
 
-def _count_part(release: WindowRelease) -> WindowRelease:
-    """The count of a release without its reports (the ``eps_count_cumulative`` column composes these)."""
-    return WindowRelease(None, None, 0, release.crowd_epsilon, release.crowd_delta, 0.0, 0.0, release.count_sigma,
-                         release.count_threshold, release.count_charges)
-
-
 def composition_interval(accounts: list[dict[str, Any]]) -> float:
     """The population's PLD grid (``odometer.interval_for`` of its largest per-window loss scale)."""
     scale = max([float(a.get("crowd_epsilon") or 0.0) for a in accounts if "count_charges" not in a]
@@ -109,7 +103,7 @@ class Odometers:
     """
 
     def __init__(self) -> None:
-        self._state: dict[tuple, tuple[PrivacyOdometer, PrivacyOdometer, frozenset, int]] = {}
+        self._state: dict[tuple, tuple[PrivacyOdometer, frozenset, int]] = {}
         self.rebuilds = 0
 
     def rows(self, spec: AnalysisSpec, rows: list[dict[str, Any]], population: Iterable[Any],
@@ -133,38 +127,33 @@ class Odometers:
         withheld = withheld if count_only is not None else 0
         keys = frozenset((e.key.spec_id, e.key.window_end_ms) for e in releases)
         charge_legacy = spec.crowd.charges > 0
-        odometer, count = self._odometer(spec, releases, keys, withheld, count_only, composition_interval(accounts),
-                                         charge_legacy, metric_of(releases[-1]), releases[-1].key.crowd_id)
+        odometer = self._odometer(spec, releases, keys, withheld, count_only, composition_interval(accounts),
+                                  charge_legacy, metric_of(releases[-1]), releases[-1].key.crowd_id)
         if spec.crowd.charges:
-            extra["eps_count_cumulative"] = count.epsilon
+            extra["eps_count_cumulative"] = odometer.count_epsilon
         total = {"eps_central_cumulative": odometer.epsilon, "windows_composed": len(accounts) + withheld,
                  "delta_cumulative": odometer.delta_cumulative, **extra}
         return [{**row, **total} for row in rows]
 
     def _odometer(self, spec: AnalysisSpec, releases: list[Any], keys: frozenset, withheld: int,
                   count_only: WindowRelease | None, interval: float, charge_legacy: bool, metric: str,
-                  crowd: str | None) -> tuple[PrivacyOdometer, PrivacyOdometer]:
-        """(the whole odometer, the count's part alone), carried forward when the set only grew."""
+                  crowd: str | None) -> PrivacyOdometer:
+        """The population's odometer, carried forward when the set of releases only grew."""
         state_key = (metric, crowd, float(spec.delta), interval, charge_legacy)
         state = self._state.get(state_key)
-        if state is not None and state[2] <= keys and state[3] <= withheld:
-            odometer, count, held, held_withheld = state
+        if state is not None and state[1] <= keys and state[2] <= withheld:
+            odometer, held, held_withheld = state
             new = [e for e in releases if (e.key.spec_id, e.key.window_end_ms) not in held]
         else:
             self.rebuilds += 1
             odometer, held_withheld = PrivacyOdometer(float(spec.delta), interval), 0
-            count = PrivacyOdometer(float(spec.delta), interval)
             new = releases
         for entry in new:
-            release = window_release(entry.extra["accounting"], charge_legacy)
-            odometer.record(release)
-            if release.count_charges or release.crowd_epsilon is not None:
-                count.record(_count_part(release))
+            odometer.record(window_release(entry.extra["accounting"], charge_legacy))
         for _ in range(withheld - held_withheld):
             odometer.record(count_only)
-            count.record(count_only)
-        self._state[state_key] = (odometer, count, keys, withheld)
-        return odometer, count
+        self._state[state_key] = (odometer, keys, withheld)
+        return odometer
 
 
 def with_cumulative_epsilon(spec: AnalysisSpec, rows: list[dict[str, Any]], population: Iterable[Any],

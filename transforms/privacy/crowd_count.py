@@ -34,6 +34,7 @@ from scipy.special import ndtr
 from ._checks import check_delta, check_epsilon, check_int
 
 SECONDS_PER_YEAR = 365 * 86_400
+LOW_TAIL_SDS = 12.0
 SIGMA_MARGIN = 1.01  # the discrete Gaussian's profile is within a fraction of a percent of the continuous one
 
 
@@ -121,13 +122,19 @@ def count_log_pmfs(sigma: float, threshold: int) -> tuple[dict[int | str, float]
 
     Outcome j = n_hat - c + T (the released size relative to c), or ``"abort"`` (Z > T under either count,
     the same mass under both): under c, j = Z; under c + 1, j = Z + 1, so j = T + 1 exists only under c + 1.
+    Outcomes j <= -12 sigma (mass below 1e-31) are merged into ``"low"``: a post-processing, so still an upper
+    bound, and a third of the points.
     """
     pmf, offset = _pmf(float(sigma))
     ks = np.arange(pmf.size) - offset
-    keep = (ks <= threshold) & (pmf > 0.0)
-    log_p = np.log(pmf[keep])
-    lower = {int(k): float(v) for k, v in zip(ks[keep], log_p, strict=True)}
-    upper = {int(k) + 1: float(v) for k, v in zip(ks[keep], log_p, strict=True)}
+    low = -math.ceil(LOW_TAIL_SDS * sigma)  # outcomes j <= low are merged into one (a post-processing)
+    lower_keep = (ks > low) & (ks <= threshold)
+    upper_keep = (ks >= low) & (ks <= threshold)
+    lower = {int(k): math.log(v) for k, v in zip(ks[lower_keep], pmf[lower_keep], strict=True) if v > 0.0}
+    upper = {int(k) + 1: math.log(v) for k, v in zip(ks[upper_keep], pmf[upper_keep], strict=True) if v > 0.0}
+    for out, mass in ((lower, pmf[ks <= low].sum()), (upper, pmf[ks < low].sum())):
+        if mass > 0.0:
+            out["low"] = math.log(float(mass))
     abort = float(pmf[ks > threshold].sum())
     if abort > 0.0:
         lower["abort"] = upper["abort"] = math.log(abort)

@@ -27,6 +27,7 @@ independent blanket report, a post-processing, so fewer users never certify more
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -59,8 +60,9 @@ class WindowRelease:
     ``crowd_epsilon``/``crowd_delta``: a legacy per-window discrete Laplace count charged as two counts
     (ledgers written before the yearly design; None: not charged). ``count_sigma``/``count_threshold``/
     ``count_charges``: the yearly-designed discrete Gaussian count (``crowd_count``), charged
-    ``count_charges`` times (0 under replacement with one crowd, where the count does not change). ``approx_epsilon``/``approx_delta``: instead of the shuffle
-    parameters, a per-window (eps, delta) guarantee from a mechanism's own accountant.
+    ``count_charges`` times (0 under replacement with one crowd, where the count does not change).
+    ``approx_epsilon``/``approx_delta``: instead of the shuffle parameters, a per-window (eps, delta)
+    guarantee from a mechanism's own accountant. ``channels``: copies of the pair one replacement changes.
     """
 
     mechanism_alpha: float | None
@@ -224,16 +226,17 @@ class PrivacyOdometer:
         if not isinstance(release, WindowRelease):
             raise TypeError(f"expected a WindowRelease, got {type(release).__name__}")
         self.releases.append(release)
-        key = release.group_key()
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = [0, None, None, release, False]
-            try:
-                group[1] = window_pld(release, self.interval)
-            except PLDTooLargeError:
-                group[4] = True
-        group[0] += 1
-        group[2] = None
+        for part in _components(release):
+            key = part.group_key()
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = [0, None, None, part, False]
+                try:
+                    group[1] = window_pld(part, self.interval)
+                except PLDTooLargeError:
+                    group[4] = True
+            group[0] += 1
+            group[2] = None
         self._total = None
 
     def _composed(self, group: list) -> pld_lib.PrivacyLossDistribution | None:
@@ -242,10 +245,12 @@ class PrivacyOdometer:
             group[2] = group[1] if group[0] == 1 else group[1].self_compose(group[0])
         return group[2]
 
-    def _exact(self) -> pld_lib.PrivacyLossDistribution | None:
+    def _exact(self, counts_only: bool = False) -> pld_lib.PrivacyLossDistribution | None:
         total = None
         for key in sorted(self._groups, key=repr):
             group = self._groups[key]
+            if counts_only and not _is_count(group[3]):
+                continue
             composed = None if group[4] else self._composed(group)
             if composed is not None:
                 if total is not None:
@@ -285,6 +290,11 @@ class PrivacyOdometer:
         return self._read()[0]
 
     @property
+    def count_epsilon(self) -> float:
+        """The yearly-designed counts' part alone, read like ``epsilon`` (0 if no count was charged)."""
+        return _read_total(self._exact(counts_only=True), self.delta_total)[0]
+
+    @property
     def delta_cumulative(self) -> float:
         """The delta ``epsilon`` holds at: delta_total plus the composition's infinite-loss mass."""
         return self._read()[1]
@@ -303,11 +313,28 @@ class PrivacyOdometer:
         return odometer
 
 
+def _is_count(part: WindowRelease) -> bool:
+    return part.n_clients == 0 and (part.count_charges > 0 or part.crowd_epsilon is not None)
+
+
+def _components(release: WindowRelease) -> list[WindowRelease]:
+    """A release as independent parts: its reports (with any legacy count) and its charged count. Composition
+    commutes, so the total is unchanged, while every window's count lands in one shared group (one
+    self-composition serves the total and ``count_epsilon``, whatever the windows' sizes)."""
+    if (not release.count_charges and release.crowd_epsilon is None) or _is_count(release):
+        return [release]
+    count = WindowRelease(None, None, 0, release.crowd_epsilon, release.crowd_delta, 0.0, 0.0, release.count_sigma,
+                          release.count_threshold, release.count_charges)
+    data = dataclasses.replace(release, crowd_epsilon=None, crowd_delta=None, count_sigma=None,
+                               count_threshold=None, count_charges=0)
+    return [data, count] if data.n_clients > 0 else [count]
+
+
 def infinity_mass(pld: pld_lib.PrivacyLossDistribution) -> float:
     """The larger of the two directions' mass on infinite loss (hockey-stick divergence at eps = inf)."""
-    masses = [pld._pmf_remove._infinity_mass]  # noqa: SLF001 (dp_accounting exposes no accessor)
-    if pld._pmf_add is not None:  # noqa: SLF001
-        masses.append(pld._pmf_add._infinity_mass)  # noqa: SLF001
+    masses = [pld._pmf_remove._infinity_mass]  # dp_accounting exposes no accessor
+    if pld._pmf_add is not None:
+        masses.append(pld._pmf_add._infinity_mass)
     return float(max(masses))
 
 
