@@ -36,6 +36,7 @@ from ._checks import check_delta, check_epsilon, check_int
 SECONDS_PER_YEAR = 365 * 86_400
 LOW_TAIL_SDS = 12.0
 SIGMA_MARGIN = 1.01  # the discrete Gaussian's profile is within a fraction of a percent of the continuous one
+GRID_ROOM = 1e-5  # per window: the odometer's finest loss grid, which its pessimistic rounding may add
 
 
 def count_charges(partition: bool, membership: bool) -> int:
@@ -65,17 +66,20 @@ def design(epsilon_year: float, delta_year: float, windows: int, charges: int) -
     """(sigma, T) of the discrete Gaussian count meeting (epsilon_year, delta_year) over ``windows`` windows.
 
     ``charges`` counts of L2 sensitivity sqrt(charges) per window compose like one Gaussian with
-    mu = sqrt(charges * windows) / sigma; mu is bisected on half of delta_year, the other half bounds the
-    windows' infinite-loss mass charges * windows * p(T).
+    mu = sqrt(charges * windows) / sigma; mu is bisected on half of delta_year at epsilon_year less one
+    grid step per window (the odometer's rounding), the other half bounds the windows' infinite-loss mass
+    charges * windows * p(T).
     """
     eps = check_epsilon("epsilon_year", epsilon_year)
     delta = check_delta("delta_year", delta_year)
     windows = check_int("windows", windows, 1)
     charges = check_int("charges", charges, 1)
+    # The odometer rounds each window's loss up to its grid (>= 1e-5): keep that room for a year of windows.
+    target = max(eps / 2.0, eps - windows * GRID_ROOM)
     lo, hi = 1e-6, 50.0  # mu
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if _gaussian_delta(eps, mid) <= delta / 2.0 else (lo, mid)
+        lo, hi = (mid, hi) if _gaussian_delta(target, mid) <= delta / 2.0 else (lo, mid)
     sigma = SIGMA_MARGIN * math.sqrt(charges * windows) / lo
     pmf, offset = _pmf(sigma)
     tail_budget = delta / 2.0 / (charges * windows)
