@@ -289,6 +289,16 @@ class PrivacyOdometer:
         """
         return self._read()[0]
 
+    def epsilon_within(self, delta: float) -> float:
+        """Cumulative epsilon with everything, infinite-loss mass included, inside ``delta`` (a plan's fixed
+        total budget); inf when that mass alone exceeds it. Windows too large for an exact PLD: ``epsilon``."""
+        if any(group[4] for group in self._groups.values()):
+            return self.epsilon
+        exact = self._exact()
+        if exact is None:
+            return 0.0
+        return math.inf if infinity_mass(exact) >= delta else float(exact.get_epsilon_for_delta(delta))
+
     @property
     def count_epsilon(self) -> float:
         """The yearly-designed counts' part alone, read like ``epsilon`` (0 if no count was charged)."""
