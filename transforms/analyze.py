@@ -139,6 +139,27 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
              "stderr": item.stderr, "raw_estimate": item.raw} for item in readout(spec, result)]
 
 
+COLLUDING_FRACTION = 0.1  # the published what-if: this share of the crowd's devices colludes with the analyst
+
+
+def _honest_crowd(spec: AnalysisSpec, mechanism: Mechanism, n: int) -> dict[str, Any]:
+    """eps_central's assumption, and what it becomes when a tenth of the crowd colludes with the analyst.
+
+    Colluding enrolled devices send reports the analyst knows, so they hide nobody: a victim is amplified only
+    by the honest others. With c colluders the guarantee is the tight bound for the n - c honest reports
+    (the victim's included); a lone victim among colluders keeps only its local epsilon.
+    """
+    colluders = math.ceil(COLLUDING_FRACTION * n)
+    single = not callable(getattr(mechanism, "epsilon_central", None)) and math.isfinite(
+        float(mechanism.epsilon_local))
+    out: dict[str, Any] = {"eps_central_assumes": "honest crowd: the other reports of the window come from "
+                                                  "devices that do not collude with the analyst"}
+    if single and n >= 2:
+        out["eps_central_if_10pct_collude"] = central_epsilon(mechanism, n - colluders, spec.delta,
+                                                              spec.max_reports_per_client)
+    return out
+
+
 def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[str, Any]:
     """The mechanism's public parameters, plus the ledger details a mechanism has beyond eps_local (local
     epsilon when 1..tau report fragments are exposed; a multi-message protocol's messages, bits and
@@ -157,6 +178,7 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
     ledger = getattr(mechanism, "ledger", None)
     if callable(ledger):
         out["ledger"] = ledger(int(result.n))
+    out.update(_honest_crowd(spec, mechanism, int(result.n)))
     extra = readout_parameters(spec, result)
     if extra:
         out["readout"] = extra
