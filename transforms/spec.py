@@ -89,6 +89,11 @@ class CrowdSpec:
         return design(self.epsilon_year, self.delta_year, windows_per_year(window_seconds), self.charges)
 
 
+# [crowd] fields added after specs were deployed: left out of the hash at their defaults, so every existing
+# spec keeps its spec_id (devices in the field keep being accepted); any other value is hashed as usual.
+_UNHASHED_DEFAULTS = {"membership": False, "epsilon_year": 1.0, "delta_year": 1e-6}
+
+
 @dataclass(frozen=True)
 class AnalysisSpec:
     """One metric with everything the three stages must agree on.
@@ -126,7 +131,11 @@ class AnalysisSpec:
     @cached_property
     def spec_id(self) -> str:
         """``name@`` + 12 hex digits of the SHA-256 of the canonical JSON of every field."""
-        canonical = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = dataclasses.asdict(self)
+        for key, default in _UNHASHED_DEFAULTS.items():  # added later: at their defaults, hashes stay as they were
+            if fields["crowd"].get(key) == default:
+                del fields["crowd"][key]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return f"{self.name}@{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
     @cached_property
