@@ -104,7 +104,8 @@ def test_design_meets_its_formulas(windows: int, charges: int) -> None:
     assert at[threshold] <= budget < at[threshold - 1]  # the smallest threshold whose top mass fits
 
 
-@pytest.mark.parametrize(("charges", "windows"), [(1, 365), (2, 365), (2, 30)])
+@pytest.mark.parametrize(("charges", "windows"), [pytest.param(1, 365, marks=pytest.mark.slow),
+                                                  pytest.param(2, 365, marks=pytest.mark.slow), (2, 30)])
 def test_count_pld_against_the_exact_lattice(charges: int, windows: int) -> None:
     """The odometer's yearly count cost is certified by the exact lattice composition (delta at its epsilon
     within the delta it reports) and tight (1% less epsilon needs more delta); at the default design it is
@@ -120,6 +121,7 @@ def test_count_pld_against_the_exact_lattice(charges: int, windows: int) -> None
         assert delta_cum <= 2 * DELTA
 
 
+@pytest.mark.slow
 def test_a_20_percent_optimistic_count_accountant_is_caught() -> None:
     """The lattice check above is not vacuous: 20% less epsilon than the odometer's is not certified."""
     sigma, threshold = design(1.0, DELTA, 365, 2)
