@@ -52,7 +52,7 @@ from transforms.analyze_release import (
 )
 from transforms.estimate_columns import neighbouring_notion
 from transforms.kafkaio import produce_records
-from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
+from transforms.privacy_ledger import Odometers, accounting_of, metric_of, with_cumulative_epsilon
 from transforms.sinks import StageAvroRecords
 from transforms.staging import StageFn, load_staged
 from transforms.state.estimates_store import write_release_estimates
@@ -114,13 +114,17 @@ def record_failed_release(config: JobConfig, opened: OpenedRelease, run_key: str
 
 def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],
                   run_key: str, known: dict[str, dict[ReleaseKey, ReleaseEntry]] | None = None,
+                  odometers: Odometers | None = None,
                   epsilons: dict[tuple[str, str, str], float | None] | None = None) -> bool:
-    """Seal (analyst ledger) -> odometer -> append-only Parquet part -> topic. True if newly written.
+    """Validate (odometer) -> seal (analyst ledger) -> append-only Parquet part -> topic. True if newly written.
 
-    ``known`` caches each spec's ledger entries across the releases of one run (this job holds the state
-    directory's lock, so only it adds entries): the ledger is listed once per spec and run, not once per
-    release, which made a run of many windows quadratic in the ledger's size. ``epsilons`` collects each
-    population's (spec name, crowd) cumulative epsilon for the operator's metrics."""
+    ``known`` caches each metric's ledger entries (of every spec of that metric: the odometer follows the
+    devices, not the spec hash) across the releases of one run (this job holds the state directory's lock,
+    so only it adds entries): the ledger is listed once per metric and run, not once per release, which made
+    a run of many windows quadratic in the ledger's size. ``odometers`` carries each population's composed
+    privacy loss from release to release, so a release costs the same after a year as after a week.
+    ``epsilons`` collects each population's (spec name, crowd, notion) cumulative epsilon for the metrics.
+    A release whose cumulative epsilon cannot be computed raises UnanalysableRelease before it is sealed."""
     spec = next(s for s in config.specs if s.spec_id == opened.spec_id)
     key = ReleaseKey(opened.spec_id, opened.crowd_id, opened.window_end_ms)
     entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
@@ -128,14 +132,14 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
                          source_ends=dict(opened.source_ends), run_key=run_key, sealed_at_ms=int(time.time() * 1000),
                          extra={"accounting": accounting_of(spec, rows)})
     known = {} if known is None else known
-    if spec.spec_id not in known:
-        known[spec.spec_id] = {e.key: e for e in ledger.entries(spec.spec_id)}
+    if spec.metric not in known:
+        known[spec.metric] = {e.key: e for e in ledger.entries() if metric_of(e) == spec.metric}
     # Validate before sealing: a release whose cumulative epsilon cannot be computed must not be sealed as
     # analysed, or every rerun would fail on it again and the stream would jam behind it.
-    population = {**known[spec.spec_id], key: known[spec.spec_id].get(key, entry)}
+    candidate = {**known[spec.metric], key: known[spec.metric].get(key, entry)}
+    population = [e for e in candidate.values() if e.key.crowd_id == opened.crowd_id]
     try:
-        rows = with_cumulative_epsilon(spec, rows, [e for e in population.values() if e.key.crowd_id ==
-                                                    opened.crowd_id], key.window_end_ms)
+        rows = with_cumulative_epsilon(spec, rows, population, key.window_end_ms, odometers)
     except Exception as err:
         raise UnanalysableRelease(f"{type(err).__name__}: {err}") from err
     stored, created = ledger.seal(entry)
@@ -143,7 +147,7 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
         LOG.error("a second release of window %d of %s was refused", key.window_end_ms, key.spec_id)
         return False
     crash_point("analyze:after_seal")
-    known[spec.spec_id][key] = stored
+    known[spec.metric][key] = stored
     if epsilons is not None and rows:
         epsilons[(spec.name, opened.crowd_id or "", neighbouring_notion(rows[0]))] = rows[0]["eps_central_cumulative"]
     for row in rows:
@@ -170,12 +174,13 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
             return skipped_summary(bounded, started)
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
-        written, known, failed, epsilons = 0, {}, [], {}
+        written, known, failed, epsilons, odometers = 0, {}, [], {}, Odometers()
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
             try:
-                written += write_release(config, ledger, opened, rows, bounded.key, known, epsilons)
+                written += write_release(config, ledger, opened, rows, bounded.key, known, odometers, epsilons)
             except UnanalysableRelease as err:
                 failed.append(record_failed_release(config, opened, bounded.key, str(err)))
+                odometers = Odometers()  # a failure may leave a carried odometer half updated: rebuild
         bounded.observed["releases_failed"] = len(failed)
         bounded.observed["epsilon"] = epsilons
         keep_dead_letters(bounded, config.out_dir / "dead_letters")

@@ -45,7 +45,7 @@ def with_analyst_columns(kind: str, rows: list[dict[str, Any]]) -> list[dict[str
 def neighbouring_notion(row: dict[str, Any]) -> str:
     """The neighbouring notion a row's epsilon is stated in (docs/mathematics.md §1.1): a column of the row when
     the analyzer writes one, else by mechanism (the fragmented RAPPORs are accounted in removal DP)."""
-    for column in ("neighbouring", "neighbouring_notion", "neighbour_notion"):
+    for column in ("notion", "neighbouring", "neighbouring_notion"):
         if row.get(column):
             return str(row[column])
     return "removal" if str(row.get("mechanism", "")).startswith("rappor") else "replacement"

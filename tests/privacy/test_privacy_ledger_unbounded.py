@@ -30,7 +30,8 @@ def test_a_large_window_epsilon_composes_on_the_odometers_coarsest_grid() -> Non
     odometer refuses: every release of the population failed after it was sealed, jamming the analyzer. The
     grid is capped at 0.01; the total lies between the window's own epsilon and basic composition (16 + the
     crowd count's 1), each bound loosened by one grid step per composed distribution."""
-    from transforms.privacy_ledger import MAX_INTERVAL, composition_interval
+    from transforms.privacy.odometer import MAX_INTERVAL
+    from transforms.privacy_ledger import composition_interval
 
     window = {**_own(16.0), "mechanism": "rappor"}
     assert composition_interval([window]) == MAX_INTERVAL == 0.01
