@@ -26,7 +26,6 @@ from tests.e2e.chain_harness import (
     run_inline,
     subset,
 )
-from transforms.privacy_ledger import cumulative_delta, cumulative_for_spec
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -43,10 +42,10 @@ def test_an_unanalysable_release_is_recorded_and_the_next_one_is_analysed(broker
     first_end = start + WINDOW_MS
     real = analyze.with_cumulative_epsilon
 
-    def failing(spec, rows, population, upto_window_end_ms):
+    def failing(spec, rows, population, upto_window_end_ms, *rest):
         if upto_window_end_ms == first_end:
             raise ValueError("interval must be in (0, 0.01], got 0.016")
-        return real(spec, rows, population, upto_window_end_ms)
+        return real(spec, rows, population, upto_window_end_ms, *rest)
 
     monkeypatch.setattr(analyze, "with_cumulative_epsilon", failing)
     summary = run_inline(chain, ("analyze",))["analyze"]
@@ -57,9 +56,10 @@ def test_an_unanalysable_release_is_recorded_and_the_next_one_is_analysed(broker
     assert len(failed) == 1 and failed[0]["window_end_ms"] == first_end
     assert "interval must be in" in failed[0]["reason"]
     # The second window's cumulative epsilon composes only what was sealed: the failed window published nothing.
-    account = ledger_entries(chain, "analyze")[0].extra["accounting"]
-    one_window = cumulative_for_spec(SPEC, [account], cumulative_delta(SPEC, [account]))
-    assert list(summary.extra["progress"]["epsilon"].values()) == [one_window]
+    (sealed,) = ledger_entries(chain, "analyze")
+    (alone,) = real(SPEC, [{}], [sealed], sealed.key.window_end_ms)  # the sealed window composed on its own
+    assert alone["windows_composed"] == 1
+    assert list(summary.extra["progress"]["epsilon"].values()) == [alone["eps_central_cumulative"]]
     monkeypatch.setattr(analyze, "with_cumulative_epsilon", real)
     again = run_inline(chain, ("analyze",))["analyze"]  # no jam: nothing new, nothing re-tried, no crash
     assert again.extra.get("skipped") and len(ledger_entries(chain, "analyze")) == 1
