@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.exit_codes import EsaError, ExitCode, epilog
+from pipelines.exit_codes import EsaError, ExitCode, JobUsageError, epilog
 from pipelines.logs import FORMAT_ENV, LOG_FORMATS, log_format, setup_logging
 from pipelines.out_of_space import out_of_space, out_of_space_advice
 from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
@@ -313,7 +313,7 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
     if service.follow:
         return _follow(command, module, job, service)
     if service.metrics_port:
-        raise ValueError("--metrics_port is served by --follow jobs (a single run exits before a scrape; the "
+        raise JobUsageError("--metrics_port is served by --follow jobs (a single run exits before a scrape; the "
                          "streaming shuffler, --kafka_io sdf, logs its progress but serves no metrics yet)")
     return _report_run(command, module.run_from_argv(job.beam_argv), job.max_dead_letter_fraction)
 
@@ -557,9 +557,10 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if type(err).__name__ == "SpecError":
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.CONFIG)
-    if isinstance(err, ValueError):  # bad arguments, bad parameters
+    if isinstance(err, ValueError) and command not in BEAM_JOBS:  # bad arguments, bad parameters
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)
+    # A job's bad flags and settings are EsaErrors (above); any other ValueError inside a run is a bug.
     if type(err).__module__.startswith(("kafka", "confluent_kafka", "cimpl")):  # no kafka import: fast `esa privacy`
         print(f"esa {command}: cannot talk to Kafka: {err}", file=sys.stderr)
         return int(ExitCode.KAFKA_UNREACHABLE)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.exit_codes import JobUsageError
 from pipelines.job import (
     DEAD_LETTERS,
     BoundedRun,
@@ -62,7 +63,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     if not config.reports_topic:
-        raise ValueError("the encode job needs --reports_topic")
+        raise JobUsageError("the encode job needs --reports_topic")
     started = time.perf_counter()
     with locked(config, STAGE):
         bounded = plan_run(config, STAGE, config.raw_topic, options)

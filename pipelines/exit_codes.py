@@ -45,6 +45,12 @@ class EsaError(Exception):
     exit_code: ExitCode = ExitCode.UNEXPECTED
 
 
+class JobUsageError(EsaError, ValueError):
+    """A job's command line lacks something it needs (found after Beam parsed it)."""
+
+    exit_code = ExitCode.USAGE
+
+
 class ConfigError(EsaError, ValueError):
     """A bad spec, option value or output location."""
 

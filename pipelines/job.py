@@ -29,6 +29,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from pipelines.exit_codes import JobUsageError
 from pipelines.options import (
     EsaKafkaOptions,
     EsaOptions,
@@ -175,7 +176,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
     kafka, esa, service = (options.view_as(EsaKafkaOptions), options.view_as(EsaOptions),
                            options.view_as(EsaServiceOptions))
     if not esa.spec:
-        raise ValueError("at least one --spec FILE.toml is required")
+        raise JobUsageError("at least one --spec FILE.toml is required")
     check_kafka_io(options)
     kafka_config = load_kafka_config(kafka.kafka_config, kafka.kafka_client)
     return JobConfig(

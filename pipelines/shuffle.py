@@ -24,6 +24,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.exit_codes import JobUsageError
 from pipelines.job import (
     DEAD_LETTERS,
     BoundedRun,
@@ -260,7 +261,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         ledger = ReleaseLedger(config.state / "ledger")
         republish_unpublished(config, ledger)
         if not config.reports_topic:
-            raise ValueError("the shuffle job needs --reports_topic")
+            raise JobUsageError("the shuffle job needs --reports_topic")
         bounded = plan_run(config, STAGE, config.reports_topic, options)
         if nothing_to_do(bounded, windowed=True):
             return skipped_summary(bounded, started)

@@ -38,6 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from pipelines.exit_codes import JobUsageError
 from pipelines.job import (
     GroupInUse,
     JobConfig,
@@ -201,7 +202,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     """The streaming shuffler, until its source ends (``--stop_after_idle_seconds``) or a signal stops it."""
     started = time.perf_counter()
     if not config.reports_topic:
-        raise ValueError("the shuffle job needs --reports_topic")
+        raise JobUsageError("the shuffle job needs --reports_topic")
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
         republish_unpublished(config, ledger)

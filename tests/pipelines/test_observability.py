@@ -161,3 +161,21 @@ def test_an_internal_error_exits_1_with_the_traceback_logged_and_one_line(monkey
     assert len(logged) == 1 and logged[0]["level"] == "CRITICAL" and "RuntimeError" in logged[0]["traceback"]
     assert plain == ["esa privacy: internal error: RuntimeError: an invariant broke second line (traceback in the "
                      "log above; exit 1)"]
+
+
+def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_logging: None,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The grid demo's jam ended in exit 2, the code of a bad command line: a ValueError raised while a job
+    runs is a bug (exit 1, traceback logged), while a job's missing flag stays a usage error (exit 2)."""
+    import pipelines.shuffle
+
+    def broken(_argv: object) -> None:
+        raise ValueError("interval must be in (0, 0.01], got 0.016")
+
+    monkeypatch.setattr(pipelines.shuffle, "run_from_argv", broken)
+    assert cli.main(["shuffle", "--spec", "x.toml"]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: ValueError: interval must be in" in err and "Traceback" in err
+    monkeypatch.undo()
+    assert cli.main(["shuffle"]) == 2
+    assert capsys.readouterr().err.strip().endswith("error: at least one --spec FILE.toml is required")
