@@ -54,6 +54,18 @@ def test_the_cli_refuses_streaming_on_a_bounded_job_in_one_line(tmp_path: Path) 
     assert len(errors) == 1 and "drop --streaming" in errors[0], done.stderr[-2000:]
 
 
+def test_esa_run_refuses_streaming_rather_than_stream_its_bounded_stages(tmp_path: Path, cache: Path) -> None:
+    from pipelines import end_to_end
+
+    binary = cache / "bin" / f"prism-{BEAM_VERSION}"
+    binary.parent.mkdir(parents=True)
+    binary.write_bytes(b"#!prism")
+    flags = ["--spec", SPEC, "--output_dir", str(tmp_path / "out"), "--kafka_io", "sdf", "--streaming",
+             "--runner=PrismRunner"]
+    with pytest.raises(ConfigError, match="esa shuffle --kafka_io sdf --streaming"):
+        end_to_end.run_from_argv(flags)
+
+
 def test_streaming_shuffler_on_flink_with_streaming_is_accepted(tmp_path: Path, cache: Path) -> None:
     options = _options(tmp_path, "--kafka_io", "sdf", "--runner=FlinkRunner", "--streaming",
                        "--flink_job_server_jar=/opt/job-server.jar")

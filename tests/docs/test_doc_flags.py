@@ -25,6 +25,11 @@ OTHER_PROGRAMS = {
     "--net": "docker run",
     "--worker_pool": "Beam SDK harness image",
     "--staging-location": "gcloud dataflow flex-template run",
+    "--rest-port": REPO / "pipelines" / "flink_cluster.py",
+    "--slots": REPO / "pipelines" / "flink_cluster.py",
+    "--taskmanagers": REPO / "pipelines" / "flink_cluster.py",
+    "--taskmanager-memory": REPO / "pipelines" / "flink_cluster.py",
+    "--service_port": "Beam's worker_pool_main",
 }
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9]")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")  # anchors such as #streaming-...---kafka_io-sdf are not flags
