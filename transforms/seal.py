@@ -5,7 +5,8 @@ does the same for edge collectors and simulations, which hold the simulated devi
 of one event is sealed on its own to the analyzer's public key, with the routing fields that survive the
 shuffle (spec, crowd, window end, channel) as associated data, and the set is signed with the device's
 key. Sealing ephemerals and the set's nonce come from a keyed PRF of the event's Kafka position under the
-encoder's persisted key, so a retried or rerun bundle sends byte-identical sets (the shuffler keeps one).
+encoder's sealing sub-key (``transforms.encoder_keys``), so a retried or rerun bundle sends byte-identical
+sets (the shuffler keeps one).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ NAMESPACE = "esa"
 
 
 def _prf(key: bytes, *parts: bytes) -> bytes:
-    """32 pseudo-random bytes bound to ``parts`` (BLAKE2b keyed with the encoder's secret)."""
+    """32 pseudo-random bytes bound to ``parts`` (BLAKE2b keyed with the encoder's sealing sub-key)."""
     h = hashlib.blake2b(key=key[:64], digest_size=32)
     for part in parts:
         h.update(len(part).to_bytes(4, "big"))
@@ -50,8 +51,9 @@ class SealSetsFn(beam.DoFn):
         self._fleet: Any = None
 
     def setup(self) -> None:
+        from transforms.encoder_keys import EncoderKeys
         from transforms.trust.devices import SimulatedFleet
-        from transforms.trust.keys import load_analyzer_public, load_or_create_secret
+        from transforms.trust.keys import load_analyzer_public
         from transforms.worker_gc import tune_worker_gc
 
         tune_worker_gc(self._python_gc)
@@ -59,7 +61,7 @@ class SealSetsFn(beam.DoFn):
         keys = Path(self._keys_dir)
         self._fleet = SimulatedFleet.from_keys_dir(keys)
         self._key_id, self._analyzer = load_analyzer_public(keys)
-        self._prf_key = load_or_create_secret(keys / "encoder" / "prf.key")
+        self._prf_key = EncoderKeys.from_keys_dir(keys).seal
 
     def process(self, batch: list[ReportElement]) -> Iterator[list[tuple[bytes, bytes]]]:
         sets: list[list[ReportElement]] = []

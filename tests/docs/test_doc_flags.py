@@ -30,6 +30,9 @@ OTHER_PROGRAMS = {
     "--taskmanagers": REPO / "pipelines" / "flink_cluster.py",
     "--taskmanager-memory": REPO / "pipelines" / "flink_cluster.py",
     "--service_port": "Beam's worker_pool_main",
+    **{flag: "kafka-acls.sh" for flag in ("--add", "--allow-principal", "--bootstrap-server", "--command-config",
+                                          "--group", "--operation", "--resource-pattern-type", "--topic",
+                                          "--transactional-id")},
 }
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9]")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")  # anchors such as #streaming-...---kafka_io-sdf are not flags
