@@ -3,9 +3,9 @@
 Three kinds, each from its own registry through its ordinary client: Maven jars (``mvn dependency:get``; Beam's
 own downloader uses plain HTTP to a fixed host, which we cannot rely on), Go binaries (``go install`` of a
 module version into the cache's ``bin/``) and PyPI wheels unpacked into a directory (``pip download``; never
-installed beside Beam: ``apache-flink`` pins an old Beam). The cache is ``$ESA_CACHE_DIR`` or
-``~/.cache/esa-telemetry``. A fetch that fails raises ``ArtifactUnavailableError`` with one line naming what was
-asked for and the registry's own answer, so an operator can see whether to retry or to bring the file.
+installed beside Beam: ``apache-flink`` pins an old Beam), all in ``cache_dir()``. A fetch that fails raises
+``ArtifactUnavailableError`` with one line naming what was asked for and the registry's own answer, so an
+operator can see whether to retry or to bring the file.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ class ArtifactUnavailableError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ESA_CACHE_DIR") or str(Path.home() / ".cache" / "esa-telemetry")
-    return Path(root)
+    """``$ESA_CACHE_DIR``, else ``$XDG_CACHE_HOME/esa-telemetry``, else ``~/.cache/esa-telemetry`` (the broker's
+    jar cache, ``pipelines.broker.jars``, is the same directory)."""
+    if os.environ.get("ESA_CACHE_DIR"):
+        return Path(os.environ["ESA_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "esa-telemetry"
 
 
 def _last_error(output: str) -> str:
