@@ -133,6 +133,7 @@ class LocalFlinkCluster:
             # A TaskManager that dies is replaced by restarting its job's tasks from the last checkpoint.
             "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 20,
             "restart-strategy.fixed-delay.delay": "2 s",
+            "taskmanager.load-balance.mode": "SLOTS",  # spread a job's slots over the TaskManagers
             "heartbeat.timeout": 15000,  # a killed TaskManager is noticed within seconds, not 50 s
             "io.tmp.dirs": str(self.directory / "tmp"),
             "env.java.opts.all": _java_module_opts(home, self.version),

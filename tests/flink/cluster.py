@@ -70,3 +70,26 @@ def written_numbers(out: Path) -> list[int]:
 
 def completed_checkpoints(cluster: LocalFlinkCluster, job_id: str) -> int:
     return int(cluster.get(f"/jobs/{job_id}/checkpoints")["counts"]["completed"])
+
+
+def stop_with_savepoint(cluster: LocalFlinkCluster, job_id: str, timeout_s: float = 120) -> str:
+    """Flink's stop-with-savepoint (``POST /jobs/<id>/stop``, into the cluster's savepoint directory): the
+    savepoint's location once it completed."""
+    body = json.dumps({"targetDirectory": (cluster.directory / "savepoints").as_uri(), "drain": False}).encode()
+    trigger = _post(f"http://{cluster.rest}/jobs/{job_id}/stop", body, "application/json")["request-id"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = cluster.get(f"/jobs/{job_id}/savepoints/{trigger}")
+        if status["status"]["id"] == "COMPLETED":
+            operation = status["operation"]
+            assert "location" in operation, operation
+            return str(operation["location"])
+        time.sleep(0.3)
+    raise AssertionError(f"the savepoint of {job_id} did not complete within {timeout_s:.0f} s")
+
+
+def submit_from_savepoint(cluster: LocalFlinkCluster, jar_id: str, args: list[str], savepoint: str,
+                          parallelism: int = 2) -> str:
+    body = json.dumps({"entryClass": "CountJob", "programArgsList": args, "parallelism": parallelism,
+                       "savepointPath": savepoint}).encode()
+    return str(_post(f"http://{cluster.rest}/jars/{jar_id}/run", body, "application/json")["jobid"])

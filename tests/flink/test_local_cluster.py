@@ -1,8 +1,10 @@
 """The project's local Flink session cluster (``deploy/flink/local-cluster``): what it starts, that a real job
 runs on it to FINISHED, and that its failure settings hold: a TaskManager killed with SIGKILL mid-job is
 noticed, the job restarts from its last checkpoint on the TaskManagers left and, with an exactly-once sink,
-writes every number exactly once, as its undisturbed twin does. (These test the cluster and its config; Beam's
-jobs need Beam's Flink job server, which is not served here: see docs/deployment.md.)"""
+writes every number exactly once, as its undisturbed twin does; a job stopped with a savepoint resumes from it
+after the whole cluster was stopped and started again, and again writes every number once. (These test the
+cluster and its config; Beam's jobs need Beam's Flink job server, which is not served here: see
+docs/deployment.md.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,16 @@ from pathlib import Path
 import pytest
 
 from pipelines.flink_cluster import LocalFlinkCluster
-from tests.flink.cluster import completed_checkpoints, job, submit, upload, wait_state, written_numbers
+from tests.flink.cluster import (
+    completed_checkpoints,
+    job,
+    stop_with_savepoint,
+    submit,
+    submit_from_savepoint,
+    upload,
+    wait_state,
+    written_numbers,
+)
 from tests.flink.conftest import run_script
 
 pytestmark = pytest.mark.slow
@@ -57,6 +68,9 @@ def test_a_taskmanager_killed_mid_job_restarts_from_a_checkpoint_and_writes_each
     while completed_checkpoints(flink_cluster, job_id) < 2:
         assert time.monotonic() < deadline, "no checkpoint completed"
         time.sleep(0.2)
+    # The job's two subtasks are spread over both TaskManagers (one slot busy on each): the victim runs one.
+    busy = [tm["slotsNumber"] - tm["freeSlots"] for tm in flink_cluster.get("/taskmanagers")["taskmanagers"]]
+    assert busy == [1, 1], busy
     victim = flink_cluster.pids()["taskmanager-2"]
     os.kill(victim, signal.SIGKILL)
     try:
@@ -70,6 +84,35 @@ def test_a_taskmanager_killed_mid_job_restarts_from_a_checkpoint_and_writes_each
     finally:
         flink_cluster.start_taskmanager(2)  # the session cluster is whole again for the tests after this one
         flink_cluster.wait_ready(2, timeout_s=60)
+
+
+def test_stop_with_savepoint_then_a_cluster_restart_then_resume_writes_each_number_once(
+        flink_cluster: LocalFlinkCluster, flink_dir: Path, probe_jar: Path, tmp_path: Path) -> None:
+    args = [str(N * 2), str(tmp_path / "out"), "250"]
+    job_id = submit(flink_cluster, upload(flink_cluster, probe_jar), args)
+    wait_state(flink_cluster, job_id, {"RUNNING"}, timeout_s=60)
+    deadline = time.monotonic() + 60
+    while completed_checkpoints(flink_cluster, job_id) < 1:
+        assert time.monotonic() < deadline, "no checkpoint completed"
+        time.sleep(0.2)
+    savepoint = stop_with_savepoint(flink_cluster, job_id)
+    assert savepoint.startswith(f"file:{flink_dir / 'savepoints'}/")  # under the cluster's directory
+    assert wait_state(flink_cluster, job_id, {"FINISHED", "FAILED", "CANCELED"})["state"] == "FINISHED"
+    # Stopped mid-job: what was written so far sits in in-progress files that the savepoint holds.
+    in_progress = [int(x) for f in (tmp_path / "out").rglob(".part-*") for x in f.read_text().split()]
+    assert 0 < len(in_progress) < N * 2
+    # The whole cluster stopped and started again from its directory: the savepoint outlives it.
+    assert run_script("stop", str(flink_dir), timeout=120).returncode == 0
+    restarted = run_script("start", str(flink_dir), "--rest-port", "0", "--slots", "2")
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    assert restarted.stdout.splitlines()[-1] == flink_cluster.rest
+    resumed = submit_from_savepoint(flink_cluster, upload(flink_cluster, probe_jar), args, savepoint)
+    assert wait_state(flink_cluster, resumed, {"FINISHED", "FAILED", "CANCELED"}, timeout_s=180)["state"] == \
+        "FINISHED"
+    restored = flink_cluster.get(f"/jobs/{resumed}/checkpoints")["latest"]["restored"]
+    assert restored and restored["external_path"] == savepoint  # it resumed, it did not start over
+    numbers = written_numbers(tmp_path / "out")
+    assert len(numbers) == N * 2 and sorted(numbers) == list(range(1, N * 2 + 1))  # once each, none lost
 
 
 def test_stop_terminates_every_process_by_its_pid(tmp_path: Path) -> None:
