@@ -99,7 +99,7 @@ class LocalFlinkCluster:
     def start(self, timeout_s: float = 120.0) -> str:
         """Start the cluster (refused if this directory's cluster still runs); return ``HOST:PORT`` once every
         TaskManager has registered with the JobManager."""
-        alive = {name: pid for name, pid in self.pids().items() if self._ours(pid)}
+        alive = {name: pid for name, pid in self.pids().items() if self.owns(pid)}
         if alive:
             raise RuntimeError(f"a cluster from {self.directory} is still running ({alive}): stop it first")
         home = flink_home(self.version)
@@ -187,7 +187,7 @@ class LocalFlinkCluster:
         deadline = time.monotonic() + timeout_s
         last: object = None
         while time.monotonic() < deadline:
-            if not self._ours(self.pids().get("jobmanager", -1)):
+            if not self.owns(self.pids().get("jobmanager", -1)):
                 tail = (self.log_dir / "jobmanager.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the JobManager exited; see {self.log_dir}: {tail}")
             try:
@@ -202,7 +202,7 @@ class LocalFlinkCluster:
                            f"see {self.log_dir}")
 
     # -- stop -------------------------------------------------------------------------------------------
-    def _ours(self, pid: int) -> bool:
+    def owns(self, pid: int) -> bool:
         """Alive and started with this cluster's config dir (a recycled pid is someone else's)."""
         try:
             return str(self.conf_dir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -212,7 +212,7 @@ class LocalFlinkCluster:
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal one of the cluster's processes (a failure test's SIGKILL of a TaskManager)."""
         pid = self.pids()[name]
-        if self._ours(pid):
+        if self.owns(pid):
             os.kill(pid, sig)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> dict[str, str]:
@@ -221,16 +221,16 @@ class LocalFlinkCluster:
         order = sorted(pids, key=lambda name: name == "jobmanager")
         outcome: dict[str, str] = {}
         for name in order:
-            if self._ours(pids[name]):
+            if self.owns(pids[name]):
                 os.kill(pids[name], signal.SIGTERM)
                 outcome[name] = "terminated"
             else:
                 outcome[name] = "not running"
         deadline = time.monotonic() + grace_s
         for name in order:
-            while self._ours(pids[name]) and time.monotonic() < deadline:
+            while self.owns(pids[name]) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if self._ours(pids[name]):
+            if self.owns(pids[name]):
                 os.kill(pids[name], signal.SIGKILL)
                 outcome[name] = "killed"
         self.pids_path.write_text("{}")

@@ -37,7 +37,7 @@ def test_the_cluster_is_one_jobmanager_and_two_taskmanagers_under_its_directory(
     assert (overview["taskmanagers"], overview["slots-total"], overview["flink-version"]) == (2, 4, "2.2.1")
     pids = flink_cluster.pids()
     assert set(pids) == {"jobmanager", "taskmanager-1", "taskmanager-2"}
-    assert all(flink_cluster._ours(pid) for pid in pids.values())
+    assert all(flink_cluster.owns(pid) for pid in pids.values())
     config = (flink_dir / "conf" / "config.yaml").read_text()
     assert f"execution.checkpointing.dir: {(flink_dir / 'checkpoints').as_uri()}" in config
     assert f"execution.checkpointing.savepoint-dir: {(flink_dir / 'savepoints').as_uri()}" in config
@@ -124,4 +124,4 @@ def test_stop_terminates_every_process_by_its_pid(tmp_path: Path) -> None:
     stopped = run_script("stop", str(tmp_path / "c"), timeout=120)
     assert stopped.returncode == 0
     assert stopped.stdout.split() == ["taskmanager-1:", "terminated", "jobmanager:", "terminated"]
-    assert not any(Path(f"/proc/{pid}").exists() and cluster._ours(pid) for pid in pids.values())
+    assert not any(Path(f"/proc/{pid}").exists() and cluster.owns(pid) for pid in pids.values())
