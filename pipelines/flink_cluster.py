@@ -107,10 +107,14 @@ class LocalFlinkCluster:
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
         self._write_config(home)
         self.pids_path.write_text("{}")
-        self._launch("jobmanager", JOBMANAGER_MAIN, "GET_JM_RESOURCE_PARAMS", home)
-        for index in range(1, self.taskmanagers + 1):
-            self.start_taskmanager(index, home)
-        self.wait_ready(self.taskmanagers, timeout_s)
+        try:
+            self._launch("jobmanager", JOBMANAGER_MAIN, "GET_JM_RESOURCE_PARAMS", home)
+            for index in range(1, self.taskmanagers + 1):
+                self.start_taskmanager(index, home)
+            self.wait_ready(self.taskmanagers, timeout_s)
+        except BaseException:
+            self.stop(grace_s=10.0)  # a cluster that did not come up leaves no process behind
+            raise
         return self.rest
 
     def start_taskmanager(self, index: int, home: Path | None = None) -> int:
@@ -188,8 +192,7 @@ class LocalFlinkCluster:
         last: object = None
         while time.monotonic() < deadline:
             if not self.owns(self.pids().get("jobmanager", -1)):
-                tail = (self.log_dir / "jobmanager.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the JobManager exited; see {self.log_dir}: {tail}")
+                raise RuntimeError(f"the JobManager exited: {self._root_cause('jobmanager')} (logs in {self.log_dir})")
             try:
                 overview = self.overview()
                 if overview.get("taskmanagers") == taskmanagers:
@@ -200,6 +203,15 @@ class LocalFlinkCluster:
             time.sleep(0.5)
         raise TimeoutError(f"{taskmanagers} TaskManagers did not register within {timeout_s:.0f} s ({last}); "
                            f"see {self.log_dir}")
+
+    def _root_cause(self, name: str) -> str:
+        """The innermost ``Caused by:`` of a process's log (else its last ERROR line): one line for the operator."""
+        try:
+            text = (self.log_dir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return "no log"
+        causes = re.findall(r"^Caused by: (.*)$", text, re.M) or re.findall(r" ERROR .* - (.*)$", text, re.M)
+        return causes[-1].strip()[:300] if causes else "no error in its log"
 
     # -- stop -------------------------------------------------------------------------------------------
     def owns(self, pid: int) -> bool:

@@ -125,3 +125,19 @@ def test_stop_terminates_every_process_by_its_pid(tmp_path: Path) -> None:
     assert stopped.returncode == 0
     assert stopped.stdout.split() == ["taskmanager-1:", "terminated", "jobmanager:", "terminated"]
     assert not any(Path(f"/proc/{pid}").exists() and cluster.owns(pid) for pid in pids.values())
+
+
+def test_a_cluster_that_cannot_start_says_why_in_one_line_and_leaves_no_process(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = run_script("start", str(tmp_path / "c"), "--rest-port", str(port))
+    assert failed.returncode == 1 and failed.stdout == ""
+    assert len(failed.stderr.strip().splitlines()) == 1 and "BindException" in failed.stderr, failed.stderr
+    cluster = LocalFlinkCluster(tmp_path / "c")
+    assert cluster.pids() == {}
+    lingering = [p for p in Path("/proc").iterdir() if p.name.isdigit() and cluster.owns(int(p.name))]
+    assert lingering == []  # the TaskManagers started before the JobManager failed were stopped
