@@ -104,3 +104,15 @@ def test_a_job_server_that_cannot_be_fetched_is_one_line_naming_the_artifact(
     message = str(refused.value)
     assert "\n" not in message
     assert f"beam-runners-flink-2.2-job-server:{BEAM_VERSION}" in message and "--flink_job_server_jar" in message
+
+
+@pytest.mark.slow
+def test_a_served_jar_is_fetched_once_then_found_offline(tmp_path: Path, cache: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fetch path the Flink job server takes, on a jar Maven does serve (its bytes: a zip archive)."""
+    from pipelines.artifacts import maven_jar
+
+    jar = maven_jar("junit:junit:4.13.2")
+    assert jar == cache / "maven" / "junit-4.13.2.jar" and jar.read_bytes()[:2] == b"PK"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no mvn now: the cached jar is enough
+    assert maven_jar("junit:junit:4.13.2") == jar
