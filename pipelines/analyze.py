@@ -48,7 +48,7 @@ from transforms.analyze_release import (
     prior_runs,
 )
 from transforms.kafkaio import produce_records
-from transforms.privacy_ledger import accounting_of, with_cumulative_epsilon
+from transforms.privacy_ledger import Odometers, accounting_of, metric_of, with_cumulative_epsilon
 from transforms.sinks import StageAvroRecords
 from transforms.staging import StageFn, load_staged
 from transforms.state.estimates_store import write_release_estimates
@@ -89,12 +89,15 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
 
 
 def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedRelease, rows: list[dict[str, Any]],
-                  run_key: str, known: dict[str, dict[ReleaseKey, ReleaseEntry]] | None = None) -> bool:
+                  run_key: str, known: dict[str, dict[ReleaseKey, ReleaseEntry]] | None = None,
+                  odometers: Odometers | None = None) -> bool:
     """Seal (analyst ledger) -> odometer -> append-only Parquet part -> topic. True if newly written.
 
-    ``known`` caches each spec's ledger entries across the releases of one run (this job holds the state
-    directory's lock, so only it adds entries): the ledger is listed once per spec and run, not once per
-    release, which made a run of many windows quadratic in the ledger's size."""
+    ``known`` caches each metric's ledger entries (of every spec of that metric: the odometer follows the
+    devices, not the spec hash) across the releases of one run (this job holds the state directory's lock,
+    so only it adds entries): the ledger is listed once per metric and run, not once per release, which made
+    a run of many windows quadratic in the ledger's size. ``odometers`` carries each population's composed
+    privacy loss from release to release, so a release costs the same after a year as after a week."""
     spec = next(s for s in config.specs if s.spec_id == opened.spec_id)
     key = ReleaseKey(opened.spec_id, opened.crowd_id, opened.window_end_ms)
     entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
@@ -107,11 +110,11 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
         return False
     crash_point("analyze:after_seal")
     known = {} if known is None else known
-    if spec.spec_id not in known:
-        known[spec.spec_id] = {e.key: e for e in ledger.entries(spec.spec_id)}
-    known[spec.spec_id][key] = stored
-    population = [e for e in known[spec.spec_id].values() if e.key.crowd_id == opened.crowd_id]
-    rows = with_cumulative_epsilon(spec, rows, population, key.window_end_ms)
+    if spec.metric not in known:
+        known[spec.metric] = {e.key: e for e in ledger.entries() if metric_of(e) == spec.metric}
+    known[spec.metric][key] = stored
+    population = [e for e in known[spec.metric].values() if e.key.crowd_id == opened.crowd_id]
+    rows = with_cumulative_epsilon(spec, rows, population, key.window_end_ms, odometers)
     for row in rows:
         row["release_id"] = opened.release_id
     _, written = write_release_estimates(config.out_dir, rows, spec_name=spec.name, window_end_ms=key.window_end_ms,
@@ -134,9 +137,9 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         bounded = plan_run(config, STAGE, config.shuffled_topic, options)
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
-        written, known = 0, {}
+        written, known, odometers = 0, {}, Odometers()
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
-            written += write_release(config, ledger, opened, rows, bounded.key, known)
+            written += write_release(config, ledger, opened, rows, bounded.key, known, odometers)
         keep_dead_letters(bounded, config.out_dir / "dead_letters")
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})

@@ -187,9 +187,15 @@ def _parser() -> argparse.ArgumentParser:
                       help="rappor_fragments: fragment epsilon (default: docs/mathematics.md §2.8 rule)")
     priv.add_argument("--windows", type=_positive_int, default=None,
                       help="compose W windows of the same population (delta is then the total delta)")
-    priv.add_argument("--crowd_epsilon", type=_positive_float, default=None,
-                      help="with --windows: the [crowd] epsilon of the noisy count published every window")
-    priv.add_argument("--crowd_delta", type=_positive_float, default=None, help="with --windows: [crowd] delta")
+    priv.add_argument("--crowd_claim", default=None,
+                      help="with --windows: none (default: replacement, the count is free), partition, membership "
+                           "or partition+membership (the count is charged, sized for a year)")
+    priv.add_argument("--window_seconds", type=_positive_int, default=None,
+                      help="with --crowd_claim: the window size the count is designed for (default 86400)")
+    priv.add_argument("--crowd_epsilon_year", type=_positive_float, default=None,
+                      help="with --crowd_claim: [crowd] epsilon_year (default 1)")
+    priv.add_argument("--crowd_delta_year", type=_positive_float, default=None,
+                      help="with --crowd_claim: [crowd] delta_year (default 1e-6)")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plan_parser(sub)
     for subparser in sub.choices.values():
@@ -345,10 +351,14 @@ def _privacy(args: argparse.Namespace) -> int:
     if args.windows is not None:
         from transforms.privacy.windows_report import format_windows_report, windows_report
 
-        report["windows"] = windows_report(report, args.windows, args.crowd_epsilon, args.crowd_delta)
+        count = {k: v for k, v in (("window_seconds", args.window_seconds), ("epsilon_year", args.crowd_epsilon_year),
+                                   ("delta_year", args.crowd_delta_year)) if v is not None}
+        report["windows"] = windows_report(report, args.windows, args.crowd_claim or "none", **count)
         text += "\n" + format_windows_report(report["windows"])
-    elif args.crowd_epsilon is not None or args.crowd_delta is not None:
-        raise ValueError("--crowd_epsilon / --crowd_delta apply with --windows only")
+    elif any(v is not None for v in (args.crowd_claim, args.window_seconds, args.crowd_epsilon_year,
+                                     args.crowd_delta_year)):
+        raise ValueError("--crowd_claim, --window_seconds, --crowd_epsilon_year, --crowd_delta_year apply with "
+                         "--windows only")
     _print(json.dumps(report, indent=2) if args.json else text)
     return 0
 

@@ -128,7 +128,8 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "n_reports": int(accumulator.messages),
         "n_clients": clients,
         "n_deleted": accumulator.deleted,
-        "eps_local": k * float(mechanism.epsilon_local),  # a client's k reports compose
+        # replacement notion like eps_central (rappor's removal budget is in parameters); k reports compose
+        "eps_local": k * float(getattr(mechanism, "epsilon_replacement", mechanism.epsilon_local)),
         "eps_central": central_epsilon(mechanism, clients, spec.delta, k),
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
@@ -136,6 +137,27 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
     }
     return [{**common, "item": item.name, "item_index": item.index, "estimate": item.estimate,
              "stderr": item.stderr, "raw_estimate": item.raw} for item in readout(spec, result)]
+
+
+COLLUDING_FRACTION = 0.1  # the published what-if: this share of the crowd's devices colludes with the analyst
+
+
+def _honest_crowd(spec: AnalysisSpec, mechanism: Mechanism, n: int) -> dict[str, Any]:
+    """eps_central's assumption, and what it becomes when a tenth of the crowd colludes with the analyst.
+
+    Colluding enrolled devices send reports the analyst knows, so they hide nobody: a victim is amplified only
+    by the honest others. With c colluders the guarantee is the tight bound for the n - c honest reports
+    (the victim's included); a lone victim among colluders keeps only its local epsilon.
+    """
+    colluders = math.ceil(COLLUDING_FRACTION * n)
+    single = not callable(getattr(mechanism, "epsilon_central", None)) and math.isfinite(
+        float(mechanism.epsilon_local))
+    out: dict[str, Any] = {"eps_central_assumes": "honest crowd: the other reports of the window come from "
+                                                  "devices that do not collude with the analyst"}
+    if single and n >= 2:
+        out["eps_central_if_10pct_collude"] = central_epsilon(mechanism, n - colluders, spec.delta,
+                                                              spec.max_reports_per_client)
+    return out
 
 
 def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[str, Any]:
@@ -151,9 +173,12 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
     removal = getattr(mechanism, "epsilon_central_removal", None)  # privacy ledger (h-privacy): eps_central is
     if callable(removal) and int(result.n) >= 2:                     # replacement DP; [ESA]'s removal value here
         out["eps_central_removal"] = float(removal(int(result.n), spec.delta))
+    if hasattr(mechanism, "epsilon_replacement"):  # eps_local is the replacement value; the removal one here
+        out["eps_local_removal"] = float(mechanism.epsilon_local)
     ledger = getattr(mechanism, "ledger", None)
     if callable(ledger):
         out["ledger"] = ledger(int(result.n))
+    out.update(_honest_crowd(spec, mechanism, int(result.n)))
     extra = readout_parameters(spec, result)
     if extra:
         out["readout"] = extra

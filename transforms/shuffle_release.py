@@ -22,6 +22,7 @@ from transforms.ingress import NAMESPACE
 from transforms.mechanisms.randomness import keyed_generator
 from transforms.packed import Message, PackedMessages, PackedUnits
 from transforms.privacy.crowd import crowd_threshold
+from transforms.privacy.crowd_count import discrete_gaussian
 from transforms.spec import AnalysisSpec
 from transforms.spill import load
 
@@ -38,6 +39,17 @@ def discrete_laplace(rng: np.random.Generator, epsilon: float) -> int:
     """
     p = -math.expm1(-epsilon / 2.0)
     return int(rng.geometric(p)) - int(rng.geometric(p))
+
+
+def _count_noise(rng: np.random.Generator, spec: AnalysisSpec) -> tuple[int, float]:
+    """(noise, T) of the crowd count: the yearly-designed discrete Gaussian where a partition or membership
+    claim makes the count cost privacy (``transforms.privacy.crowd_count``), else [ESA]'s discrete Laplace,
+    which then only sets how many reports are deleted (the count does not change between neighbours)."""
+    design = spec.crowd.count_design(spec.window_seconds)
+    if design is not None:
+        sigma, threshold = design
+        return discrete_gaussian(rng, sigma), float(threshold)
+    return discrete_laplace(rng, spec.crowd.epsilon), crowd_threshold(spec.crowd.epsilon, spec.crowd.delta)
 
 
 def noisy_crowd_target(n: int, noise: int, threshold: float) -> int:
@@ -100,8 +112,7 @@ class CrowdThresholdFn(beam.DoFn):
         subkeys, counts = zip(*sorted(parts), strict=True)
         n = int(sum(counts))
         rng = keyed_generator(self._key, "threshold", spec_id, str(crowd), window_end)
-        n_hat = noisy_crowd_target(n, discrete_laplace(rng, crowd_spec.epsilon),
-                                   crowd_threshold(crowd_spec.epsilon, crowd_spec.delta))
+        n_hat = noisy_crowd_target(n, *_count_noise(rng, self._specs[spec_id]))
         if n_hat > n or n_hat < max(crowd_spec.min_clients, 1):
             # Both outcomes release nothing; only the shuffler's own log and counters know why.
             (self._aborted if n_hat > n else self._suppressed).inc()

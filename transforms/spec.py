@@ -23,6 +23,7 @@ from typing import Any
 
 from transforms.mechanisms.base import Mechanism, is_single_message
 from transforms.mechanisms.registry import build_mechanism, mechanisms_for
+from transforms.privacy.crowd_count import count_charges, design, neighbouring_notion, windows_per_year
 
 KINDS = ("histogram", "kv_mean", "vector_mean", "range", "quantile", "heavy_hitters")
 POSTPROCESS = ("none", "clip", "simplex")
@@ -35,7 +36,8 @@ KNOWN_FIELDS: dict[str, set[str] | None] = {
     "postprocess": {"method"},
     "mechanism": None,
     "window": {"size_seconds", "allowed_lateness_seconds"},
-    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions", "partition", "min_clients"},
+    "crowd": {"epsilon", "delta", "subkeys", "publish_deletions", "partition", "min_clients", "membership",
+              "epsilon_year", "delta_year"},
     "privacy": {"delta"},
     "clients": {"max_reports_per_window"},
 }
@@ -62,6 +64,34 @@ class CrowdSpec:
     # The smallest release: the shuffler withholds a crowd whose noisy target is below it, and the analyzer
     # refuses any release claiming fewer sets (a forged or truncated small crowd never gets estimates).
     min_clients: int = 10
+    # A claim that whether a device reported in a window is private too (membership): the count is then
+    # charged (one count per window; with a partition, two), as is any count under a partition.
+    membership: bool = False
+    # Where the count is charged it is a discrete Gaussian sized so a year of windows costs at most this
+    # (transforms.privacy.crowd_count); epsilon/delta above then do not apply.
+    epsilon_year: float = 1.0
+    delta_year: float = 1e-6
+
+    @property
+    def charges(self) -> int:
+        """Counts that change between neighbours per window (0: the count costs nothing)."""
+        return count_charges(self.partition is not None, self.membership)
+
+    @property
+    def notion(self) -> str:
+        """The neighbouring notion every published epsilon of this spec is stated in."""
+        return neighbouring_notion(self.partition is not None, self.membership)
+
+    def count_design(self, window_seconds: int) -> tuple[float, int] | None:
+        """(sigma, T) of the charged count, sized for a year of ``window_seconds`` windows; None if free."""
+        if not self.charges:
+            return None
+        return design(self.epsilon_year, self.delta_year, windows_per_year(window_seconds), self.charges)
+
+
+# [crowd] fields added after specs were deployed: left out of the hash at their defaults, so every existing
+# spec keeps its spec_id (devices in the field keep being accepted); any other value is hashed as usual.
+_UNHASHED_DEFAULTS = {"membership": False, "epsilon_year": 1.0, "delta_year": 1e-6}
 
 
 @dataclass(frozen=True)
@@ -101,7 +131,11 @@ class AnalysisSpec:
     @cached_property
     def spec_id(self) -> str:
         """``name@`` + 12 hex digits of the SHA-256 of the canonical JSON of every field."""
-        canonical = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = dataclasses.asdict(self)
+        for key, default in _UNHASHED_DEFAULTS.items():  # added later: at their defaults, hashes stay as they were
+            if fields["crowd"].get(key) == default:
+                del fields["crowd"][key]
+        canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return f"{self.name}@{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
     @cached_property
@@ -166,6 +200,9 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         publish_deletions=reader.get("crowd", "publish_deletions", bool, CrowdSpec.publish_deletions),
         min_clients=reader.get("crowd", "min_clients", int, CrowdSpec.min_clients),
         partition=partition,
+        membership=reader.get("crowd", "membership", bool, CrowdSpec.membership),
+        epsilon_year=float(reader.get("crowd", "epsilon_year", (int, float), CrowdSpec.epsilon_year)),
+        delta_year=float(reader.get("crowd", "delta_year", (int, float), CrowdSpec.delta_year)),
     )
     spec = AnalysisSpec(
         name=name,
@@ -299,6 +336,8 @@ def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
          "must be >= 0"),
         ("crowd", "epsilon", spec.crowd.epsilon, 0 < spec.crowd.epsilon <= 30, "must be in (0, 30]"),
         ("crowd", "delta", spec.crowd.delta, 0 < spec.crowd.delta < 1, "must be in (0, 1)"),
+        ("crowd", "epsilon_year", spec.crowd.epsilon_year, 0 < spec.crowd.epsilon_year <= 30, "must be in (0, 30]"),
+        ("crowd", "delta_year", spec.crowd.delta_year, 0 < spec.crowd.delta_year < 1e-3, "must be in (0, 1e-3)"),
         ("crowd", "subkeys", spec.crowd.subkeys, 1 <= spec.crowd.subkeys <= 4096, "must be in [1, 4096]"),
         ("crowd", "min_clients", spec.crowd.min_clients, 1 <= spec.crowd.min_clients <= 10**9,
          "must be in [1, 1e9]"),

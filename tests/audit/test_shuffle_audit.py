@@ -24,6 +24,13 @@ from transforms.privacy.mixture import alpha_grr
 from transforms.privacy.odometer import WindowRelease, cumulative_epsilon
 from transforms.privacy.shuffle_bound import epsilon_central
 
+# The likelihood-ratio audit below (``test_likelihood_ratio_audit_*``) is the one that can fail. The one-bin
+# event above ("count of category 0 >= t") sees one of the two bins the victim moves between, so even with
+# infinite trials it certifies at most 0.98 against a claim of 1.58: it passes a randomizer 3x looser than
+# claimed. The pair behind the claim (docs/mathematics.md §1.2) is a law on both bins (c0, c1) -- the
+# victim's report moves one unit between them -- so the most powerful test is a threshold on the
+# likelihood ratio of (c0, c1) (Neyman-Pearson), chosen on the exact laws of the *claimed* randomizer.
+
 D, EPS0, N_CLIENTS, DELTA, TRIALS = 4, 2.0, 15, 1e-3, 300_000
 
 
@@ -83,3 +90,82 @@ def test_unshuffled_crowd_is_refuted() -> None:
         hits.append(int(np.sum(reports[:, 0] == 0)))  # no shuffle: the victim's report is identifiable
     lower = epsilon_lower_bound(hits[0], TRIALS, hits[1], TRIALS, delta=DELTA)
     assert lower > claim, f"audit failed to refute an unshuffled release ({lower:.3f} <= {claim:.3f})"
+
+
+LR_TRIALS = 300_000
+LR_MIN_Q = 2e-3  # the event's probability under the second hypothesis: ~600 hits, a tight Clopper-Pearson side
+
+
+def _bins_law(eps0: float, victim: int) -> np.ndarray:
+    """Exact law of (c0, c1) for the 15-client crowd (victim ``victim``, 14 others holding 2), as a matrix."""
+    p, q = math.exp(eps0) / (math.exp(eps0) + D - 1), 1.0 / (math.exp(eps0) + D - 1)
+    others = N_CLIENTS - 1
+    law = np.zeros((N_CLIENTS + 1, N_CLIENTS + 1))
+    for a in range(others + 1):
+        for b in range(others + 1 - a):  # multinomial(others; q, q, 1 - 2q) on (c0, c1, rest)
+            law[a, b] = math.comb(others, a) * math.comb(others - a, b) * q ** (a + b) * (1 - 2 * q) ** (others - a - b)
+    mine = {0: p if victim == 0 else q, 1: p if victim == 1 else q}
+    out = np.zeros_like(law)
+    out[1:, :] += mine[0] * law[:-1, :]
+    out[:, 1:] += mine[1] * law[:, :-1]
+    out += (1 - mine[0] - mine[1]) * law
+    return out
+
+
+def _lr_event(eps0: float) -> np.ndarray:
+    """The (c0, c1) cells whose exact likelihood ratio is largest, maximising (P0[E] - delta)/P1[E] with
+    P1[E] >= LR_MIN_Q: fixed before any sample is drawn."""
+    p0, p1 = _bins_law(eps0, 0).ravel(), _bins_law(eps0, 1).ravel()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(p1 > 0, p0 / p1, np.where(p0 > 0, np.inf, 0.0))
+    order = np.argsort(-ratio, kind="stable")
+    c0, c1 = np.cumsum(p0[order]), np.cumsum(p1[order])
+    score = np.where(c1 >= LR_MIN_Q, (c0 - DELTA) / np.maximum(c1, 1e-300), 0.0)
+    event = np.zeros(p0.size, dtype=bool)
+    event[order[: int(np.argmax(score)) + 1]] = True
+    return event.reshape(_bins_law(eps0, 0).shape)
+
+
+def _lr_audit(true_eps0: float, claimed_eps0: float, seed: int) -> float:
+    """Clopper-Pearson lower bound on the central epsilon of shuffled reports of a GRR at ``true_eps0``,
+    from the likelihood-ratio event designed for the claimed randomizer."""
+    event = _lr_event(claimed_eps0)
+    rng = seeded_rng(seed)
+    mech = GRR(D, true_eps0)
+    hits = []
+    for victim in (0, 1):
+        values = np.full(N_CLIENTS, 2, dtype=np.int64)
+        values[0] = victim
+        reports = mech.encode(np.tile(values, LR_TRIALS), rng)["value"].reshape(LR_TRIALS, N_CLIENTS)
+        shuffled = rng.permuted(reports, axis=1)
+        c0, c1 = np.sum(shuffled == 0, axis=1), np.sum(shuffled == 1, axis=1)
+        hits.append(int(np.sum(event[c0, c1])))
+    return epsilon_lower_bound(hits[0], LR_TRIALS, hits[1], LR_TRIALS, delta=DELTA)
+
+
+def test_likelihood_ratio_event_reaches_the_claim_on_the_exact_laws() -> None:
+    """With infinite trials the LR audit certifies the claim itself: the pair is exactly the law of (c0, c1)."""
+    claim = epsilon_central(N_CLIENTS, alpha_grr(EPS0, D), EPS0, DELTA)
+    event = _lr_event(EPS0)
+    p0, p1 = _bins_law(EPS0, 0), _bins_law(EPS0, 1)
+    assert math.isclose(p0.sum(), 1.0) and math.isclose(p1.sum(), 1.0)
+    reached = math.log((p0[event].sum() - DELTA) / p1[event].sum())
+    assert claim - 0.01 < reached <= claim + 1e-9
+
+
+def test_likelihood_ratio_audit_passes_the_honest_claim() -> None:
+    claim = epsilon_central(N_CLIENTS, alpha_grr(EPS0, D), EPS0, DELTA)
+    lower = _lr_audit(EPS0, EPS0, seed=31)
+    assert 0.8 * claim < lower <= claim, f"audited {lower:.3f} vs claimed {claim:.3f}"
+
+
+def test_likelihood_ratio_audit_refutes_a_randomizer_1_3x_looser_than_claimed() -> None:
+    claim = epsilon_central(N_CLIENTS, alpha_grr(EPS0, D), EPS0, DELTA)
+    lower = _lr_audit(1.3 * EPS0, EPS0, seed=32)
+    assert lower > claim, f"a randomizer at eps0 = {1.3 * EPS0} passed: audited {lower:.3f} <= claim {claim:.3f}"
+
+
+def test_likelihood_ratio_audit_refutes_an_accountant_20_percent_optimistic() -> None:
+    optimistic = 0.8 * epsilon_central(N_CLIENTS, alpha_grr(EPS0, D), EPS0, DELTA)
+    lower = _lr_audit(EPS0, EPS0, seed=33)
+    assert lower > optimistic, f"an accountant claiming {optimistic:.3f} passed: audited {lower:.3f}"

@@ -45,6 +45,9 @@ method = "simplex"
 epsilon = 1.0
 delta = 1e-6
 partition = "app_version"
+# a partition charges the count (two per window) for a year of hourly windows: epsilon_year = 1 would need
+# a threshold of ~3,400 deletions per crowd; 8 keeps it at ~550 for the test's two crowds of ~3,000
+epsilon_year = 8.0
 """
 
 CASES = {

@@ -22,6 +22,7 @@ from transforms.privacy.odometer import (
     PrivacyOdometer,
     WindowRelease,
     compose_releases,
+    compose_with_delta,
     cumulative_epsilon,
     quantize_clients,
 )
@@ -121,17 +122,21 @@ def test_crowd_count_pair_and_cost() -> None:
     assert math.isclose(p["top"], (1 - math.exp(-0.5)) * math.exp(-0.5 * t) / (1 + math.exp(-0.5)))
     # count alone: the pair P x Q vs Q x P, hockey-stick by enumeration at the odometer's epsilon
     crowd_only = WindowRelease(ALPHA, 4.0, 0, 1.0, 1e-9)
-    eps = cumulative_epsilon([crowd_only], DELTA)
+    eps, delta_cum, _ = compose_with_delta([crowd_only], DELTA)
     keys = list(p)
     pp = np.array([p[a] * q[b] for a in keys for b in keys])
     qq = np.array([q[a] * p[b] for a in keys for b in keys])
-    assert np.maximum(pp - math.exp(eps) * qq, 0).sum() <= DELTA
-    assert np.maximum(pp - math.exp(eps - 1e-3) * qq, 0).sum() > DELTA
+    # read at DELTA plus the pair's own infinite-loss mass (the top outcome), no per-window allowance
+    assert delta_cum == pytest.approx(DELTA + p["top"] * q["lo"] + p["top"] * q["mid"] + p["top"] * q["abort"],
+                                      rel=1e-6)
+    assert np.maximum(pp - math.exp(eps) * qq, 0).sum() <= delta_cum * (1 + 1e-9)
+    assert np.maximum(pp - math.exp(eps - 1e-3) * qq, 0).sum() > delta_cum
     assert eps <= 1.0 + 1e-4  # Thm V.1's eps_cr, on the dot: two counts at eps_cr/2 each
     with_crowd = cumulative_epsilon([WindowRelease(ALPHA, 4.0, 10**5, 1.0, 1e-9)] * 3, DELTA)
     assert with_crowd > cumulative_epsilon([_krr(10**5)] * 3, DELTA)
-    # the count's infinite-loss outcome (~7.5e-8 per window at delta_cr = 1e-6) is paid in every window: 20 exceed 1e-6
-    assert math.isinf(cumulative_epsilon([WindowRelease(ALPHA, 4.0, 10**5, 1.0, 1e-6)] * 20, DELTA))
+    # the count's infinite-loss outcome (~7.5e-8 per window at delta_cr = 1e-6) is added, not delta_cr itself
+    _, delta_cum, _ = compose_with_delta([WindowRelease(ALPHA, 4.0, 10**5, 1.0, 1e-6)] * 20, DELTA)
+    assert DELTA + 20 * 7e-8 < delta_cum < DELTA + 20 * 8e-8
 
 
 def test_odometer_incremental_json_and_method() -> None:

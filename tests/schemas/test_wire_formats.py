@@ -67,7 +67,8 @@ def estimate(n_deleted: int | None) -> dict[str, Any]:
             "n_clients": 20_000, "n_deleted": n_deleted,
             "eps_local": 2.0, "eps_central": 0.12, "delta": 1e-6, "mechanism": "olh",
             "parameters": json.dumps({"d": 64, "epsilon": 2.0}), "eps_central_cumulative": 1.1,
-            "windows_composed": 3, "delta_cumulative": 4e-6, "release_id": "0123456789abcdef0123456789abcdef"}
+            "windows_composed": 3, "delta_cumulative": 4e-6, "release_id": "0123456789abcdef0123456789abcdef",
+            "notion": "replacement across partitions", "eps_count_cumulative": 0.4}
 
 
 def dead_letter(full: bool) -> dict[str, Any]:
@@ -176,9 +177,10 @@ def test_round_trip(name: str, case: str, record: dict[str, Any]) -> None:
 def test_estimate_without_the_optional_odometer_fields_reads_them_as_null() -> None:
     """Writers that predate the odometer (eps_central_cumulative, windows_composed, release_id) stay readable."""
     full = estimate(31)
-    older = {k: v for k, v in full.items() if k not in ("eps_central_cumulative", "windows_composed", "release_id")}
+    added = ("eps_central_cumulative", "windows_composed", "release_id", "notion", "eps_count_cumulative")
+    older = {k: v for k, v in full.items() if k not in added}
     decoded = decode_record("Estimate", encode_record("Estimate", older))
-    assert decoded == {**older, "eps_central_cumulative": None, "windows_composed": None, "release_id": None}
+    assert decoded == {**older, **dict.fromkeys(added)}
 
 
 def test_record_union_branches_written_as_plain_dicts_come_back_named() -> None:

@@ -49,7 +49,8 @@ TRUE_COUNTS = np.array([6000, 4000, 3000, 2000, 2000, 1600, 1000, 400])  # sums 
 MECHANISMS = ["grr", "oue", "olh"]
 ESTIMATE_FIELDS = [f["name"] for f in load_schema("Estimate").parsed["fields"]]
 # Filled by the analyzer's driver once the release is sealed in its ledger (pipelines/analyze.py).
-DRIVER_FIELDS = {"release_id", "eps_central_cumulative", "windows_composed", "delta_cumulative"}
+DRIVER_FIELDS = {"release_id", "eps_central_cumulative", "windows_composed", "delta_cumulative", "notion",
+                 "eps_count_cumulative"}
 
 
 def make_spec(mechanism: str, name: str = "analyze_test") -> AnalysisSpec:
@@ -112,7 +113,8 @@ def test_one_valid_estimate_row_per_item(analyzed: MechanismRun) -> None:
         assert row["eps_local"] == spec.epsilon
         assert row["delta"] == spec.delta
         assert row["mechanism"] == spec.mechanism
-        assert json.loads(row["parameters"]) == mech.parameters()
+        params = json.loads(row["parameters"])
+        assert {k: v for k, v in params.items() if not k.startswith("eps_central_")} == mech.parameters()
         assert math.isfinite(row["estimate"]) and row["stderr"] > 0
         assert (row["window_start"], row["window_end"]) == (WIN_A, WIN_A + WINDOW_MS)
 
@@ -222,7 +224,7 @@ def sample_estimate_rows() -> list[dict[str, Any]]:
                     "parameters": json.dumps({"d": 3, "epsilon": 1.0}),
                     "eps_central_cumulative": float(rng.uniform(0.1, 0.2)), "windows_composed": 2,
                     "delta_cumulative": 3e-6,
-                    "release_id": f"{start:032x}",
+                    "release_id": f"{start:032x}", "notion": "replacement", "eps_count_cumulative": None,
                 })
     return rows
 
@@ -294,3 +296,17 @@ def test_write_avro_file_writes_dead_letters_fastavro_can_read(tmp_path: Path) -
         assert reader.writer_schema["name"] == "esa.telemetry.DeadLetter"
         back = list(reader)
     assert sorted(back, key=lambda d: d["reason"]) == sorted(letters, key=lambda d: d["reason"])
+
+
+def test_rows_state_the_honest_crowd_assumption(analyzed: MechanismRun) -> None:
+    """eps_central rests on the other reports being honest: every row says so, and says what it becomes when
+    a tenth of the crowd colludes (the tight bound for the honest remainder only)."""
+    from transforms.analyze import central_epsilon
+
+    spec, mech = analyzed.spec, analyzed.spec.randomizer
+    row = analyzed.rows[0]
+    params = json.loads(row["parameters"])
+    assert "honest crowd" in params["eps_central_assumes"]
+    honest = row["n_clients"] - math.ceil(0.1 * row["n_clients"])
+    assert params["eps_central_if_10pct_collude"] == central_epsilon(mech, honest, spec.delta)
+    assert row["eps_central"] < params["eps_central_if_10pct_collude"] <= row["eps_local"]

@@ -250,3 +250,27 @@ def test_records_a_previous_run_dead_lettered_are_skipped(devices: Devices) -> N
     prior = PriorRuns(processed_until={"reports/6": 2})
     main, tagged = split_outputs(ingress_fn([SPEC], devices, prior).process(junk))
     assert main == [] and [d["offset"] for d in tagged[DEAD]] == [2, 3]
+
+
+def test_a_claimed_count_draws_the_yearly_discrete_gaussian() -> None:
+    """With a partition the count is charged, so the shuffler uses the yearly-designed discrete Gaussian
+    (sigma, T of ``crowd_count.design``): each decision equals n_hat recomputed from the crowd's keyed draw."""
+    from transforms.privacy.crowd_count import design, discrete_gaussian, windows_per_year
+
+    spec = make_spec(partition="app_version", min_clients=1, name="gaussian")
+    sigma, threshold = design(1.0, 1e-6, windows_per_year(WINDOW_MS // 1000), 2)
+    assert spec.crowd.count_design(WINDOW_MS // 1000) == (sigma, threshold)
+    fn = CrowdThresholdFn([spec], KEY)
+    n = threshold + 4 * round(sigma)  # large enough to be released most of the time
+    released = 0
+    for k in range(20):
+        crowd = (spec.spec_id, "v1", WIN_A + (k + 1) * WINDOW_MS)
+        decisions = dict(fn.process((crowd, [(0, n // 2), (1, n - n // 2)])))
+        rng = keyed_generator(KEY, "threshold", spec.spec_id, "v1", crowd[2])
+        n_hat = noisy_crowd_target(n, discrete_gaussian(rng, sigma), float(threshold))
+        if n_hat > n or n_hat < 1:
+            assert set(decisions.values()) == {WITHHELD}
+        else:
+            released += 1
+            assert sum(decisions.values()) == n - n_hat
+    assert released >= 19

@@ -260,3 +260,23 @@ def test_with_mechanism_keeps_the_original_unchanged() -> None:
     changed = spec.with_mechanism(mechanism="oue", epsilon=1.0)
     assert isinstance(changed, AnalysisSpec) and changed.mechanism_params == ()
     assert spec.spec_id == before and spec.mechanism == "olh" and spec.epsilon == 2.0
+
+
+def test_the_crowd_claim_fields_keep_old_spec_ids_at_their_defaults() -> None:
+    """membership / epsilon_year / delta_year came later: at their defaults the hash is the one computed
+    without them (devices already deployed keep their spec_id); any other value is a new spec."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from transforms.spec import DEFAULT_SPEC, load_spec
+
+    spec = load_spec(DEFAULT_SPEC)
+    fields = dataclasses.asdict(spec)
+    for key in ("membership", "epsilon_year", "delta_year"):
+        del fields["crowd"][key]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    assert spec.spec_id == f"{spec.name}@{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+    for change in ({"membership": True}, {"epsilon_year": 2.0}, {"delta_year": 1e-7}):
+        other = dataclasses.replace(spec, crowd=dataclasses.replace(spec.crowd, **change))
+        assert other.spec_id != spec.spec_id, change

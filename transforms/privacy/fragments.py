@@ -145,12 +145,11 @@ def replacement_tight(n: int, alpha: float, eps: float, delta: float) -> float:
     Where the exact PLD is too large to build (``shuffle_pld.MAX_POINTS``) it returns basic composition of
     the two channels' tight bounds, 2 eps_c(delta/2), also valid.
     """
-    from .odometer import WindowRelease, cumulative_epsilon  # dp_accounting: imported only when accounting
-    from .shuffle_pld import PLDTooLargeError, shuffle_pld
+    from .shuffle_pld import PLDTooLargeError, shuffle_pld  # dp_accounting: imported only when accounting
 
     n, delta = check_int("n", n, 2), check_delta("delta", delta)
     try:
-        shuffle_pld(n, alpha, eps)  # cached: cumulative_epsilon reuses it
+        channel = shuffle_pld(n, alpha, eps)  # at the exact n (not the odometer's grid): within 1e-3 of exact
     except PLDTooLargeError:
         return 2.0 * epsilon_central(n, alpha, eps, delta / 2.0)
-    return cumulative_epsilon([WindowRelease(alpha, eps, n)] * 2, delta)
+    return float(channel.compose(channel).get_epsilon_for_delta(delta))

@@ -27,6 +27,7 @@ independent blanket report, a post-processing, so fewer users never certify more
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -37,9 +38,10 @@ from dp_accounting.pld.common import DifferentialPrivacyParameters
 
 from ._checks import check_delta, check_epsilon, check_int
 from .shuffle_bound import check_mixture_alpha, epsilon_central
-from .shuffle_pld import DEFAULT_INTERVAL, PLDTooLargeError, crowd_count_pld, shuffle_pld
+from .shuffle_pld import DEFAULT_INTERVAL, PLDTooLargeError, count_pld, crowd_count_pld, shuffle_pld
 
-__all__ = ["PrivacyOdometer", "WindowRelease", "compose_releases", "cumulative_epsilon", "quantize_clients"]
+__all__ = ["PrivacyOdometer", "WindowRelease", "compose_releases", "compose_with_delta", "cumulative_epsilon",
+           "infinity_mass", "interval_for", "quantize_clients"]
 
 FALLBACK_SHARES = (0.5, 0.9, 0.99)  # shares of delta_total tried for the too-large windows' own deltas
 METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound, "
@@ -55,9 +57,12 @@ class WindowRelease:
 
     ``mechanism_alpha``/``eps_local``/``n_clients``: the shuffled reports (mixture parameter of the
     randomizer, its local epsilon, the number of clients actually released: after the crowd threshold).
-    ``crowd_epsilon``/``crowd_delta``: the spec's ``[crowd]`` parameters if the window's noisy count was
-    published (None: no count released). ``approx_epsilon``/``approx_delta``: instead of the shuffle
-    parameters, a per-window (eps, delta) guarantee from a mechanism's own accountant.
+    ``crowd_epsilon``/``crowd_delta``: a legacy per-window discrete Laplace count charged as two counts
+    (ledgers written before the yearly design; None: not charged). ``count_sigma``/``count_threshold``/
+    ``count_charges``: the yearly-designed discrete Gaussian count (``crowd_count``), charged
+    ``count_charges`` times (0 under replacement with one crowd, where the count does not change).
+    ``approx_epsilon``/``approx_delta``: instead of the shuffle parameters, a per-window (eps, delta)
+    guarantee from a mechanism's own accountant. ``channels``: copies of the pair one replacement changes.
     """
 
     mechanism_alpha: float | None
@@ -67,9 +72,17 @@ class WindowRelease:
     crowd_delta: float | None = None
     approx_epsilon: float | None = None
     approx_delta: float | None = None
+    count_sigma: float | None = None
+    count_threshold: int | None = None
+    count_charges: int = 0
+    channels: int = 1  # independent shuffled populations one replacement changes (unary encodings: 2)
 
     def __post_init__(self) -> None:
         check_int("n_clients", self.n_clients, 0)
+        check_int("channels", self.channels, 1)
+        check_int("count_charges", self.count_charges, 0)
+        if self.count_charges and (self.count_sigma is None or self.count_threshold is None):
+            raise ValueError("a charged count needs count_sigma and count_threshold")
         if (self.crowd_epsilon is None) != (self.crowd_delta is None):
             raise ValueError("crowd_epsilon and crowd_delta must be given together")
         if self.crowd_epsilon is not None:
@@ -98,7 +111,8 @@ class WindowRelease:
         """Releases with equal keys have the same PLD (n rounded down, see ``quantize_clients``)."""
         n = self.n_clients if self.approx_epsilon is not None else quantize_clients(self.n_clients)
         return (self.mechanism_alpha, self.eps_local, n, self.crowd_epsilon, self.crowd_delta,
-                self.approx_epsilon, self.approx_delta)
+                self.approx_epsilon, self.approx_delta, self.count_sigma, self.count_threshold, self.count_charges,
+                self.channels)
 
 
 CLIENT_GRID = 1.02  # windows share a PLD when their client counts round down to the same point of this grid
@@ -137,7 +151,7 @@ def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, fallb
     """The PLD of one window, reports and crowd count composed (None if it released nothing). A window too
     large for an exact PLD raises ``PLDTooLargeError`` unless ``fallback_delta`` is given: then its reports
     enter as the canonical pair of the tight bound at that delta."""
-    _, _, n, crowd_eps, crowd_delta, approx_eps, approx_delta = release.group_key()
+    _, _, n, crowd_eps, crowd_delta, approx_eps, approx_delta, *_ = release.group_key()
     out = None
     if approx_eps is not None:
         if n > 0:
@@ -154,16 +168,31 @@ def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, fallb
                                                   value_discretization_interval=interval)
     elif n == 1:
         out = _local_pld(release.mechanism_alpha, release.eps_local, interval)
+    if out is not None and release.channels > 1:
+        out = out.self_compose(release.channels)
     if crowd_eps is not None:
         count = crowd_count_pld(crowd_eps, crowd_delta, interval)
+        out = count if out is None else out.compose(count)
+    if release.count_charges:
+        count = count_pld(release.count_sigma, release.count_threshold, release.count_charges, interval)
         out = count if out is None else out.compose(count)
     return out
 
 
 class PrivacyOdometer:
-    """Running total of one population's releases. ``add`` composes one window into the state (one
-    convolution) and returns the cumulative epsilon at ``delta_total``; ``from_json`` rebuilds the state
-    from the JSON ledger of past releases (one FFT self-composition per group of equal windows)."""
+    """Running total of one population's releases, incremental and independent of release order.
+
+    Equal windows form a group (``WindowRelease.group_key``); a group of k windows is always the FFT
+    self-composition base^k of its window's PLD, and the total is the composition of the groups in sorted key
+    order. So the state is a function of the multiset of releases only (a crash that reorders releases
+    publishes the same numbers), and ``add`` costs one self-composition of the changed group plus one
+    composition per other group (the 2% client grid keeps groups few): independent of how many windows came
+    before, except through the composed distribution's support. ``compositions`` counts these calls.
+
+    delta: the total is read at ``delta_total`` plus the composition's infinite-loss mass
+    (``delta_cumulative``): the mass each window really puts on infinite loss (a crowd count's top outcome,
+    an (eps, delta) window's delta), never a per-window allowance.
+    """
 
     def __init__(self, delta_total: float, interval: float = DEFAULT_INTERVAL) -> None:
         self.delta_total = check_delta("delta_total", delta_total)
@@ -171,77 +200,114 @@ class PrivacyOdometer:
         if not 0.0 < self.interval <= 0.01:
             raise ValueError(f"interval must be in (0, 0.01], got {interval!r}")
         self.releases: list[WindowRelease] = []
-        self._groups: dict[tuple, list] = {}  # key -> [count, composed PLD or None, one member, too large]
+        self._groups: dict[tuple, list] = {}  # key -> [count, base PLD, composed PLD or None, member, too large]
+        self._total: tuple[float, float] | None = None  # (epsilon, delta_cumulative), None when stale
+        self.compositions = 0
 
     @property
     def method(self) -> str:
         approx = any(r.approx_epsilon is not None for r in self.releases)
-        fallback = any(group[3] for group in self._groups.values())
+        fallback = any(group[4] for group in self._groups.values())
         return (METHOD_MIXED if approx else METHOD_PLD) + (METHOD_FALLBACK if fallback else "")
-
-    def _window(self, release: WindowRelease, group: list) -> pld_lib.PrivacyLossDistribution | None:
-        """The window's exact PLD; None for a too-large one (marked on its group, built in ``epsilon``)."""
-        if group[3]:
-            return None
-        try:
-            return window_pld(release, self.interval)
-        except PLDTooLargeError:
-            group[3] = True
-            return None
 
     def add(self, release: WindowRelease) -> float:
         """Record one more window and return the cumulative epsilon of everything released so far."""
-        self._add(release, recompute=False)
+        self.record(release)
         return self.epsilon
 
     def extend(self, releases: Sequence[WindowRelease]) -> float:
-        """Record many windows at once (each group composed by one FFT self-composition)."""
+        """Record many windows at once (each group composed once)."""
         for release in releases:
-            self._add(release, recompute=True)
-        for group in self._groups.values():
-            if group[1] is None and group[0] > 0:
-                base = self._window(group[2], group)
-                group[1] = None if base is None else (base if group[0] == 1 else base.self_compose(group[0]))
+            self.record(release)
         return self.epsilon
 
-    def _add(self, release: WindowRelease, *, recompute: bool) -> None:
+    def record(self, release: WindowRelease) -> None:
+        """Record a window without reading the total (``add`` reads it)."""
         if not isinstance(release, WindowRelease):
             raise TypeError(f"expected a WindowRelease, got {type(release).__name__}")
         self.releases.append(release)
-        key = release.group_key()
-        group = self._groups.setdefault(key, [0, None, release, False])
-        group[0] += 1
-        if recompute:
-            group[1] = None
-            return
-        base = self._window(release, group)
-        if base is not None:
-            group[1] = base if group[1] is None else group[1].compose(base)
+        for part in _components(release):
+            key = part.group_key()
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = [0, None, None, part, False]
+                try:
+                    group[1] = window_pld(part, self.interval)
+                except PLDTooLargeError:
+                    group[4] = True
+            group[0] += 1
+            group[2] = None
+        self._total = None
 
-    @property
-    def epsilon(self) -> float:
-        """Cumulative epsilon at ``delta_total`` (0 before any release; inf if delta_total is too small).
+    def _composed(self, group: list) -> pld_lib.PrivacyLossDistribution | None:
+        if group[2] is None and group[1] is not None:
+            self.compositions += 1
+            group[2] = group[1] if group[0] == 1 else group[1].self_compose(group[0])
+        return group[2]
 
-        Too-large groups (``method``) get a share of delta_total split evenly over their windows; the best
-        of a few fixed shares is returned (each is a valid guarantee, and the choice does not look at data).
-        """
-        exact = None
-        for _, composed, _, fallback in self._groups.values():
-            if composed is not None and not fallback:
-                exact = composed if exact is None else exact.compose(composed)
-        too_large = [group for group in self._groups.values() if group[3]]
+    def _exact(self, counts_only: bool = False) -> pld_lib.PrivacyLossDistribution | None:
+        total = None
+        for key in sorted(self._groups, key=repr):
+            group = self._groups[key]
+            if counts_only and not _is_count(group[3]):
+                continue
+            composed = None if group[4] else self._composed(group)
+            if composed is not None:
+                if total is not None:
+                    self.compositions += 1
+                total = composed if total is None else total.compose(composed)
+        return total
+
+    def _read(self) -> tuple[float, float]:
+        if self._total is not None:
+            return self._total
+        exact = self._exact()
+        too_large = [group for group in self._groups.values() if group[4]]
         if not too_large:
-            return 0.0 if exact is None else float(exact.get_epsilon_for_delta(self.delta_total))
-        best = math.inf
+            self._total = _read_total(exact, self.delta_total)
+            return self._total
+        best = (math.inf, self.delta_total)
         for share in FALLBACK_SHARES:
             total = exact
-            for count, _, member, _ in too_large:
+            for group in too_large:
+                count, member = group[0], group[3]
                 delta_w = share * self.delta_total / (len(too_large) * count)
                 base = window_pld(member, self.interval, fallback_delta=delta_w)
                 composed = base if count == 1 else base.self_compose(count)
                 total = composed if total is None else total.compose(composed)
-            best = min(best, float(total.get_epsilon_for_delta(self.delta_total)))
+            eps = float(total.get_epsilon_for_delta(self.delta_total))  # pairs' deltas inside delta_total
+            best = min(best, (eps, self.delta_total))
+        self._total = best
         return best
+
+    @property
+    def epsilon(self) -> float:
+        """Cumulative epsilon at ``delta_cumulative`` (0 before any release).
+
+        Too-large groups (``method``) get a share of delta_total split evenly over their windows; the best
+        of a few fixed shares is returned (each is a valid guarantee, and the choice does not look at data).
+        """
+        return self._read()[0]
+
+    def epsilon_within(self, delta: float) -> float:
+        """Cumulative epsilon with everything, infinite-loss mass included, inside ``delta`` (a plan's fixed
+        total budget); inf when that mass alone exceeds it. Windows too large for an exact PLD: ``epsilon``."""
+        if any(group[4] for group in self._groups.values()):
+            return self.epsilon
+        exact = self._exact()
+        if exact is None:
+            return 0.0
+        return math.inf if infinity_mass(exact) >= delta else float(exact.get_epsilon_for_delta(delta))
+
+    @property
+    def count_epsilon(self) -> float:
+        """The yearly-designed counts' part alone, read like ``epsilon`` (0 if no count was charged)."""
+        return _read_total(self._exact(counts_only=True), self.delta_total)[0]
+
+    @property
+    def delta_cumulative(self) -> float:
+        """The delta ``epsilon`` holds at: delta_total plus the composition's infinite-loss mass."""
+        return self._read()[1]
 
     def to_json(self) -> str:
         """The ledger: delta_total, the loss grid and every release, in order."""
@@ -257,12 +323,62 @@ class PrivacyOdometer:
         return odometer
 
 
+def _is_count(part: WindowRelease) -> bool:
+    return part.n_clients == 0 and (part.count_charges > 0 or part.crowd_epsilon is not None)
+
+
+def _components(release: WindowRelease) -> list[WindowRelease]:
+    """A release as independent parts: its reports (with any legacy count) and its charged count. Composition
+    commutes, so the total is unchanged, while every window's count lands in one shared group (one
+    self-composition serves the total and ``count_epsilon``, whatever the windows' sizes)."""
+    if (not release.count_charges and release.crowd_epsilon is None) or _is_count(release):
+        return [release]
+    count = WindowRelease(None, None, 0, release.crowd_epsilon, release.crowd_delta, 0.0, 0.0, release.count_sigma,
+                          release.count_threshold, release.count_charges)
+    data = dataclasses.replace(release, crowd_epsilon=None, crowd_delta=None, count_sigma=None,
+                               count_threshold=None, count_charges=0)
+    return [data, count] if data.n_clients > 0 else [count]
+
+
+def infinity_mass(pld: pld_lib.PrivacyLossDistribution) -> float:
+    """The larger of the two directions' mass on infinite loss (hockey-stick divergence at eps = inf)."""
+    masses = [pld._pmf_remove._infinity_mass]  # dp_accounting exposes no accessor
+    if pld._pmf_add is not None:
+        masses.append(pld._pmf_add._infinity_mass)
+    return float(max(masses))
+
+
+def _read_total(pld: pld_lib.PrivacyLossDistribution | None, delta: float) -> tuple[float, float]:
+    """(epsilon, delta_cumulative) of a composed PLD: read at delta plus its own infinite-loss mass."""
+    if pld is None:
+        return 0.0, delta
+    total_delta = delta + infinity_mass(pld)
+    return float(pld.get_epsilon_for_delta(total_delta)), total_delta
+
+
+def interval_for(scale: float) -> float:
+    """The PLD grid of a population whose largest per-window epsilon is ``scale``: 1e-3 of it, never finer
+    than 1e-5. Pessimistic rounding costs at most one grid step per window, so the total stays within 0.1% of
+    finer grids while the composed support stays bounded. One rule for ``esa privacy``, ``esa plan`` and the
+    analyzer's ledger, so the three agree to the digit."""
+    return max(DEFAULT_INTERVAL, 1e-3 * scale) if math.isfinite(scale) else DEFAULT_INTERVAL
+
+
 def compose_releases(releases: Sequence[WindowRelease], delta_total: float,
                      interval: float = DEFAULT_INTERVAL) -> tuple[float, str]:
-    """(cumulative epsilon, method) of ``releases`` at total ``delta_total``."""
+    """(cumulative epsilon, method) of ``releases`` at ``delta_total`` plus their infinite-loss mass."""
     odometer = PrivacyOdometer(delta_total, interval)
     epsilon = odometer.extend(list(releases))
     return epsilon, odometer.method
+
+
+def compose_with_delta(releases: Sequence[WindowRelease], delta_total: float,
+                       interval: float = DEFAULT_INTERVAL) -> tuple[float, float, str]:
+    """(cumulative epsilon, the delta it holds at, method): the one accountant of ``esa privacy``/``esa plan``
+    and the analyzer's ledger."""
+    odometer = PrivacyOdometer(delta_total, interval)
+    epsilon = odometer.extend(list(releases))
+    return epsilon, odometer.delta_cumulative, odometer.method
 
 
 def cumulative_epsilon(releases: Sequence[WindowRelease], delta_total: float,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checks import check_delta, check_epsilon, check_int
-from .odometer import WindowRelease, compose_releases
+from .odometer import PrivacyOdometer, WindowRelease, interval_for
 
 __all__ = ["WindowsPlan", "format_windows_plan", "plan_for_windows"]
 
@@ -45,7 +45,7 @@ class WindowsPlan:
         out["windows"] = {"windows": self.windows, "eps_central_total_target": self.eps_central_total_target,
                           "delta_total": self.delta_total, "eps_central_total": self.eps_central_total,
                           "eps_central_window_target": self.eps_central_window_target, "method": self.method,
-                          "compositions": self.compositions}
+                          "compositions": self.compositions, "notion": "replacement"}
         return out
 
 
@@ -75,8 +75,11 @@ def plan_for_windows(make_plan: Callable[[float, float], Any], n: int, windows: 
         nonlocal count
         count += 1
         plan = make_plan(eps_window, delta_window)
-        eps, method = compose_releases([_release(plan, n, delta_window)] * windows, delta)
-        return eps, method, plan
+        scale = float(getattr(plan, "eps_central", None) or eps_window)  # the analyzer's grid rule
+        odometer = PrivacyOdometer(delta, interval_for(scale))
+        odometer.extend([_release(plan, n, delta_window)] * windows)
+        # a plan meets (E, delta) in total: its windows' delta terms inside delta, not added to it
+        return odometer.epsilon_within(delta), odometer.method, plan
 
     # Basic composition makes target / W per window (at delta / (2W)) feasible up to the PLD's rounding;
     # verify it rather than trust it, shrinking until it holds.
@@ -112,6 +115,6 @@ def format_windows_plan(result: WindowsPlan, per_window_text: str) -> str:
         f"windows          {result.windows} releases of the same population (one report per client each)",
         f"total target     eps={result.eps_central_total_target:g}, delta={result.delta_total:g}",
         f"per-window plan  at eps_c={result.eps_central_window_target:.6g}, delta={result.delta_total:g}/(2W)",
-        f"total epsilon    {result.eps_central_total:.6g}  [{result.method}]",
+        f"total epsilon    {result.eps_central_total:.6g}  (replacement, no crowd count charged)  [{result.method}]",
     ]
     return "\n".join(lines)

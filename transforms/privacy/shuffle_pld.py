@@ -43,9 +43,10 @@ from scipy.special import gammaln
 from ._checks import check_delta, check_epsilon, check_int, check_real
 from .binomial import binom_cdf, binom_pmf, binom_sf
 from .crowd import crowd_threshold
+from .crowd_count import count_log_pmfs
 from .shuffle_bound import check_mixture_alpha
 
-__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "crowd_count_pld",
+__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "count_pld", "crowd_count_pld",
            "crowd_count_pmfs", "shuffle_loss_pmf", "shuffle_pld"]
 
 # Loss grid of the PLDs. Pessimistic rounding moves each window's loss up by less than one step, so W
@@ -192,3 +193,23 @@ def crowd_count_pld(eps_cr: float, delta_cr: float, interval: float = DEFAULT_IN
                 lower[(a, b)] = math.log(pl)
     return pld_lib.from_two_probability_mass_functions(lower, upper, pessimistic_estimate=True,
                                                        value_discretization_interval=interval)
+
+
+@lru_cache(maxsize=64)
+def count_pld(sigma: float, threshold: int, charges: int, interval: float = DEFAULT_INTERVAL
+              ) -> pld_lib.PrivacyLossDistribution:
+    """PLD of one window's yearly-designed discrete Gaussian count (``crowd_count``), charged ``charges`` times.
+
+    One charge (membership: one count changes) is the pair (count c + 1, count c) in both directions, which
+    differ (only the larger count can show j = T + 1); two charges (a move across a partition: one count up,
+    one down) are the pair (P x Q, Q x P), i.e. the add direction composed with the remove direction.
+    """
+    lower, upper = count_log_pmfs(sigma, threshold)
+    one = pld_lib.from_two_probability_mass_functions(lower, upper, value_discretization_interval=interval,
+                                                      symmetric=False)
+    if charges == 1:
+        return one
+    reverse = pld_lib.from_two_probability_mass_functions(upper, lower, value_discretization_interval=interval,
+                                                          symmetric=False)
+    pair = one.compose(reverse)
+    return pair if charges == 2 else pair.compose(count_pld(sigma, threshold, charges - 2, interval))
