@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipelines import analyze, encode, shuffle
+from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, RunSummary, config_from_options
 from pipelines.preflight import require_topics
 from transforms.kafkaio import ensure_topics
@@ -82,4 +83,9 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> ChainSumma
 def run_from_argv(argv: Sequence[str]) -> ChainSummary:
     """``esa run --spec X.toml --kafka_bootstrap HOST:PORT --output_dir D ...`` (Beam flags pass through)."""
     options = PipelineOptions(list(argv))
-    return run(config_from_options(options), options)
+    config = config_from_options(options)
+    if options.view_as(StandardOptions).streaming:
+        # The chain's encode and analyze are bounded pipelines: --streaming would reach them too.
+        raise ConfigError("esa run: --streaming would apply to the bounded encode and analyze as well; run the "
+                          "streaming shuffler as its own job (esa shuffle --kafka_io sdf --streaming)")
+    return run(config, options)

@@ -38,6 +38,7 @@ from pipelines.options import (
     local_runner_requested,
 )
 from pipelines.preflight import require_topics
+from pipelines.runners import prepare_runner
 from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
 from transforms.sinks import avro_bytes, load_staged_avro
@@ -178,6 +179,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
     if not esa.spec:
         raise JobUsageError("at least one --spec FILE.toml is required")
     check_kafka_io(options)
+    prepare_runner(options)
     kafka_config = load_kafka_config(kafka.kafka_config, kafka.kafka_client)
     return JobConfig(
         bootstrap=kafka.kafka_bootstrap,
@@ -227,8 +229,8 @@ def check_kafka_io(options: PipelineOptions) -> None:
         raise ConfigError("--kafka_io sdf is one continuous pipeline already: drop --follow")
     if local_runner_requested(options) and kafka.stop_after_idle_seconds is None:
         raise ConfigError("--kafka_io sdf on the local runner needs --stop_after_idle_seconds: it runs the source "
-                          "to completion before any window is released (on Flink or Dataflow, pass --streaming "
-                          "instead)")
+                          "to completion before any window is released (or run it on --runner PrismRunner, or "
+                          "FlinkRunner/DataflowRunner with --streaming)")
 
 
 def refuse_streaming(config: JobConfig, stage: str) -> None:

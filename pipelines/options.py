@@ -38,9 +38,10 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--kafka_io", default="python", choices=["python", "sdf", "xlang"],
                             help="python: bounded runs (read to the end of the log, then release), on any runner; "
                                  "sdf (esa shuffle, and the shuffle step of esa run): one streaming pipeline with an "
-                                 "unbounded Python source that runs until stopped (Flink/Dataflow with --streaming; "
-                                 "the local runners need --stop_after_idle_seconds); xlang: Beam's Java KafkaIO, "
-                                 "refused: see docs/deployment.md")
+                                 "unbounded Python source that runs until stopped (PrismRunner, or FlinkRunner/"
+                                 "DataflowRunner with --streaming; the in-process runner needs "
+                                 "--stop_after_idle_seconds); xlang: Beam's Java KafkaIO, refused: see "
+                                 "docs/deployment.md")
         parser.add_argument("--stop_after_idle_seconds", type=float, default=None,
                             help="--kafka_io sdf: finish once no record arrived for this long on any partition "
                                  "(default: never; required on the local runners, which run the source to "

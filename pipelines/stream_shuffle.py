@@ -101,12 +101,17 @@ class PipelineThread:
         self._result: Any = None
         self._state: Any = None
         self._error: BaseException | None = None
+        if runner is None:
+            # A portable runner (Prism, Flink, a job endpoint) submits and returns; it may start its job server
+            # first, which installs a SIGINT handler and so must run on the main thread. Only the wait is threaded.
+            self._result = self._pipeline.run()
         self._thread = threading.Thread(target=self._run, name="esa-stream-pipeline", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self._result = self._pipeline.run()
+            if self._result is None:
+                self._result = self._pipeline.run()
             self._state = self._result.wait_until_finish()
         except BaseException as err:  # handed to the driver's thread in counters()
             self._error = err

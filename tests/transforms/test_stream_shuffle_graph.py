@@ -1,4 +1,5 @@
-"""The whole streaming shuffle graph after its source (``StreamShuffle``) on Beam's streaming direct runner, fed
+"""The whole streaming shuffle graph after its source (``StreamShuffle``) on Beam's streaming direct runner and on
+Prism (``tests.transforms.streaming_runners``), fed
 by a TestStream of Kafka record batches: every downstream group-by-key with its continuation trigger, the side
 input of the shuffle, the staging of parts and the marker written once per window.
 
@@ -13,12 +14,11 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 
 from tests.transforms.release_inputs import KEY, TIMES_POLICY, WIN_A, WIN_B, WINDOW_MS, Devices, make_spec, shuffle_run
+from tests.transforms.streaming_runners import STREAMING_RUNNERS, streaming_runner
 from transforms.ingress import PriorRuns
 from transforms.staging import load_staged, staged_entries, staged_files
 from transforms.stream_windows import DEAD_DIR, LATE_REASON, MARKER, PART, RELEASES, StreamShuffle
@@ -42,7 +42,9 @@ def _released(root: Path) -> dict[int, tuple[list, object]]:
     return out
 
 
-def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devices, tmp_path: Path) -> None:
+@pytest.mark.parametrize("runner_name", STREAMING_RUNNERS)
+def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devices, tmp_path: Path,
+                                                                  runner_name: str) -> None:
     clients = devices.clients
     win_a = devices.crowd(SPEC, clients[:N_A], WIN_A, partition=0)
     win_b = devices.crowd(SPEC, clients[N_A:N_A + N_B], WIN_B, partition=1)
@@ -56,9 +58,8 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
               .add_elements([TimestampedValue(late, a_end + 2)])
               .advance_watermark_to_infinity())
     root = tmp_path / "staging"
-    options = PipelineOptions([])
-    options.view_as(StandardOptions).streaming = True
-    with beam.Pipeline(runner=BundleBasedDirectRunner(), options=options) as pipeline:
+    runner, options = streaming_runner(runner_name)
+    with beam.Pipeline(runner=runner, options=options) as pipeline:
         _ = (pipeline | stream
              | StreamShuffle([SPEC], devices.registry, PriorRuns(), TIMES_POLICY, KEY, str(root), 86_400))
 
@@ -72,8 +73,10 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
         assert [(p.subkey, p.n_sets, p.deleted, list(p.messages)) for p in parts] == \
             [(p.subkey, p.n_sets, p.deleted, list(p.messages)) for p in expected]
     assert sum(p.n_sets for p in released[WIN_A + WINDOW_MS][0]) > 0  # a real release, not a withheld window
-    assert released[WIN_A + WINDOW_MS][1].source_ends == {"reports/0": N_A}  # the late ones are not in it
-    assert released[WIN_B + WINDOW_MS][1].source_ends == {"reports/1": N_B}
+    # (offsets continue across the runners' runs: the devices fixture numbers each partition's records)
+    assert released[WIN_A + WINDOW_MS][1].source_ends == {"reports/0": win_a[-1].offset + 1}  # not the late ones
+    assert released[WIN_B + WINDOW_MS][1].source_ends == {"reports/1": win_b[-1].offset + 1}
+    assert late[0].offset > win_a[-1].offset
     letters = [entry.load() for path in staged_files(root / DEAD_DIR, "dead-*.pkl") for entry in staged_entries(path)]
     assert sorted(x["offset"] for x in letters) == [r.offset for r in late]
     assert {x["reason"] for x in letters} == {LATE_REASON}

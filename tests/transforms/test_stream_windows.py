@@ -1,17 +1,18 @@
-"""The streaming shuffler's windows on a runner that really streams (Beam's Python direct runner with a
-TestStream): a crowd window fires once, when the watermark passes its end plus the spec's allowed lateness,
-and sets that arrive after that come out as a late pane and are dead-lettered, never passed on."""
+"""The streaming shuffler's windows on runners that really stream, with a TestStream (Beam's Python direct
+runner, and Prism, Beam's portable Go runner, with its workers in this process): a crowd window fires once,
+when the watermark passes its end plus the spec's allowed lateness, and sets that arrive after that come out
+as a late pane and are dead-lettered, never passed on."""
 
 from __future__ import annotations
 
 import pickle
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+import pytest
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 
+from tests.transforms.streaming_runners import STREAMING_RUNNERS, streaming_runner
 from transforms.ingress import DEAD, SetElement
 from transforms.records import SourceRef
 from transforms.spec import spec_from_dict
@@ -45,7 +46,8 @@ class _Keep(beam.DoFn):
         COLLECTED.setdefault(self._name, []).append(element)
 
 
-def test_on_time_once_at_end_plus_lateness_then_late_sets_are_dead_lettered() -> None:
+@pytest.mark.parametrize("runner_name", STREAMING_RUNNERS)
+def test_on_time_once_at_end_plus_lateness_then_late_sets_are_dead_lettered(runner_name: str) -> None:
     COLLECTED.clear()
     fire_at_s = (END + LATENESS_S * 1000) / 1000
     stream = (TestStream()
@@ -56,9 +58,8 @@ def test_on_time_once_at_end_plus_lateness_then_late_sets_are_dead_lettered() ->
               .advance_watermark_to(fire_at_s + 1)  # the window fires: a, b, c
               .add_elements([TimestampedValue(_group(["d", "e"], 3), fire_at_s + 2)])  # late
               .advance_watermark_to_infinity())
-    options = PipelineOptions([])
-    options.view_as(StandardOptions).streaming = True
-    with beam.Pipeline(runner=BundleBasedDirectRunner(), options=options) as pipeline:
+    runner, options = streaming_runner(runner_name)
+    with beam.Pipeline(runner=runner, options=options) as pipeline:
         gated = pipeline | stream | GateWindows([SPEC], late_for_seconds=86_400)
         _ = gated.on_time | "OnTime" >> beam.ParDo(_Keep("on_time"))
         _ = gated[ENDS] | "Ends" >> beam.ParDo(_Keep("ends"))

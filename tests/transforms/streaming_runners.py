@@ -1,0 +1,23 @@
+"""The runners that really stream, for the window and graph tests: Beam's Python direct runner, and Prism
+(Beam's portable Go runner, from the project's cache; its workers LOOPBACK, in this process)."""
+
+from __future__ import annotations
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.direct.direct_runner import BundleBasedDirectRunner
+
+STREAMING_RUNNERS = ["direct", pytest.param("prism", marks=pytest.mark.slow)]
+
+
+def streaming_runner(name: str) -> tuple[object, PipelineOptions]:
+    """(runner object or None, options with ``streaming`` set) for ``beam.Pipeline(runner=..., options=...)``."""
+    if name == "direct":
+        runner, options = BundleBasedDirectRunner(), PipelineOptions([])
+    else:
+        from pipelines.runners import prism_binary
+
+        runner, options = None, PipelineOptions(["--runner=PrismRunner", f"--prism_location={prism_binary()}",
+                                                 "--environment_type=LOOPBACK"])
+    options.view_as(StandardOptions).streaming = True
+    return runner, options
