@@ -77,7 +77,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     spill = join(staging, "spill")  # the sets and units themselves; only references are grouped
     ingress = (pipeline | "ReadReports" >> run.reader()
                | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads,
-                                                   scale.buckets, spill=spill, python_gc=config.python_gc))
+                                                   scale.buckets, keys_dir=str(config.keys), spill=spill,
+                                                   python_gc=config.python_gc))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
         specs, shuffler_prf_key(config), clock, subkeys, spill=spill)

@@ -80,13 +80,14 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
     stop_ms = None if config.stop_after_idle_seconds is None else int(config.stop_after_idle_seconds * 1000)
     source = ReadFromKafkaUnbounded(
         config.bootstrap, str(config.reports_topic), config.group_id, consumer_config=config.kafka_config,
-        client=config.kafka_client, event_times=SetEventTimes(specs, registry, max_age_ms, max_skew_ms),
+        client=config.kafka_client, event_times=SetEventTimes(specs, registry, max_age_ms, max_skew_ms,
+                                                                   keys_dir=str(config.keys)),
         clock=SourceClock(config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000, stop_ms),
         batched=True, stop_path=join(root, STOP_FILE))
     _ = (pipeline | "ReadReports" >> source
          | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
                                             shuffler_prf_key(config), root, config.max_age_seconds,
-                                            config.crypto_threads, config.python_gc))
+                                            config.crypto_threads, config.python_gc, keys_dir=str(config.keys)))
 
 
 class PipelineThread:

@@ -30,10 +30,10 @@ from tests.transforms.release_inputs import (
     shuffle_run,
     sign_release,
 )
+from tests.transforms.release_inputs import decode_set as decode_message_set
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.privacy.crowd import crowd_threshold, discrete_laplace_scale, discrete_laplace_variance
 from transforms.shuffle import ReleasePart, discrete_laplace, noisy_crowd_target
-from transforms.trust.message_set import decode_message_set
 from transforms.trust.release import ReleaseBatch, decode_release_batch
 
 EPS_CR, DELTA_CR = 1.0, 1e-6
