@@ -8,7 +8,7 @@ driver, for every staged release: number and sign its batches, write them to ``s
 ``release_id:index`` (a replay is a no-op for a compacted consumer), mark it published; finally save the
 resume offsets. A sealed but unpublished release found at start (crash between seal and publish) is
 republished byte-for-byte from ``state/releases/``. Accounting (in message sets = Kafka records):
-read = dead-lettered + re-read + held + deleted + released.
+read = dead-lettered + re-read + held + deleted + duplicate (copies of a kept set) + released.
 """
 
 from __future__ import annotations
@@ -275,6 +275,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         VerifiedSets.load(config.state).merged(checked, keep_from=state.resume).save(config.state)
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
+             "duplicate": counters.get("sets_duplicate", 0),
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "run_key": bounded.key})

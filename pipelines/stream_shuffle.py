@@ -232,6 +232,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              progress(agent.totals, committed_total(config), start_committed, seconds))
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
+             "duplicate": counters.get("sets_duplicate", 0),
              "released": counters.get("sets_released", 0)}
     totals = agent.totals
     return RunSummary(counters, config.out_dir, seconds, STAGE, parts,

@@ -20,7 +20,7 @@ Admitted sets leave packed per (spec, crowd, window, dedupe bucket) (``transform
 
 Records a previous run already dead-lettered (offset below that run's end) are skipped, not dead-lettered
 twice. Payloads stay sealed: the shuffler never holds the analyzer's key. Every outcome is a counter, so a
-run balances: read = dead-lettered + re-read + held + deleted + released (in message sets).
+run balances: read = dead-lettered + re-read + held + deleted + duplicate + released (in message sets).
 """
 
 from __future__ import annotations
