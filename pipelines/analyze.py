@@ -34,6 +34,7 @@ from pipelines.job import (
     locked,
     plan_run,
     refuse_streaming,
+    require_outputs,
     run_pipeline,
 )
 from schemas import encode_record
@@ -132,6 +133,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
         bounded = plan_run(config, STAGE, config.shuffled_topic, options)
+        require_outputs(config, STAGE, [config.estimates_topic])
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
         written, known = 0, {}

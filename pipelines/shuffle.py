@@ -35,6 +35,7 @@ from pipelines.job import (
     keep_dead_letters,
     locked,
     plan_run,
+    require_outputs,
     run_pipeline,
 )
 from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
@@ -257,9 +258,10 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     started = time.perf_counter()
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
-        republish_unpublished(config, ledger)
         if not config.reports_topic:
             raise ValueError("the shuffle job needs --reports_topic")
+        require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
+        republish_unpublished(config, ledger)
         bounded = plan_run(config, STAGE, config.reports_topic, options)
         crash_point("shuffle:before_pipeline")
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)

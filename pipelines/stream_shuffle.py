@@ -44,6 +44,7 @@ from pipelines.job import (
     RunSummary,
     esa_counters,
     locked,
+    require_outputs,
     staging_root,
     use_filesystem_options,
 )
@@ -205,9 +206,10 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         raise ValueError("the shuffle job needs --reports_topic")
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
-        republish_unpublished(config, ledger)
         require_topics(config.bootstrap, [config.reports_topic], client=config.kafka_client,
                        kafka_config=config.kafka_config)
+        require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
+        republish_unpublished(config, ledger)
         claim_group(config)
         use_filesystem_options(options)
         root = join(staging_root(config, STAGE), "stream")

@@ -79,7 +79,7 @@ class Stage:
         """The JobConfig of one job of this deployment (each stage its own state directory)."""
         config = JobConfig(bootstrap=self.bootstrap, specs=(self.spec,), out_dir=self.base / out,
                            state_dir=self.base / state, keys_dir=keys or self.keys, group_id=f"g-{self.base.name}",
-                           seed=7, drain=True, now_ms=self.now_ms, **self.topics)
+                           seed=7, drain=True, now_ms=self.now_ms, create_topics=True, **self.topics)
         return replace(config.for_stage(stage), **overrides)
 
 

@@ -48,7 +48,7 @@ class Chain:
         return JobConfig(bootstrap=self.bootstrap, specs=(load_spec(SPEC_PATH),), out_dir=self.out,
                          state_dir=self.state(stage), keys_dir=self.keys, raw_topic=self.raw,
                          reports_topic=self.reports, shuffled_topic=self.shuffled, group_id=f"{self.group}-{stage}",
-                         seed=self.seed, drain=self.drain, now_ms=self.now_ms)
+                         seed=self.seed, drain=self.drain, now_ms=self.now_ms, create_topics=True)
 
     def as_json(self) -> str:
         fields = {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
