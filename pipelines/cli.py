@@ -78,10 +78,11 @@ def _parser() -> argparse.ArgumentParser:
                         "subcommand)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    broker = sub.add_parser("broker", help="run a local Kafka-compatible broker (tansu) on loopback")
+    broker = sub.add_parser("broker", help="run a local Apache Kafka (KRaft, one node) on loopback until SIGTERM")
     broker.add_argument("--port", type=int, default=None, help="port (default: a free one)")
-    broker.add_argument("--durable", type=Path, default=None, metavar="DIR",
-                        help="keep topics, records and committed offsets in DIR across restarts (default: memory)")
+    broker.add_argument("--data_dir", type=Path, default=None, metavar="DIR",
+                        help="keep topics, records and committed offsets in DIR across restarts (default: a "
+                             "temporary directory, removed on stop)")
 
     sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
     sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
@@ -107,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
                           "directory each under this directory; their signed message sets go straight to the "
                           "reports topic (default: raw events, which `esa encode` encodes at the edge)")
     sim.add_argument("--device_budget", type=_positive_float, default=None,
-                     help="with --devices: each device's privacy budget per day, across all specs")
+                     help="with --devices: each device's privacy budget per day, across all specs (replacement "
+                          "LDP epsilon); stored in each device's state, so a later run with another value is refused")
     sim.add_argument("--keys_dir", type=Path, default=Path("out.keys"),
                      help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
                           "out.keys, which is what `esa run --output_dir out` uses)")
@@ -482,7 +484,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "broker":
         from pipelines.broker import run_broker_forever
 
-        return run_broker_forever(args.port, args.durable)
+        return run_broker_forever(args.port, args.data_dir)
     if args.command == "simulate":
         _announce_seed(args.seed, "simulate")
         return _simulate(args)

@@ -1,7 +1,8 @@
 """Encode job: raw TelemetryEvents -> signed, sealed message sets on the reports topic (edge collectors).
 
 The device's trust domain (an edge collector or a simulation holding the devices' keys): each event is
-randomized once with the keyed per-event PRF of ``transforms.encode`` under the encoder's persisted key,
+randomized once with the keyed per-event PRF of ``transforms.encode`` under the encoder's persisted key
+(its permanent backstops with a PRF of the device and value, the same in every run: docs/device-privacy.md),
 its payloads are sealed to the analyzer and the set is signed with the device's key
 (``transforms.seal``), so a rerun after a crash re-sends byte-identical sets (the shuffler keeps one).
 The Kafka key is the device id, so one device's sets stay in order in one partition. Raw dead letters stay
@@ -31,21 +32,19 @@ from pipelines.job import (
     run_pipeline,
 )
 from transforms.encode import EncodeEvents
+from transforms.encoder_keys import EncoderKeys
 from transforms.kafkaio import WriteToKafka
-from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.seal import SealSetsFn
 from transforms.sinks import StageAvroRecords
 
 STAGE = "encode"
 
 
-def encoder_key(config: JobConfig) -> bytes:
-    """The encoder's persisted PRF key (16 bytes for SipHash); a test seed replaces it only when given."""
-    from transforms.trust.keys import load_or_create_secret
-
+def encoder_key(config: JobConfig) -> EncoderKeys:
+    """Sub-keys of the encoder's persisted secret; a test seed replaces it only when given."""
     if config.seed is not None:
-        return job_key_from_seed(config.seed)
-    return load_or_create_secret(config.keys / "encoder" / "prf.key")[16:32]
+        return EncoderKeys.from_seed(config.seed)
+    return EncoderKeys.from_keys_dir(config.keys)
 
 
 def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:

@@ -54,6 +54,13 @@ def publishable(stage: str, letters: Iterable[Mapping[str, Any]]) -> Iterable[Ma
     return ({**letter, "original": None, "original_digest": None} for letter in letters)
 
 
+class TopicAuthorizationError(KafkaUnavailableError):
+    """Topics the broker's ACLs do not let this job's principal see (exit 4, as an unreachable broker)."""
+
+
+_TOPIC_AUTHORIZATION_FAILED = 29  # Kafka's error code, the same through both clients
+
+
 def existing_topics(bootstrap: str, timeout_s: float = 15.0, *, client: str = DEFAULT_CLIENT,
                     kafka_config: Mapping[str, Any] | None = None) -> set[str]:
     """The topic names the broker knows (internal ``__`` topics left out), asked with ``client`` and the
@@ -106,15 +113,19 @@ def _kafka_python_lister(bootstrap: str, config: dict[str, Any], timeout_s: floa
 
 def _confluent_lister(bootstrap: str, config: dict[str, Any], timeout_s: float) -> Callable[[], list[str]]:
     settings: dict[str, Any] = {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID,
-                                "logger": logging.getLogger("kafka.librdkafka")}
+                                "logger": logging.getLogger("kafka.librdkafka"),
+                                "log_level": 0}  # the failure is summarized in one line: no per-connection logs
     settings.update({k: v for k, v in to_librdkafka(config).items() if k.startswith(_RD_ADMIN)})
 
     def names() -> list[str]:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient
 
+        # librdkafka reports why a connection failed (authentication, TLS handshake) to the error callback and
+        # only "transport failure" to the call: keep the first such cause for the one-line message.
+        causes: list[KafkaError] = []
         try:
-            admin = AdminClient(settings)
+            admin = AdminClient({**settings, "error_cb": causes.append})
         except KafkaException as err:  # librdkafka checks every value here: the message names the property
             raise ConfigError(f"--kafka_config: {_reason(err)}") from None
         try:
@@ -123,10 +134,44 @@ def _confluent_lister(bootstrap: str, config: dict[str, Any], timeout_s: float) 
             code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
             if code == KafkaError._INVALID_ARG:
                 raise ConfigError(f"--kafka_config: {_reason(err)}") from None
+            admin.poll(0)  # serves the error callback
+            telling = [c for c in causes if c.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
+            reason = telling[0].str() if telling else _reason(err)
             raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap} (confluent, security.protocol "
-                                        f"{settings.get('security.protocol', 'plaintext')}): {_reason(err)}") from None
+                                        f"{settings.get('security.protocol', 'plaintext')}): {reason}") from None
 
     return names
+
+
+def _topic_error(bootstrap: str, topic: str, client: str, config: dict[str, Any], timeout_s: float) -> int | None:
+    """Kafka's error code for a metadata request naming ``topic`` (None: no error, or no answer: the caller
+    then reports the topic as missing, as it would without this probe), asked as the job asks."""
+    try:
+        return _ask_topic_error(bootstrap, topic, client, config, timeout_s)
+    except Exception as err:
+        LOG.debug("metadata request for %s failed: %s", topic, err)
+        return None
+
+
+def _ask_topic_error(bootstrap: str, topic: str, client: str, config: dict[str, Any], timeout_s: float) -> int | None:
+    if check_client(client) == CONFLUENT:
+        from confluent_kafka.admin import AdminClient
+
+        settings: dict[str, Any] = {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID,
+                                    "logger": logging.getLogger("kafka.librdkafka"), "allow.auto.create.topics": False,
+                                    "log_level": 0}
+        settings.update({k: v for k, v in to_librdkafka(config).items() if k.startswith(_RD_ADMIN)})
+        found = AdminClient(settings).list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+        return None if found is None or found.error is None else int(found.error.code())
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
+                             **{k: v for k, v in config.items() if k in KafkaAdminClient.DEFAULT_CONFIG})
+    try:
+        (described,) = admin.describe_topics([topic])
+        return int(described["error_code"]) or None
+    finally:
+        admin.close()
 
 
 def _reason(err: Exception) -> str:
@@ -167,6 +212,17 @@ def require_topics(bootstrap: str, topics: Iterable[str], timeout_s: float = 15.
     missing = [t for t in wanted if t not in have]
     if not missing:
         return
+    # A broker with ACLs lists only the topics the principal may describe: ask for each missing one by name,
+    # so "not allowed" is not reported as "does not exist" (Kafka answers a topic it hides with an
+    # authorization error whether or not it exists).
+    config = dict(kafka_config or {})
+    denied = [t for t in missing
+              if _topic_error(bootstrap, t, client, config, timeout_s) == _TOPIC_AUTHORIZATION_FAILED]
+    if denied:
+        who = config.get("sasl_plain_username") or config.get("sasl_username") or "this job's principal"
+        raise TopicAuthorizationError(
+            f"not authorized: {who} may not use topic(s) {', '.join(repr(t) for t in denied)} on {bootstrap} "
+            "(TOPIC_AUTHORIZATION_FAILED): the broker's ACLs do not grant it; see docs/operations.md")
     hints = []
     for topic in missing:
         close = difflib.get_close_matches(topic, sorted(have), n=1, cutoff=0.6)

@@ -6,6 +6,10 @@ one by one (each Kafka message is one Avro datum), then randomized in numpy batc
 keyed PRF of (secret job key, topic/partition/offset), so a retried bundle -- whatever its batch
 boundaries -- reproduces exactly the same reports: two different randomizations of one event that both
 escaped would double its privacy loss.
+
+Permanent randomization ([ESA]'s backstop, ``rappor_fragments``) is not per event: it is a keyed PRF of
+(device, metric, backstop parameters, value) under its own sub-key (``transforms.device.backstop``), so
+every window, retry and rerun of one device's value reuses one backstop, as the device client's memo does.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
 from schemas import WireFormatError, decode_record
+from transforms.device.backstop import is_memoizing, prf_backstops
+from transforms.encoder_keys import EncoderKeys
 from transforms.event_values import client_inputs, event_value
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import encode_messages
@@ -127,13 +133,14 @@ class DecodeEventsFn(beam.DoFn):
 
 
 class EncodeBatchFn(beam.DoFn):
-    """A batch of EventElements -> ReportElements through the mechanism's vectorised ``encode``."""
+    """A batch of EventElements -> ReportElements through the mechanism's vectorised ``encode``.
 
-    def __init__(self, specs: Sequence[AnalysisSpec], job_key: bytes):
-        if len(job_key) != 16:
-            raise ValueError("job_key must be 16 bytes (use randomness.job_key_from_entropy())")
+    ``keys``: the encoder's sub-keys, or a secret (a 16-byte job key in tests) to derive them from.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], keys: EncoderKeys | bytes):
         self._specs = {s.spec_id: s for s in specs}
-        self._job_key = job_key
+        self._keys = keys if isinstance(keys, EncoderKeys) else EncoderKeys.derive(keys)
         self._encoded = Metrics.counter(NAMESPACE, "reports_encoded")
         self._events = Metrics.counter(NAMESPACE, "events_encoded")
 
@@ -145,10 +152,16 @@ class EncodeBatchFn(beam.DoFn):
             yield list(self._encode(self._specs[spec_id], events))
 
     def _encode(self, spec: AnalysisSpec, events: list[EventElement]) -> Iterable[ReportElement]:
-        rng = KeyedRandom.for_elements(self._job_key, _element_ids(events))
+        rng = KeyedRandom.for_elements(self._keys.randomize, _element_ids(events))
         mechanism = spec.randomizer
         inputs = client_inputs(spec, [e.value for e in events], rng)
-        wire, owner = client_messages(mechanism, *encode_messages(mechanism, inputs, rng), n_clients=len(events))
+        if is_memoizing(mechanism):  # the permanent part: one backstop per (device, value), fresh fragments of it
+            backstops = prf_backstops(self._keys.backstop, spec.metric, mechanism, [e.client_id for e in events],
+                                      inputs)
+            messages = mechanism.fragments_from_backstop(backstops, rng)
+        else:
+            messages = encode_messages(mechanism, inputs, rng)
+        wire, owner = client_messages(mechanism, *messages, n_clients=len(events))
         self._events.inc(len(events))
         self._encoded.inc(len(wire))
         channels = wire["channel"].tolist() if "channel" in wire.dtype.names else [0] * len(wire)
@@ -176,10 +189,11 @@ class EncodeEvents(beam.PTransform):
     first gathered with ``BatchElements`` so that randomization still runs on numpy batches.
     """
 
-    def __init__(self, specs: Sequence[AnalysisSpec], job_key: bytes, max_batch_size: int = 4096,
+    def __init__(self, specs: Sequence[AnalysisSpec], keys: EncoderKeys | bytes, max_batch_size: int = 4096,
                  batched_input: bool = False):
         super().__init__()
-        self._specs, self._job_key, self._max_batch = list(specs), job_key, max_batch_size
+        self._specs, self._max_batch = list(specs), max_batch_size
+        self._keys = keys if isinstance(keys, EncoderKeys) else EncoderKeys.derive(keys)  # a bad key fails here
         self._batched_input = batched_input
 
     def expand(self, records: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
@@ -193,7 +207,7 @@ class EncodeEvents(beam.PTransform):
                 | "Batch" >> beam.BatchElements(min_batch_size=min(64, self._max_batch),
                                                 max_batch_size=self._max_batch)
             )
-        reports = batches | "Randomize" >> beam.ParDo(EncodeBatchFn(self._specs, self._job_key))
+        reports = batches | "Randomize" >> beam.ParDo(EncodeBatchFn(self._specs, self._keys))
         return reports, decoded[DEAD]
 
 

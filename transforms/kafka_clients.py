@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from transforms.kafka_config import CONFLUENT, KAFKA_PYTHON, check_client, to_librdkafka
 
@@ -85,7 +85,7 @@ class _KpConsumer:
 
         settings: dict[str, Any] = {
             "client_id": CLIENT_ID, "enable_auto_commit": False, "auto_offset_reset": "earliest",
-            "max_poll_interval_ms": 5000,  # tansu: group operations are prompt only with a short interval
+            "isolation_level": "read_committed",  # an aborted transaction's records are never read
             "max_partition_fetch_bytes": 16 * 1024 * 1024,
         }
         settings.update(config)
@@ -192,6 +192,31 @@ def _rd_settings(bootstrap: str) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "logger": _LOG}
 
 
+T = TypeVar("T")
+
+
+def _retrying(call: Callable[[], T], budget_s: float = _TIMEOUT_S) -> T:
+    """``call()``, again while librdkafka calls its error retriable: the group coordinator of a fresh broker (or
+    one that just moved) answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS for a moment, and librdkafka's
+    synchronous committed()/commit() return that instead of waiting it out."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    transient = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                 KafkaError.COORDINATOR_NOT_AVAILABLE}
+    deadline, pause = time.monotonic() + budget_s, 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            retriable = isinstance(err, KafkaError) and (err.retriable() or err.code() in transient)
+            if not retriable or time.monotonic() + pause > deadline:
+                raise
+            _log.info("retrying a group request: %s", err)
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+
 class _CkConsumer:
     def __init__(self, bootstrap: str, group_id: str | None, config: Mapping[str, Any]) -> None:
         from confluent_kafka import Consumer as RdConsumer
@@ -200,8 +225,8 @@ class _CkConsumer:
         settings.update({
             "group.id": group_id or _NO_GROUP, "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
-            # Manual assignment never joins the group, so these only bound a misuse; measured prompt on tansu
-            # (commit/committed in ~2 ms) with these as with librdkafka's defaults.
+            "isolation.level": "read_committed",  # an aborted transaction's records are never read
+            # Manual assignment never joins the group, so these only bound a misuse.
             "session.timeout.ms": 10_000, "max.poll.interval.ms": 10_000,
             "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024,
             # Prefetch: at most 32 MiB per partition (was 256 MiB: a whole bounded read sat in the queue). Speed
@@ -264,7 +289,8 @@ class _CkConsumer:
     def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
         from confluent_kafka import TopicPartition
 
-        found = self._c.committed([TopicPartition(topic, p) for p in partitions], timeout=_TIMEOUT_S)
+        found = _retrying(lambda: self._c.committed([TopicPartition(topic, p) for p in partitions],
+                                                    timeout=_TIMEOUT_S))
         failed = [tp for tp in found if tp.error is not None]
         if failed:
             raise RuntimeError(f"committed offsets of {topic}[{failed[0].partition}]: {failed[0].error}")
@@ -273,7 +299,8 @@ class _CkConsumer:
     def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
         from confluent_kafka import TopicPartition
 
-        done = self._c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+        done = _retrying(lambda: self._c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                                                asynchronous=False))
         failed = [tp for tp in done or () if tp.error is not None]
         if failed:
             raise RuntimeError(f"commit of {topic} refused: {failed[0].error}")
@@ -288,7 +315,9 @@ class _CkProducer:
 
         settings = _rd_settings(bootstrap)
         settings.update({
-            "acks": "all", "linger.ms": 20, "batch.size": 1_000_000, "batch.num.messages": 100_000,
+            # Idempotent: a retried send after a lost acknowledgement is not written twice (sequence numbers).
+            "acks": "all", "enable.idempotence": True,
+            "linger.ms": 20, "batch.size": 1_000_000, "batch.num.messages": 100_000,
             # The local queue bounds memory, not speed (a full queue waits for deliveries): 512 MiB let a
             # bounded run's whole output sit in it (~0.4 kB per record measured).
             "compression.type": "none", "queue.buffering.max.messages": 100_000,

@@ -10,10 +10,8 @@ Bounded-read semantics: a job reads, per partition, [committed offset of its gro
 time) and commits the end only after the pipeline finished successfully (`run_and_commit`): a failed
 run re-reads the same range, a second successful run reads nothing new.
 
-Why the end offset is probed: tansu (the local broker) answers ListOffsets(latest) with the *base*
-offset of the last record batch + 1, not the log end (measured: 20,000 records in 3 partitions, end
-offsets 5725 against a real 6667). Trusting it silently drops up to a producer batch per partition,
-so the planner seeks to the reported end and polls until the log is quiet.
+Consumers read committed records only (``isolation.level=read_committed``): a transaction a producer
+aborted is never read, and the planned end of a bounded read is the last stable offset.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 
 from transforms.kafka_clients import (
     CLIENT_ID,
-    MAX_RECORDS,
     Consumer,
     Element,
     KafkaReadError,
@@ -70,44 +67,26 @@ def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
     create_topics(client, bootstrap, list(topics), partitions, dict(client_config or {}))
 
 
-def _probe_real_end(probe: Consumer, topic: str, reported: Mapping[int, int], idle_polls: int,
-                    idle_poll_ms: int, max_probe_s: float) -> tuple[dict[int, int], bool]:
-    """Seek to the reported ends and poll until the log has been quiet for `idle_polls` x `idle_poll_ms`:
-    (the real ends, whether the log went quiet before ``max_probe_s``).
-
-    Short polls, not `idle_polls` polls of `idle_poll_ms`: librdkafka's consume() returns only when its batch
-    is full or its timeout is over, so a long poll that does find the tail would cost its whole timeout."""
-    probe.assign(topic, reported)
-    quiet_s, step_s = idle_polls * idle_poll_ms / 1000, min(0.05, idle_poll_ms / 1000)
-    start = last_data = time.monotonic()
-    while (now := time.monotonic()) - last_data < quiet_s and now - start < max_probe_s:  # a busy producer
-        if probe.poll(step_s, MAX_RECORDS):  # never goes quiet: the deadline ends the probe
-            last_data = time.monotonic()
-    settled = time.monotonic() - last_data >= quiet_s  # else the ends are only lower bounds
-    return {p: max(offset, probe.position(topic, p)) for p, offset in reported.items()}, settled
-
-
 class RewoundLogError(StateError):
     """A partition's log ends before the offset a job resumes from: the topic was deleted and recreated, the
     broker lost its data, or the state belongs to another topic. Reading on from the new end would silently
     skip the new log's first records (and move the resume point backwards), so the job refuses."""
 
 
-def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_polls: int = 2,
-                      idle_poll_ms: int = 300, max_probe_s: float = 10.0,
+def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *,
                       consumer_config: Mapping[str, Any] | None = None,
                       start_offsets: Mapping[int, int] | None = None,
                       client: str = DEFAULT_CLIENT) -> list[PartitionRange]:
     """Per partition: start = ``start_offsets`` (a job's own durable resume point), else the committed
-    offset of `group_id`, else the beginning; stop = real end of log."""
+    offset of `group_id`, else the beginning; stop = the end of the log as a read-committed reader sees it (the
+    last stable offset: records of a transaction still open are read by a later run, once it has ended)."""
     config = dict(consumer_config or {})
-    probe = consumer(client, bootstrap, **{"fetch_max_wait_ms": 100, **config})
+    probe = consumer(client, bootstrap, group_id, **config)
     try:
         partitions = probe.partitions(topic)
         if not partitions:
             raise ValueError(f"topic {topic!r} does not exist on {bootstrap}")
-        begin, reported = probe.offsets(topic, partitions)
-        ends, settled = _probe_real_end(probe, topic, reported, idle_polls, idle_poll_ms, max_probe_s)
+        begin, ends = probe.offsets(topic, partitions)
     finally:
         probe.close()
     committed: dict[int, int | None] = {}
@@ -127,11 +106,6 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *, idle_
             _log.error("%s[%d]: %d records (offsets %d to %d) were deleted by the topic's retention before this "
                        "job read them; they are lost to their windows. Keep the retention longer than the job's "
                        "longest stop", topic, p, begin[p] - done, done, begin[p] - 1)
-        if start > ends[p] and not settled:  # a busy log, probed only part of the way: read nothing here now
-            _log.warning("%s[%d]: the end of the log was not reached by the probe (%d < %d); reading nothing from "
-                         "this partition in this run", topic, p, ends[p], start)
-            plan.append(PartitionRange(topic, p, start, start))
-            continue
         if start > ends[p]:
             rewound.append(f"{topic}[{p}] resumes at {start}, its log ends at {ends[p]}")
         plan.append(PartitionRange(topic, p, start, ends[p]))
@@ -199,14 +173,16 @@ def _read_range(reader: Consumer, r: PartitionRange, stall_timeout_s: float,
 
 class _ReadPartitionRangeFn(beam.DoFn):
     def __init__(self, bootstrap: str, consumer_config: Mapping[str, Any], stall_timeout_s: float,
-                 batched: bool = False, client: str = DEFAULT_CLIENT) -> None:
+                 batched: bool = False, client: str = DEFAULT_CLIENT, group_id: str | None = None) -> None:
         self._bootstrap, self._config, self._stall_s = bootstrap, dict(consumer_config), stall_timeout_s
-        self._batched, self._client = batched, check_client(client)
+        self._batched, self._client, self._group = batched, check_client(client), group_id
         self._read = Metrics.counter("esa", "kafka_records_read")
         self._consumer: Consumer | None = None
 
     def setup(self) -> None:
-        self._consumer = consumer(self._client, self._bootstrap, **self._config)
+        # The job's group, though a manual assignment never joins it: librdkafka still looks its coordinator
+        # up, and on a broker with ACLs the job's principal is granted its own group only.
+        self._consumer = consumer(self._client, self._bootstrap, self._group, **self._config)
 
     def process(self, r: PartitionRange) -> Iterator[KafkaRecord | list[KafkaRecord]]:
         assert self._consumer is not None
@@ -273,7 +249,8 @@ class ReadFromKafkaBounded(beam.PTransform):
                 | "Plan" >> beam.Create(self.plan)
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadPartitionRangeFn(self.bootstrap, self.consumer_config,
-                                                             self.stall_timeout_s, self.batched, self.client)))
+                                                             self.stall_timeout_s, self.batched, self.client,
+                                                             self.group_id)))
 
     def commit_offsets(self) -> None:
         if self.plan is None:

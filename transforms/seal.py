@@ -6,8 +6,8 @@ event is sealed on its own to the analyzer's public key, with the routing fields
 (spec, crowd, window end, channel) as associated data, and the set is signed with the device's key, and the
 encoded set is sealed whole to the shuffler (nested encryption: the reports topic never holds the blobs the
 shuffler releases). Sealing ephemerals (both layers) and the set's nonce come from a keyed PRF of the event's
-Kafka position under the encoder's persisted key, so a retried or rerun bundle sends byte-identical sets (the
-shuffler keeps one).
+Kafka position under the encoder's sealing sub-key (``transforms.encoder_keys``), so a retried or rerun bundle
+sends byte-identical sets (the shuffler keeps one).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ NAMESPACE = "esa"
 
 
 def _prf(key: bytes, *parts: bytes) -> bytes:
-    """32 pseudo-random bytes bound to ``parts`` (BLAKE2b keyed with the encoder's secret)."""
+    """32 pseudo-random bytes bound to ``parts`` (BLAKE2b keyed with the encoder's sealing sub-key)."""
     h = hashlib.blake2b(key=key[:64], digest_size=32)
     for part in parts:
         h.update(len(part).to_bytes(4, "big"))
@@ -53,8 +53,9 @@ class SealSetsFn(beam.DoFn):
 
     def setup(self) -> None:
         from transforms.device.wire import ShufflerKey
+        from transforms.encoder_keys import EncoderKeys
         from transforms.trust.devices import SimulatedFleet
-        from transforms.trust.keys import load_analyzer_public, load_or_create_secret, load_shuffler_sealing_public
+        from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
         from transforms.worker_gc import tune_worker_gc
 
         tune_worker_gc(self._python_gc)
@@ -63,7 +64,7 @@ class SealSetsFn(beam.DoFn):
         self._fleet = SimulatedFleet.from_keys_dir(keys)
         self._key_id, self._analyzer = load_analyzer_public(keys)
         self._shuffler = ShufflerKey(*load_shuffler_sealing_public(keys))
-        self._prf_key = load_or_create_secret(keys / "encoder" / "prf.key")
+        self._prf_key = EncoderKeys.from_keys_dir(keys).seal
 
     def process(self, batch: list[ReportElement]) -> Iterator[list[tuple[bytes, bytes]]]:
         sets: list[list[ReportElement]] = []

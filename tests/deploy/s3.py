@@ -1,8 +1,9 @@
-"""The project's loopback S3 store as a test fixture: a real server process, a boto3 client, Beam's S3 options.
+"""A test S3 server (moto's server mode, in this process's threads), a boto3 client and Beam's S3 options.
 
-The store (``pipelines.localstore`` running ``pipelines.s3server``) ignores request signatures, but boto3
-and Beam's S3 filesystem insist on credentials and a region: placeholders are passed explicitly, so a
-developer's own AWS profile is never read, and no AWS variable of the environment is trusted.
+Why moto's server and not its in-process mocks: Beam's S3 filesystem and the staging children talk to an
+endpoint URL over HTTP, exactly as they would to S3 or a MinIO-like store, so the real clients and wire
+protocol are exercised. Placeholder credentials are passed explicitly, so a developer's own AWS profile is
+never read, and no AWS variable of the environment is trusted.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
+from moto.server import ThreadedMotoServer
 
-from pipelines.localstore import LocalObjectStore
+from pipelines.broker import free_loopback_port
 
 CREDENTIALS = {"aws_access_key_id": "esa-test", "aws_secret_access_key": "esa-test", "region_name": "us-east-1"}
 
@@ -47,16 +48,17 @@ class S3Endpoint:
 
 
 @contextmanager
-def s3_store(data_dir: Path, bucket: str = "staging") -> Iterator[S3Endpoint]:
-    """Start a store over ``data_dir`` (a subprocess), create ``bucket``, point Beam's FileSystems at it."""
-    store = LocalObjectStore(data_dir, fsync=False).start()
+def s3_store(bucket: str = "staging") -> Iterator[S3Endpoint]:
+    """Start moto's S3 server on a free loopback port, create ``bucket``, point Beam's FileSystems at it."""
+    port = free_loopback_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
     saved = FileSystems._pipeline_options
     try:
-        assert store.url is not None
-        endpoint = S3Endpoint(store.url, bucket)
+        endpoint = S3Endpoint(f"http://127.0.0.1:{port}", bucket)
         endpoint.client().create_bucket(Bucket=bucket)
         FileSystems.set_options(endpoint.options())
         yield endpoint
     finally:
         FileSystems.set_options(saved)
-        store.stop()
+        server.stop()

@@ -49,7 +49,7 @@ def world(broker, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The object store, one population on a raw topic, and the in-process chain over it (local staging)."""
     base = tmp_path_factory.mktemp("stagefs")
     spec = load_spec(SPEC_PATH)
-    with s3_store(base / "s3") as s3:
+    with s3_store() as s3:
         ref = new_chain(broker.bootstrap, base, "ref")
         population = synthesize(spec, N_CLIENTS, windows=WINDOWS, start_ms=recent_start(spec.window_seconds * 1000),
                                 seed=11)

@@ -105,9 +105,9 @@ def test_kill_9_in_a_loop_of_encodes_never_overspends(tmp_path):
 def test_two_processes_sharing_a_state_dir_never_overspend(tmp_path, kind):
     if kind == "grr":
         limit, expected = 60.0, 120
-    else:  # the k-th report of a value costs eps(2k) - eps(2k - 2): the largest k with eps(2k) <= limit fits
-        limit = 3.99
-        expected = sum(fragment_epsilon(4.0, 1.0, 2 * k) <= limit * (1 + 1e-9) for k in range(1, 100))
+    else:  # the k-th report of a value costs 2 (eps(2k) - eps(2k - 2)) (replacement): the largest k with
+        limit = 7.98  # 2 eps(2k) <= limit fits
+        expected = sum(2 * fragment_epsilon(4.0, 1.0, 2 * k) <= limit * (1 + 1e-9) for k in range(1, 100))
         assert expected == 4
     outs = [tmp_path / "a.txt", tmp_path / "b.txt"]
     procs = [_start(tmp_path, kind, limit, out) for out in outs]

@@ -3,6 +3,8 @@ reports drawn from it follow the mechanism's exact conditional law."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 
 import numpy as np
@@ -40,20 +42,61 @@ def test_backstop_is_drawn_once_and_reused_across_windows_and_restarts(tmp_path)
     assert restarted.memoized_values == 1 and _stored(restarted, 5) == backstop
     restarted.encode(2)
     assert restarted.memoized_values == 2 and _stored(restarted, 5) == backstop
-    # the pipeline's one-shot encoder draws a new backstop each time: without the memo the reports would vary
+    # fresh draws of the backstop vary (eps_b = 1), so without the memo the reports above would too
     mech = spec.randomizer
     fresh = {tuple(row[row < 8]) for row in mech.backstop_bits(np.full(8, 5), np.random.default_rng(0))}
     assert len(fresh) > 1
 
 
-def test_each_spec_and_device_has_its_own_backstops(tmp_path):
-    spec = histogram_spec("rappor_fragments", 1.0, d=8, fragments=2, epsilon_fragment=15.0)
-    other = histogram_spec("rappor_fragments", 1.0, d=8, fragments=3, epsilon_fragment=15.0)
-    a = Client(spec, tmp_path, rng=np.random.default_rng(1), **client_kwargs())
-    b = Client(other, tmp_path, rng=np.random.default_rng(2), **client_kwargs())
-    a.encode(0)
-    b.encode(0)
-    assert a._memo.path != b._memo.path and a.memoized_values == b.memoized_values == 1
+def _first_backstop(spec, state_dir, seed: int) -> list[int]:
+    client = Client(spec, state_dir, rng=np.random.default_rng(seed), **client_kwargs())
+    sets = _fragment_sets(spec, client.encode(5))
+    assert all(fragment == sets[0] for fragment in sets)  # eps_f = 15: every fragment shows the backstop
+    return sets[0]
+
+
+COPY = {"epsilon_fragment": 15.0}
+
+
+def test_a_spec_edit_outside_the_backstop_parameters_keeps_the_backstop(tmp_path):
+    """[crowd] epsilon, lateness, window and the fragments (tau) do not change the backstop's law: a redraw would
+    add a fresh eps_b of loss for nothing. (Keyed by the whole spec hash, each of these edits redrew it.)"""
+    spec = histogram_spec("rappor_fragments", 1.0, d=8, fragments=2, **COPY)
+    first = _first_backstop(spec, tmp_path, seed=1)
+    edits = [dataclasses.replace(spec, crowd=dataclasses.replace(spec.crowd, epsilon=0.25)),
+             dataclasses.replace(spec, allowed_lateness_seconds=600),
+             histogram_spec("rappor_fragments", 1.0, d=8, fragments=3, window_seconds=86400, **COPY)]
+    for seed, edited in enumerate(edits, start=2):
+        assert edited.spec_id != spec.spec_id
+        assert _first_backstop(edited, tmp_path, seed) == first
+    assert len(list((tmp_path / "memo").glob("*.json"))) == 1
+
+
+def test_a_new_backstop_law_or_another_metric_redraws(tmp_path):
+    """Another eps_b or d has another law: the stored backstop must not be reused. Another metric is another
+    value altogether. With eps_b = 1 and d = 8 two independent draws coincide with probability < 0.02 each."""
+    spec = histogram_spec("rappor_fragments", 1.0, d=8, fragments=2, **COPY)
+    first = _first_backstop(spec, tmp_path, seed=1)
+    others = [histogram_spec("rappor_fragments", 1.5, d=8, fragments=2, **COPY),
+              histogram_spec("rappor_fragments", 1.0, d=9, fragments=2, **COPY),
+              histogram_spec("rappor_fragments", 1.0, d=8, fragments=2, name="other_metric", **COPY)]
+    drawn = [_first_backstop(other, tmp_path, seed) for seed, other in enumerate(others, start=2)]
+    assert len(list((tmp_path / "memo").glob("*.json"))) == 4
+    assert sum(backstop != first for backstop in drawn) >= 2  # fails with probability ~1e-3 (and the seeds are fixed)
+    for other in others:
+        client = Client(other, tmp_path, **client_kwargs())
+        assert client._memo.path != Client(spec, tmp_path, **client_kwargs())._memo.path
+
+
+def test_a_store_keyed_by_the_old_spec_hash_is_adopted_not_redrawn(tmp_path):
+    spec = histogram_spec("rappor_fragments", 1.0, d=8, fragments=2, **COPY)
+    legacy = tmp_path / "memo" / f"{hashlib.sha256(spec.spec_id.encode()).hexdigest()[:24]}.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"format": 1, "spec_id": spec.spec_id, "mechanism": "rappor_fragments",
+                                  "backstops": {"5": [0, 5, 7]}}))
+    assert _first_backstop(spec, tmp_path, seed=1) == [0, 5, 7]
+    edited = dataclasses.replace(spec, crowd=dataclasses.replace(spec.crowd, epsilon=0.25))
+    assert _first_backstop(edited, tmp_path, seed=2) == [0, 5, 7]  # adopted into the new store at once
 
 
 def test_a_corrupt_memo_is_refused_not_redrawn(tmp_path):

@@ -25,6 +25,9 @@ OTHER_PROGRAMS = {
     "--net": "docker run",
     "--worker_pool": "Beam SDK harness image",
     "--staging-location": "gcloud dataflow flex-template run",
+    **{flag: "kafka-acls.sh" for flag in ("--add", "--allow-principal", "--bootstrap-server", "--command-config",
+                                          "--group", "--operation", "--resource-pattern-type", "--topic",
+                                          "--transactional-id")},
 }
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9]")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)")  # anchors such as #streaming-...---kafka_io-sdf are not flags

@@ -1,4 +1,4 @@
-"""The whole chain against a real tansu broker on loopback and the real FnApiRunner.
+"""The whole chain against a real Apache Kafka broker on loopback and the real FnApiRunner.
 
 Produce an enrolled synthetic population (plus records of every bad kind, raw and signed), run
 encode ▸ shuffle ▸ analyze, and check what a user relies on: estimates within their error bars, every

@@ -1,4 +1,4 @@
-"""Kafka IO against a real tansu broker and Beam's FnApiRunner (no mocks)."""
+"""Kafka IO against a real Apache Kafka broker and Beam's FnApiRunner (no mocks)."""
 
 from __future__ import annotations
 

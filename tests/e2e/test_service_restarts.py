@@ -62,7 +62,7 @@ def test_follow_releases_as_events_arrive_and_stops_on_sigterm(broker, tmp_path)
 
 
 def test_durable_broker_restarted_mid_run(tmp_path) -> None:
-    durable = LocalBroker(durable_dir=tmp_path / "broker").start()
+    durable = LocalBroker(data_dir=tmp_path / "broker").start()
     try:
         chain = new_chain(durable.bootstrap, tmp_path, "durable")
         produce(chain, synthesize(SPEC, 300, start_ms=recent_start(WINDOW_MS), seed=18))
@@ -70,7 +70,8 @@ def test_durable_broker_restarted_mid_run(tmp_path) -> None:
         proc = start_job(chain, "shuffle")
         staging = chain.state("shuffle") / "staging"
         wait_for(lambda: staging.is_dir() and any(staging.iterdir()), what="the shuffle run to start")
-        durable.restart()  # the broker goes away under the running job and comes back on the same port
+        durable.kill()  # SIGKILL: the broker dies under the running job ...
+        durable.restart()  # ... and comes back on the same port and data
         interrupted = wait_job(proc, timeout=300)
         assert topic_records(durable.bootstrap, chain.reports) == 300  # nothing lost by the restart
         completed = [interrupted.summary] if interrupted.returncode == 0 else []

@@ -13,6 +13,7 @@ from trust_helpers import make_trust
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
 from transforms.device.wire import ShufflerKey, signed_message_set
+from transforms.encoder_keys import EncoderKeys
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
 from transforms.records import ReportElement, SourceRef, array_to_rows, client_messages, row_channel
@@ -48,7 +49,7 @@ def test_batched_sets_are_the_device_path_bytes(tmp_path: Path, spec_file: str, 
     sealer = SealSetsFn([spec], str(trust.keys_dir), threads)
     sealer.setup()
     (out,) = list(sealer.process(batch))
-    prf_key = load_or_create_secret(trust.keys_dir / "encoder" / "prf.key")
+    prf_key = EncoderKeys.derive(load_or_create_secret(trust.keys_dir / "encoder" / "prf.key")).seal
     firsts = [i for i, r in enumerate(batch) if i == 0 or r.source != batch[i - 1].source]
     assert len(out) == len(firsts) == 30
     registry = DeviceRegistry()

@@ -21,25 +21,33 @@ Usage (key ids and public keys come from the ``keys/public/`` directory)::
         print(refused)                     # what it would cost, spent / limit, when the budget renews
     print(client.status())
 
-What persists in ``state_dir`` (``state.py``): the device key, the budget of the current epoch across every
-spec the device reports on (``budget.py``, cost rules in ``accounting.py``), and permanent randomization
-such as [ESA]'s backstop, drawn once per (spec, value) and reused by every later report (``memo.py``).
+What persists in ``state_dir`` (``state.py``): the device key, the device's one budget (its limit and epoch,
+set by the first budgeted client, changed only by ``change_budget``; a client with another budget, or none,
+is refused: ``policy.py``) and the spend of the
+current epoch across every spec the device reports on, in replacement-LDP epsilon (``budget.py``, cost
+rules in ``accounting.py``), and permanent randomization such as [ESA]'s backstop, drawn once per (metric,
+backstop parameters, value) and reused by every later report (``memo.py``). What a reinstall (a wiped state
+directory) means for privacy: docs/device-privacy.md.
 """
 
 from transforms.device.accounting import ReportCost, report_cost
 from transforms.device.budget import Budget, BudgetExceeded, BudgetStatus
 from transforms.device.client import Client
 from transforms.device.memo import MemoStore, is_memoizing
+from transforms.device.policy import BudgetConflict, change_budget, stored_budget
 from transforms.device.state import StateError
 
 __all__ = [
     "Budget",
+    "BudgetConflict",
     "BudgetExceeded",
     "BudgetStatus",
     "Client",
     "MemoStore",
     "ReportCost",
     "StateError",
+    "change_budget",
     "is_memoizing",
     "report_cost",
+    "stored_budget",
 ]

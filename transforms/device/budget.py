@@ -1,5 +1,13 @@
 """A device's privacy budget: one epsilon per epoch (e.g. per day) across every spec the device reports on.
 
+**One budget per device.** The limit and the epoch length are a property of the device, not of a ``Client``
+object: they are stored in the state directory (``policy.py``), and a client asking for another budget,
+or none, is refused.
+
+Every charge is in one neighbouring notion, *replacement* LDP (one device's value replaced by another),
+the notion the analyzer's ledger publishes; ``accounting.py`` converts removal budgets ([ESA]'s unary
+encodings) to it.
+
 The ledger of the current epoch lives in ``state_dir/budget.json``::
 
     {"format": 1, "epoch_start": 1764000000, "renews_at": 1764086400, "spent": 1.25, "reports": 3,

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from transforms.device.accounting import ReportCost, report_cost
 from transforms.device.budget import BUDGET_FILE, Budget, BudgetExceeded, BudgetStatus, Ledger
 from transforms.device.memo import MemoStore, is_memoizing
+from transforms.device.policy import check_policy
 from transforms.device.state import load_device_key, locked, state_directory
 from transforms.device.wire import ShufflerKey, signed_message_set
 from transforms.event_values import client_inputs, event_value
@@ -50,6 +51,11 @@ MAX_TIME_MS = 2**53
 class Client:
     """A device reporting values of one spec; several clients (one per spec) may share a ``state_dir``, and
     then share its device key, its budget and its lock.
+
+    ``budget``: the device's budget. The first budgeted client on a ``state_dir`` stores it there; every
+    client on that state directory must then pass the same one (``stored_budget(state_dir)`` reads it, and
+    ``change_budget`` changes it), or construction -- and any later ``encode`` -- raises ``BudgetConflict``.
+    The budget in force in the state directory is what is accounted.
 
     ``rng``: a numpy Generator for tests and simulations only -- it then also draws the nonce and the
     sealing keys, so the output bytes are reproducible. The default draws everything from OS entropy.
@@ -82,50 +88,52 @@ class Client:
         self._seeded = rng is not None
         self._rng = rng if rng is not None else os_entropy_rng()
         self._clock = clock if clock is not None else time.time
-        self._memo = MemoStore(self.state_dir, spec.spec_id, self._mechanism) if is_memoizing(self._mechanism) else None
+        self._memo = MemoStore(self.state_dir, spec, self._mechanism) if is_memoizing(self._mechanism) else None
         self._window_ms = spec.window_seconds * 1000
+        with locked(self.state_dir):
+            check_policy(self.state_dir, budget, float(self._clock()))  # refuse a foreign budget before any use
 
     # -- public API ---------------------------------------------------------------------------------------
 
     def encode(self, value: Any, *, event_time_ms: int | None = None, crowd_id: str | None = None) -> bytes:
         """The signed ``MessageSet`` of one event sealed to the shuffler, ready to send.
 
-        Raises ``ValueError`` for a value outside the spec's domain (or a bad crowd id / event time) and
-        ``BudgetExceeded`` when the report would exceed the epoch's budget; in both cases nothing is spent.
+        Raises ``ValueError`` for a value outside the spec's domain (or a bad crowd id / event time),
+        ``BudgetExceeded`` when the report would exceed the epoch's budget and ``BudgetConflict`` when the
+        device's stored budget is not this client's (another client set it meanwhile); nothing is spent then.
         """
         checked = self._check_value(value)
         crowd = self._crowd(crowd_id)
         now = float(self._clock())
         event_time_ms = self._event_time(event_time_ms, now)
         value_key = json.dumps(int(checked)) if self._memo is not None else None
-        if self._memo is None and self.budget is None:
-            rows = self._randomize(checked, None)  # nothing persistent to read or write: no lock needed
-        else:
-            with locked(self.state_dir):
-                ledger = Ledger.load(self._budget_path, self.budget, now) if self.budget is not None else None
-                cost = self._cost(ledger, value_key)
-                if ledger is not None and not ledger.fits(cost.epsilon, self.budget.epsilon_per_epoch):
-                    raise BudgetExceeded(cost.epsilon, cost.rule, ledger.status(self.budget.epsilon_per_epoch), now)
-                rows = self._randomize(checked, value_key)
-                if ledger is not None:
-                    ledger.charge(cost.epsilon, cost.count_key)
-                    ledger.save(self._budget_path)  # durable before the report exists outside this call
+        with locked(self.state_dir):  # also unbudgeted: a budgeted client may have claimed the device meanwhile
+            budget = check_policy(self.state_dir, self.budget, now)
+            ledger = Ledger.load(self._budget_path, budget, now) if budget is not None else None
+            cost = self._cost(ledger, value_key)
+            if ledger is not None and not ledger.fits(cost.epsilon, budget.epsilon_per_epoch):
+                raise BudgetExceeded(cost.epsilon, cost.rule, ledger.status(budget.epsilon_per_epoch), now)
+            rows = self._randomize(checked, value_key)
+            if ledger is not None:
+                ledger.charge(cost.epsilon, cost.count_key)
+                ledger.save(self._budget_path)  # durable before the report exists outside this call
         return self._seal_and_sign(rows, event_time_ms, crowd)
 
     def cost(self, value: Any) -> ReportCost:
         """What reporting ``value`` now would cost (and why), without reporting it."""
         checked = self._check_value(value)
         value_key = json.dumps(int(checked)) if self._memo is not None else None
-        ledger = self._ledger_now() if self.budget is not None else None
-        return self._cost(ledger, value_key)
+        return self._cost(self._ledger_now()[0], value_key)
 
     def status(self) -> BudgetStatus:
-        """Spent and remaining budget of the current epoch (limit inf and nothing recorded without a budget)."""
-        if self.budget is None:
+        """Spent and remaining budget of the current epoch under the device's budget in force (limit inf and
+        nothing recorded without a budget)."""
+        ledger, budget = self._ledger_now()
+        if ledger is None or budget is None:
             now = float(self._clock())
             return BudgetStatus(limit=math.inf, spent=0.0, remaining=math.inf, reports=0, epoch_start=int(now),
                                 renews_at=int(now))
-        return self._ledger_now().status(self.budget.epsilon_per_epoch)
+        return ledger.status(budget.epsilon_per_epoch)
 
     @property
     def memoized_values(self) -> int:
@@ -141,10 +149,12 @@ class Client:
     def _budget_path(self) -> Path:
         return self.state_dir / BUDGET_FILE
 
-    def _ledger_now(self) -> Ledger:
-        assert self.budget is not None
+    def _ledger_now(self) -> tuple[Ledger | None, Budget | None]:
+        """The ledger in force and the device's budget in force (None, None without a budget)."""
+        now = float(self._clock())
         with locked(self.state_dir):
-            return Ledger.load(self._budget_path, self.budget, float(self._clock()))
+            budget = check_policy(self.state_dir, self.budget, now)
+            return (Ledger.load(self._budget_path, budget, now) if budget is not None else None), budget
 
     def _cost(self, ledger: Ledger | None, value_key: str | None) -> ReportCost:
         key = f"{self.spec.spec_id}|{value_key}"

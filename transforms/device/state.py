@@ -5,7 +5,8 @@ Layout of ``state_dir`` (owner-only, 0700)::
     device.key          Ed25519 seed of the device (raw 32 bytes, 0600), created on first use
     lock                flock(2) target: every read-modify-write of the files below holds it
     budget.json         the privacy budget of the current epoch (``budget.py``)
-    memo/<hash>.json    permanent randomization per spec (``memo.py``)
+    budget_policy.json  the device's budget: limit and epoch length, and a pending change (``policy.py``)
+    memo/<hash>.json    permanent randomization per (metric, backstop parameters) (``memo.py``)
 
 Every JSON file is replaced atomically (temporary file in the same directory, fsync, rename, fsync of the
 directory), so a crash at any instant leaves either the old or the new content, never a torn file. The

@@ -317,6 +317,12 @@ class ReportFragmentedRappor(ChannelMessages):
     def report_dtype(self) -> np.dtype:
         return CHANNEL_DTYPE
 
+    @property
+    def backstop_parameters(self) -> dict[str, Any]:
+        """What the backstop's law depends on (d, eps_b), and nothing else: a stored backstop stays valid, and
+        must be kept, across edits of the fragments (tau, eps_f) or of anything outside the randomizer."""
+        return {"mechanism": self.name, "d": self.d, "epsilon_backstop": self.epsilon_backstop}
+
     def backstop_bits(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
         """The permanent backstop of each client: (n, backstop_cap) int64, ascending set bits, padded with d.
         Draws 1 + min(backstop_cap, d - 1) uniforms per client."""

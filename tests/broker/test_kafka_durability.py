@@ -1,15 +1,14 @@
-"""The durable broker (`LocalBroker(durable_dir=...)`) with real tansu and object-store processes, no mocks.
+"""Apache Kafka on a kept data directory (`LocalBroker(data_dir=...)`, `esa broker --data_dir`), no mocks.
 
 What must survive: every acknowledged record at its offset, topics with their partition counts, committed
 consumer-group offsets, and offset assignment after a restart (new records continue the log, never reuse an
-offset). Checked across a tansu restart, a kill -9 of tansu in the middle of producing, a restart of the
-store, and a new `LocalBroker` object on the same directory.
+offset). Checked across a SIGTERM restart, a SIGKILL of the broker in the middle of producing, a SIGKILL
+followed by a new `LocalBroker` object on the same directory, and two runs of `esa broker`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -21,8 +20,7 @@ import pytest
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from pipelines.broker import BrokerError, LocalBroker
-from pipelines.localstore import LocalObjectStore
+from pipelines.broker import LocalBroker
 from transforms.kafkaio import PartitionRange, commit_plan, ensure_topics, plan_bounded_read, read_topic
 
 pytestmark = pytest.mark.slow
@@ -84,46 +82,30 @@ def _append_continues(broker: LocalBroker, topic: str, acked: list[Triple]) -> N
     assert _log(broker.bootstrap, topic) == sorted(acked + more)
 
 
-def test_records_and_committed_offsets_survive_a_tansu_restart(tmp_path: Path, topic_name: str) -> None:
-    with LocalBroker(durable_dir=tmp_path) as broker:
+def test_records_and_committed_offsets_survive_a_restart(tmp_path: Path, topic_name: str) -> None:
+    with LocalBroker(data_dir=tmp_path) as broker:
         acked, positions = _fill(broker, topic_name)
-        port, store_pid = broker.port, broker.store.pid if broker.store else None
-        broker.restart(grace_s=1.0)
-        assert broker.port == port and broker.store is not None and broker.store.pid == store_pid
+        port = broker.port
+        broker.restart()
+        assert broker.port == port
         assert _log(broker.bootstrap, topic_name) == acked
         assert _committed(broker.bootstrap, topic_name) == positions
         _append_continues(broker, topic_name, acked)
-    assert not broker.running and not (tmp_path / "store" / "endpoint").exists()  # the store stopped too
+    assert not broker.running and (tmp_path / "kafka-logs" / "meta.properties").exists()  # the data is kept
 
 
-def test_everything_survives_kill_9_of_both_processes_and_a_new_broker(tmp_path: Path, topic_name: str) -> None:
-    with LocalBroker(durable_dir=tmp_path) as broker:
+def test_everything_survives_sigkill_and_a_new_broker_object(tmp_path: Path, topic_name: str) -> None:
+    with LocalBroker(data_dir=tmp_path) as broker:
         acked, positions = _fill(broker, topic_name)
-        assert broker.pid is not None and broker.store is not None and broker.store.pid is not None
-        os.kill(broker.store.pid, signal.SIGKILL)
-        os.kill(broker.pid, signal.SIGKILL)
-    # A new store process (the dead one's flock is gone, its endpoint file is stale), a new tansu, a new port.
-    with LocalBroker(durable_dir=tmp_path) as again:
+        broker.kill()
+    with LocalBroker(data_dir=tmp_path) as again:  # a new process on a new port, the same log
         assert _log(again.bootstrap, topic_name) == acked
         assert _committed(again.bootstrap, topic_name) == positions
         _append_continues(again, topic_name, acked)
 
 
-def test_a_second_broker_reuses_the_running_store_and_leaves_it_running(tmp_path: Path, topic_name: str) -> None:
-    with LocalBroker(durable_dir=tmp_path) as first:
-        ensure_topics(first.bootstrap, [topic_name], partitions=PARTITIONS)
-        acked = sorted(_produce(first.bootstrap, topic_name, range(300)))
-        with LocalBroker(durable_dir=tmp_path) as second:
-            assert second.store is not None and not second.store.owned and second.store.pid is None
-            assert _log(second.bootstrap, topic_name) == acked
-        assert first.store is not None and first.store.running
-        assert _log(first.bootstrap, topic_name) == acked
-    with LocalBroker(durable_dir=tmp_path) as after_a_clean_stop:
-        assert _log(after_a_clean_stop.bootstrap, topic_name) == acked
-
-
 def test_acknowledged_records_survive_kill_9_mid_produce(tmp_path: Path, topic_name: str) -> None:
-    with LocalBroker(durable_dir=tmp_path) as broker:
+    with LocalBroker(data_dir=tmp_path) as broker:
         ensure_topics(broker.bootstrap, [topic_name], partitions=PARTITIONS)
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=2, retries=0,
                                  request_timeout_ms=2000, delivery_timeout_ms=4000, max_block_ms=3000)
@@ -135,7 +117,7 @@ def test_acknowledged_records_survive_kill_9_mid_produce(tmp_path: Path, topic_n
             return lambda md: acked.append((md.partition, md.offset, value))
 
         def _produce_until_it_fails() -> None:
-            """A steady stream (no flush between sends), so requests are in flight when tansu dies."""
+            """A steady stream (no flush between sends), so requests are in flight when the broker dies."""
             deadline, i = time.monotonic() + 30, 0
             while not failures and time.monotonic() < deadline:
                 try:
@@ -156,8 +138,7 @@ def test_acknowledged_records_survive_kill_9_mid_produce(tmp_path: Path, topic_n
         deadline = time.monotonic() + 20
         while len(acked) < 2_000 and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert broker.pid is not None
-        os.kill(broker.pid, signal.SIGKILL)  # while the producer is still sending
+        broker.kill()  # SIGKILL while the producer is still sending
         thread.join(40)
         with contextlib.suppress(KafkaError):
             producer.close(timeout=1)
@@ -172,23 +153,8 @@ def test_acknowledged_records_survive_kill_9_mid_produce(tmp_path: Path, topic_n
         assert len({v for _, _, v in log}) == len(log)
 
 
-def test_store_errors_are_clear(tmp_path: Path) -> None:
-    with LocalObjectStore(tmp_path / "a") as store:
-        assert store.url is not None
-        taken = int(store.url.rsplit(":", 1)[1])
-        with pytest.raises(BrokerError, match="did not start"):
-            LocalObjectStore(tmp_path / "b", port=taken).start()
-        with pytest.raises(BrokerError, match="already served"):
-            LocalObjectStore(tmp_path / "a", port=taken + 1 if taken < 65535 else taken - 1).start()
-    (tmp_path / "file").write_text("not a directory")
-    with pytest.raises(BrokerError, match="cannot create"):
-        LocalObjectStore(tmp_path / "file" / "store").start()
-    with pytest.raises(ValueError, match="either durable_dir or storage"):
-        LocalBroker(durable_dir=tmp_path, storage="memory://x/")
-
-
 def _esa_broker(durable: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "broker", "--durable", str(durable)],
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "broker", "--data_dir", str(durable)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     bootstrap = proc.stdout.readline().strip()
@@ -196,20 +162,20 @@ def _esa_broker(durable: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, bootstrap
 
 
-def test_esa_broker_durable_keeps_records_across_two_runs(tmp_path: Path, topic_name: str) -> None:
+def test_esa_broker_data_dir_keeps_records_across_two_runs(tmp_path: Path, topic_name: str) -> None:
     procs = []
     try:
         proc, bootstrap = _esa_broker(tmp_path)
         procs.append(proc)
         ensure_topics(bootstrap, [topic_name], partitions=PARTITIONS)
         acked = sorted(_produce(bootstrap, topic_name, range(200)))
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
         proc, bootstrap = _esa_broker(tmp_path)
         procs.append(proc)
         assert _log(bootstrap, topic_name) == acked
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -1,0 +1,120 @@
+"""The broker-side ACLs of a deployment, one principal per trust domain.
+
+Why the broker enforces them: the jobs keep their domains apart in code, but only the broker can stop a
+stolen device credential from reading the shuffled topic, or an analyzer's from reading the reports topic
+(which names every device). Each principal gets exactly what its job does, nothing else; topics are created
+beforehand by an administrator, so no job principal needs CREATE.
+
+==============  =============================================================================
+principal       may
+==============  =============================================================================
+collector       WRITE the raw topic (the edge collector: the raw topic is edge-only, never a device's)
+device          WRITE (and DESCRIBE) the reports topic
+edge            READ the raw topic with its consumer group; WRITE the reports topic and its own
+                dead-letter topic (the edge encoder, in the device's trust domain)
+shuffler        READ the reports topic with its group; WRITE the shuffled topic and its dead-letter
+                topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing
+analyzer        READ the shuffled topic with its group; WRITE the estimates topic and its dead-letter
+                topic (reasons and positions only)
+==============  =============================================================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: transactional.id prefix of the shuffler's release producers
+SHUFFLER_TRANSACTIONAL_PREFIX = "esa-shuffler"
+
+
+@dataclass(frozen=True)
+class DeploymentTopics:
+    """The topics and consumer groups the ACLs name (a deployment's own names)."""
+
+    raw: str = "telemetry"
+    reports: str = "reports"
+    shuffled: str = "shuffled"
+    estimates: str = "estimates"
+    edge_group: str = "esa-encode"
+    shuffler_group: str = "esa-shuffle"
+    analyzer_group: str = "esa-analyze"
+    edge_dead_letters: str = "dead-letters-encode"
+    shuffler_dead_letters: str = "dead-letters-shuffle"
+    analyzer_dead_letters: str = "dead-letters-analyze"
+
+
+#: (principal, resource type, name, pattern, operation) for every grant; names are DeploymentTopics fields
+_GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("collector", "TOPIC", "raw", "LITERAL", "WRITE"),
+    ("device", "TOPIC", "reports", "LITERAL", "WRITE"),
+    ("device", "TOPIC", "reports", "LITERAL", "DESCRIBE"),
+    ("edge", "TOPIC", "raw", "LITERAL", "READ"),
+    ("edge", "GROUP", "edge_group", "LITERAL", "READ"),
+    ("edge", "TOPIC", "reports", "LITERAL", "WRITE"),
+    ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "WRITE"),
+    ("shuffler", "TOPIC", "reports", "LITERAL", "READ"),
+    ("shuffler", "GROUP", "shuffler_group", "LITERAL", "READ"),
+    ("shuffler", "TOPIC", "shuffled", "LITERAL", "WRITE"),
+    ("shuffler", "TOPIC", "shuffled", "LITERAL", "DESCRIBE"),
+    ("shuffler", "TOPIC", "shuffler_dead_letters", "LITERAL", "WRITE"),
+    ("shuffler", "TRANSACTIONAL_ID", SHUFFLER_TRANSACTIONAL_PREFIX, "PREFIXED", "WRITE"),
+    ("shuffler", "TRANSACTIONAL_ID", SHUFFLER_TRANSACTIONAL_PREFIX, "PREFIXED", "DESCRIBE"),
+    ("analyzer", "TOPIC", "shuffled", "LITERAL", "READ"),
+    ("analyzer", "GROUP", "analyzer_group", "LITERAL", "READ"),
+    ("analyzer", "TOPIC", "estimates", "LITERAL", "WRITE"),
+    ("analyzer", "TOPIC", "analyzer_dead_letters", "LITERAL", "WRITE"),
+)
+
+
+def domain_grants(topics: DeploymentTopics,
+                  principals: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str, str]]:
+    """Every grant as (principal, resource type, resource name, pattern type, operation), resolved against
+    ``topics``; ``principals`` renames the domains' users (``{"shuffler": "svc-shuffle"}``)."""
+    names = dict(principals or {})
+    return [(f"User:{names.get(who, who)}", kind, getattr(topics, name, name), pattern, op)
+            for who, kind, name, pattern, op in _GRANTS]
+
+
+def kafka_acls_commands(topics: DeploymentTopics, bootstrap: str = "BROKER:9093",
+                        admin_config: str = "admin.properties") -> list[str]:
+    """The same grants as ``kafka-acls.sh`` command lines, for an operator (docs/operations.md shows them)."""
+    flags = {"TOPIC": "--topic", "GROUP": "--group", "TRANSACTIONAL_ID": "--transactional-id"}
+    out = []
+    for principal, kind, name, pattern, op in domain_grants(topics):
+        prefixed = " --resource-pattern-type prefixed" if pattern == "PREFIXED" else ""
+        out.append(f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config {admin_config} --add "
+                   f"--allow-principal {principal} --operation {op.title()} {flags[kind]} {name}{prefixed}")
+    return out
+
+
+def apply_domain_acls(bootstrap: str, admin_config: Mapping[str, Any], topics: DeploymentTopics,
+                      principals: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> int:
+    """Create every grant on the broker as its administrator (librdkafka settings); returns how many once
+    the broker's authorizer serves them all (ACLs reach it asynchronously, through the metadata log)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **admin_config})
+    bindings = [AclBinding(ResourceType[kind], name, ResourcePatternType[pattern], principal, "*",
+                           AclOperation[op], AclPermissionType.ALLOW)
+                for principal, kind, name, pattern, op in domain_grants(topics, principals)]
+    for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
+        future.result(timeout_s)
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                                  AclPermissionType.ANY)
+    deadline = time.monotonic() + timeout_s
+    while not set(bindings) <= set(admin.describe_acls(everything, request_timeout=timeout_s).result(timeout_s)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the broker at {bootstrap} did not serve the new ACLs within {timeout_s:g} s")
+        time.sleep(0.1)
+    return len(bindings)

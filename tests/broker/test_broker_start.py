@@ -1,0 +1,71 @@
+"""A broker that cannot start says why in one line, and `esa broker` exits 4 (the broker-unreachable code).
+
+Each cause is real: a port another process listens on, a PATH without Java, a PATH without Maven and a
+Maven that is offline (``-o`` from a ``.mvn/maven.config`` beside the fetch) with an empty jar cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.broker import BrokerError, LocalBroker, kafka_jars
+from pipelines.broker.jars import java_binary
+
+
+def _path_without(*tools: str, tmp_path: Path) -> str:
+    """A PATH of symlinks to every tool this test needs except ``tools``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("java", "mvn", "python3"):
+        found = shutil.which(name)
+        if found and name not in tools:
+            (bin_dir / name).symlink_to(found)
+    return str(bin_dir)
+
+
+def test_a_taken_port_is_named(broker: LocalBroker) -> None:
+    with pytest.raises(BrokerError, match=rf"port {broker.port} on 127.0.0.1 is already in use"):
+        LocalBroker(port=broker.port).start()
+
+
+def test_missing_java_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", _path_without("java", tmp_path=tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(BrokerError, match="Java is not installed"):
+        java_binary()
+
+
+def test_missing_maven_with_an_empty_cache_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", _path_without("mvn", tmp_path=tmp_path))
+    with pytest.raises(BrokerError, match=r"Maven \(`mvn`\) is not on PATH"):
+        kafka_jars(root=tmp_path / "cache")
+
+
+def test_an_offline_maven_with_an_empty_cache_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    (root / ".mvn").mkdir(parents=True)
+    (root / ".mvn" / "maven.config").write_text(f"-o\n-Dmaven.repo.local={tmp_path / 'empty-repo'}\n")
+    with pytest.raises(BrokerError, match=r"mvn could not fetch Apache Kafka .* nothing is cached yet\): \S"):
+        kafka_jars(root=root)
+    assert not any(p.name.startswith("kafka-") and p.is_dir() for p in root.iterdir())  # no half cache
+
+
+def test_esa_broker_exits_4_with_one_line(broker: LocalBroker) -> None:
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "broker", "--port", str(broker.port)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert done.returncode == 4 and done.stdout == ""
+    assert done.stderr.strip() == f"esa broker: port {broker.port} on 127.0.0.1 is already in use"
+
+
+def test_later_starts_do_not_fetch(broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once cached, a start needs neither Maven nor the network: here it runs with no `mvn` on PATH."""
+    monkeypatch.setenv("PATH", _path_without("mvn", tmp_path=tmp_path))
+    with LocalBroker() as local, socket.create_connection(("127.0.0.1", local.port), timeout=5):
+        assert local.running
