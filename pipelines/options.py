@@ -26,7 +26,7 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--consumer_group", default="esa-end-to-end",
                             help="consumer group whose committed offsets bound the read")
         parser.add_argument("--dead_letter_topic", default="",
-                            help="also publish dead letters to PREFIX-encoder, PREFIX-shuffler or PREFIX-analyzer, "
+                            help="also publish dead letters to PREFIX-encode, PREFIX-shuffle or PREFIX-analyze, "
                                  "the topic of the job's own trust domain ('' = off; the analyzer's hold no raw "
                                  "bytes); see docs/operations.md")
         parser.add_argument("--create_topics", action="store_true",

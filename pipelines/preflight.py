@@ -33,8 +33,9 @@ class MissingTopicsError(KafkaUnavailableError):
     """Input topics that do not exist on the broker."""
 
 
-#: the trust domain of each job: its dead letters go to ``<--dead_letter_topic>-<domain>``, never beside another's
-DOMAINS = {"encode": "encoder", "shuffle": "shuffler", "analyze": "analyzer"}
+#: the job of each trust domain: its dead letters go to ``<--dead_letter_topic>-<job>``, never beside another's
+#: (``dead-letters`` gives ``dead-letters-encode``, ``-shuffle``, ``-analyze``: the ACLs' names, pipelines.broker.acls)
+DOMAIN_JOBS = ("encode", "shuffle", "analyze")
 
 
 def domain_dead_letter_topic(prefix: str | None, stage: str) -> str | None:
@@ -43,7 +44,9 @@ def domain_dead_letter_topic(prefix: str | None, stage: str) -> str | None:
     One topic per domain, whatever the operator passes: ``esa run`` gives its three jobs one flag, and an
     encoder's or shuffler's letters hold raw bytes (client ids, exact times, values) that the analyzer's
     principal must never be able to read; per-domain names let the broker's ACLs keep them apart."""
-    return f"{prefix}-{DOMAINS[stage]}" if prefix else None
+    if stage not in DOMAIN_JOBS:
+        raise ValueError(f"no trust domain for stage {stage!r}")
+    return f"{prefix}-{stage}" if prefix else None
 
 
 def publishable(stage: str, letters: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:

@@ -14,7 +14,7 @@ staged ones are sealed (to the same digest) or found sealed already.
 Dead letters are staged in batches by the workers; the agent moves them into the stage's dead-letter
 directory (one Avro file per collection, named by the letters it holds, so a collection redone after a crash
 over the same staged files replaces its own file) and publishes them to the shuffler's dead-letter topic
-(``<--dead_letter_topic>-shuffler``) if one is set.
+(``<--dead_letter_topic>-shuffle``) if one is set.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Issue 26, finding 6: ``--shuffled_topic shufled`` (a typo) was auto-created by t
 said "published" and the job exited 0; nothing read that topic. Now a job refuses to start while a topic it
 writes is missing (exit 4, naming the closest existing topic) unless ``--create_topics`` is given.
 Finding 7: ``--dead_letter_topic`` carried every domain's raw bytes in one topic; now each job publishes to its
-own domain's topic (``PREFIX-encoder``, ``PREFIX-shuffler``, ``PREFIX-analyzer``), the analyzer's without raw
+own domain's topic (``PREFIX-encode``, ``PREFIX-shuffle``, ``PREFIX-analyze``), the analyzer's without raw
 bytes, so the broker's ACLs can give each principal only its own.
 """
 
@@ -60,11 +60,11 @@ def test_a_missing_output_topic_stops_the_job_before_anything_is_sealed(chain, b
     config, topics, base = chain
     with pytest.raises(MissingTopicsError, match="do not exist") as refused:
         encode_job.run(config("encode"))  # its reports topic exists, its dead-letter topic does not
-    assert f"{base.name}-dead-encoder" in str(refused.value)
+    assert f"{base.name}-dead-encode" in str(refused.value)
     encoded = encode_job.run(config("encode", create_topics=True))
     assert encoded.count("events_encoded") > 0
     typo = f"{base.name}-shufled"
-    ensure_topics(broker.bootstrap, [topics["shuffled_topic"], f"{base.name}-dead-shuffler"], partitions=2)
+    ensure_topics(broker.bootstrap, [topics["shuffled_topic"], f"{base.name}-dead-shuffle"], partitions=2)
     with pytest.raises(MissingTopicsError, match=f"did you mean '{topics['shuffled_topic']}'"):
         shuffle_job.run(config("shuffle", shuffled_topic=typo, create_topics=False))
     assert typo not in existing_topics(broker.bootstrap)  # never created
@@ -78,7 +78,7 @@ def test_a_missing_output_topic_stops_the_job_before_anything_is_sealed(chain, b
 
 def test_each_domain_publishes_its_dead_letters_to_its_own_topic(chain, broker) -> None:
     config, topics, base = chain
-    ensure_topics(broker.bootstrap, [f"{base.name}-dead-analyzer"])
+    ensure_topics(broker.bootstrap, [f"{base.name}-dead-analyze"])
     spec = config("analyze").specs[0]
     stranger = attacker_key()[1]  # a release batch the shuffler did not sign: the analyzer's to refuse
     forged = forged_release(spec, [SealedMessage(0, b"x" * 60)], window_end=1_800_000, n_sets=50,
@@ -87,11 +87,11 @@ def test_each_domain_publishes_its_dead_letters_to_its_own_topic(chain, broker) 
     analyze_job.run(config("analyze"))
     letters = {domain: [decode_record("DeadLetter", r.value)
                         for r in read_topic(broker.bootstrap, f"{base.name}-dead-{domain}")]
-               for domain in ("encoder", "shuffler", "analyzer")}
-    assert {d["stage"] for d in letters["encoder"]} <= {"decode", "encode"} and letters["encoder"]
-    assert {d["stage"] for d in letters["shuffler"]} <= {"ingress", "shuffle"} and letters["shuffler"]
+               for domain in ("encode", "shuffle", "analyze")}
+    assert {d["stage"] for d in letters["encode"]} <= {"decode", "encode"} and letters["encode"]
+    assert {d["stage"] for d in letters["shuffle"]} <= {"ingress", "shuffle"} and letters["shuffle"]
     # what the analyzer refused: a reason and a position, never bytes (its own file keeps none either)
-    assert letters["analyzer"] and all(d["original"] is None for d in letters["analyzer"])
-    assert all(d["reason"] and d["topic"] and d["offset"] is not None for d in letters["analyzer"])
-    assert all(d["original"] for d in letters["encoder"])  # raw bytes stay in the encoder's own topic
+    assert letters["analyze"] and all(d["original"] is None for d in letters["analyze"])
+    assert all(d["reason"] and d["topic"] and d["offset"] is not None for d in letters["analyze"])
+    assert all(d["original"] for d in letters["encode"])  # raw bytes stay in the encoder's own topic
     assert f"{base.name}-dead" not in existing_topics(broker.bootstrap)  # no topic shared by the domains

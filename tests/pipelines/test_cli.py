@@ -101,7 +101,7 @@ def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     published = [decode_record("Estimate", r.value) for r in read_topic(broker.bootstrap, f"{raw}-estimates")]
     assert sorted(e["item"] for e in published) == sorted(estimates["item"].to_pylist())
     # ... and on Kafka, each in its own domain's topic (their principals differ: docs/operations.md)
-    for domain, kept in (("encoder", encode_letters), ("shuffler", shuffle_letters), ("analyzer", [])):
+    for domain, kept in (("encode", encode_letters), ("shuffle", shuffle_letters), ("analyze", [])):
         dead = [decode_record("DeadLetter", r.value) for r in read_topic(broker.bootstrap, f"{raw}-dead-{domain}")]
         assert sorted(d["reason"] for d in dead) == sorted(d["reason"] for d in kept), domain
 
