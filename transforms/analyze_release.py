@@ -141,6 +141,7 @@ class OpenedBatch(NamedTuple):
     counts: Any  # the mechanism's Accumulator for the messages that opened, or None if none did
     opened: int  # messages that opened and decoded
     failures: tuple[str, ...]  # why the others could not be used (their dead letters, if the release is taken)
+    signer: str = ""  # the shuffler key id that signed it: two shufflers' releases of one window stay apart
 
 
 class OpenBatchFn(beam.DoFn):
@@ -190,7 +191,8 @@ def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads:
         counts = mechanism.new_accumulator()
         counts.add(*count_clients(mechanism, rows))
     return OpenedBatch(_header(batch), batch.batch_index, bytes(batch.signature), element.source,
-                       len(batch.messages), counts, len(rows), tuple(reason for _, reason in sorted(failures)))
+                       len(batch.messages), counts, len(rows), tuple(reason for _, reason in sorted(failures)),
+                       batch.key_id)
 
 
 class AssembleReleaseFn(beam.DoFn):
@@ -198,6 +200,11 @@ class AssembleReleaseFn(beam.DoFn):
 
     Takes only batches :class:`OpenBatchFn` (or :func:`open_batch`) opened: assembly needs no key, and a
     release's group never holds its sealed messages.
+
+    Two valid releases of one window (a second shuffler with its own keys or state on the same topic) are told
+    apart by their header and signing key and judged in the order they were published: the first valid one
+    is taken (or, while incomplete, held with the rest), the later ones are dead-lettered as a conflict and
+    counted (``releases_conflicting``). Refusing both, as before, lost the window for good.
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec]):
@@ -208,21 +215,53 @@ class AssembleReleaseFn(beam.DoFn):
         self._messages_dead = Metrics.counter(NAMESPACE, "messages_dead_lettered")
         self._analyzed = Metrics.counter(NAMESPACE, "batches_analyzed")
         self._messages = Metrics.counter(NAMESPACE, "messages_analyzed")
+        self._conflicts = Metrics.counter(NAMESPACE, "releases_conflicting")
 
     def process(self, keyed: tuple[str, Iterable[OpenedBatch]]) -> Iterator[Any]:
-        release_id, elements = keyed
+        _, elements = keyed
         items = list(elements)
         unopened = [type(b).__name__ for b in items if not isinstance(b, OpenedBatch)]
         if unopened:
             raise TypeError(f"AssembleReleaseFn takes OpenedBatch elements (open them with OpenBatchFn first), "
                             f"got {unopened[0]}")
+        candidates: dict[tuple, list[OpenedBatch]] = {}
+        for item in items:
+            candidates.setdefault((item.header, item.signer), []).append(item)
+        ordered = sorted(candidates.values(), key=lambda c: min(tuple(b.source) for b in c))
+        for n, candidate in enumerate(ordered):
+            outcome: list[str] = []
+            yield from self._assemble(candidate, outcome)
+            if outcome == ["refused"]:
+                continue  # not valid: the next one published may be
+            rest = [b for later in ordered[n + 1:] for b in later]
+            if outcome == ["held"]:
+                yield from self._hold(rest)
+            elif rest:
+                self._conflicts.inc(len(ordered) - n - 1)
+                yield from self._refuse(rest, "conflicting release: another valid release of this window was "
+                                              "published first (a second shuffler on this topic?); kept the first")
+            return
+
+    def _hold(self, items: Iterable[OpenedBatch]) -> Iterator[TaggedOutput]:
+        earliest: dict[str, int] = {}
+        for item in items:
+            self._held.inc()
+            pkey = partition_key(item.source.topic, item.source.partition)
+            earliest[pkey] = min(earliest.get(pkey, item.source.offset), item.source.offset)
+        for pkey, offset in earliest.items():
+            yield TaggedOutput(HELD, (pkey, offset))
+
+    def _assemble(self, items: list[OpenedBatch], outcome: list[str]) -> Iterator[Any]:
+        """One candidate release: its outputs; ``outcome`` gets "released", "held" or "refused"."""
         items.sort(key=lambda b: (b.batch_index, tuple(b.source)))
+        release_id = items[0].header[0]
         header = items[0].header
         _, spec_id, crowd_id, window_end_ms, batch_count, n_sets, n_messages, deleted = header
         by_index: dict[int, OpenedBatch] = {}
         for item in items:
             previous = by_index.get(item.batch_index)
             if item.header != header or (previous and previous.signature != item.signature):
+                outcome.append("refused")
                 yield from self._refuse(items, "inconsistent release: batches disagree on its header or content")
                 return
             if previous is not None:
@@ -230,20 +269,17 @@ class AssembleReleaseFn(beam.DoFn):
                 continue
             by_index[item.batch_index] = item
         if len(by_index) < batch_count:
-            self._held.inc(len(by_index))
-            earliest: dict[str, int] = {}
-            for item in by_index.values():
-                pkey = partition_key(item.source.topic, item.source.partition)
-                earliest[pkey] = min(earliest.get(pkey, item.source.offset), item.source.offset)
-            for pkey, offset in earliest.items():
-                yield TaggedOutput(HELD, (pkey, offset))
+            outcome.append("held")
+            yield from self._hold(by_index.values())
             return
         spec = self._specs[spec_id]
         whole = [by_index[i] for i in range(batch_count)]
         if sum(b.n_messages for b in whole) != n_messages:
+            outcome.append("refused")
             yield from self._refuse(whole, "partial release: fewer messages than its header claims")
             return
         if n_sets < spec.crowd.min_clients:
+            outcome.append("refused")
             yield from self._refuse(whole, f"release of {n_sets} sets, below the spec's minimum crowd "
                                            f"({spec.crowd.min_clients})")
             return
@@ -258,6 +294,7 @@ class AssembleReleaseFn(beam.DoFn):
             pkey = partition_key(item.source.topic, item.source.partition)
             ends[pkey] = max(ends.get(pkey, 0), item.source.offset + 1)
         self._analyzed.inc(len(whole))
+        outcome.append("released")
         yield OpenedRelease(release_id, spec_id, crowd_id, window_end_ms, n_sets, accumulator, ends)
         for item in whole:
             for reason in item.failures:
