@@ -39,9 +39,9 @@ from pipelines.job import (
     run_pipeline,
 )
 from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
+from pipelines.release_publish import publisher_for
 from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
-from transforms.kafkaio import produce_records
 from transforms.shuffle import PartHeader, ReleasePart, ScaleOut, Shuffle, WindowClock, part_header
 from transforms.sinks import StageAvroRecords
 from transforms.staging import (
@@ -149,11 +149,11 @@ def staged_releases(staging: Location) -> Iterator[StagedParts]:
 
 
 def publish(config: JobConfig, release_id: str, path: Path) -> int:
-    """Produce a release's batches from its file, keyed ``release_id:index``; raises unless every batch was
-    acknowledged."""
-    return produce_records(config.bootstrap, config.shuffled_topic,
-                           ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path))),
-                           producer_config=config.kafka_config, client=config.kafka_client)
+    """Produce a release's batches from its file, keyed ``release_id:index``, in one Kafka transaction under the
+    stream's transactional id (``pipelines.release_publish``: all batches visible or none; a second shuffler
+    on this topic fences this one). Raises unless the transaction committed."""
+    publisher = publisher_for(config.bootstrap, config.shuffled_topic, config.kafka_config)
+    return publisher.publish((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path)))
 
 
 def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
