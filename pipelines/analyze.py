@@ -72,8 +72,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
     keys = str(config.keys)
     decoded = (pipeline | "ReadShuffled" >> run.reader()
-               | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
-                                                                                                   main="batches"))
+               | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior, run.now_ms))
+               .with_outputs(DEAD, HELD, main="batches"))
     assembled = (decoded.batches
                  | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads, config.python_gc))
                  | "GroupRelease" >> beam.GroupByKey()
@@ -83,7 +83,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = (assembled.releases
          | "EstimateRows" >> beam.Map(_rows, by_id)
          | "StageEstimates" >> beam.ParDo(StageFn(staging, "release", lambda kv: kv[0].release_id)))
-    _ = (assembled[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
+    _ = ((decoded[HELD], assembled[HELD]) | "AllHeld" >> beam.Flatten() | "EarliestHeld" >> beam.CombinePerKey(min)
          | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: kv[0].replace("/", "_"))))
     _ = ((decoded[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
          | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))

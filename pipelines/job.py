@@ -437,6 +437,8 @@ def require_outputs(config: JobConfig, stage: str, topics: Sequence[str | None])
     published: a typo such as ``--shuffled_topic shufled`` would otherwise be auto-created by the first write
     and the ledger would say "published" to a topic no reader knows. ``--create_topics`` creates them."""
     wanted = [t for t in dict.fromkeys([*topics, domain_dead_letter_topic(config.dead_letter_topic, stage)]) if t]
+    if not wanted:
+        return
     if config.create_topics:
         ensure_topics(config.bootstrap, wanted, partitions=3, client_config=config.kafka_config,
                       client=config.kafka_client)

@@ -59,12 +59,29 @@ def _dead(stage: str, reason: str, source: SourceRef, spec_id: str | None = None
     return TaggedOutput(DEAD, dead_letter(stage, reason, source=source, spec_id=spec_id))
 
 
-class DecodeReleaseFn(beam.DoFn):
-    """KafkaRecords -> (release id, BatchElement) for verified batches; dead letters (no bytes) otherwise."""
+#: how long a batch signed by a shuffler key this analyzer does not hold yet is held (and retried by every run)
+#: before it is dead-lettered: the time an operator has to distribute a rotated key's public file
+KEY_WAIT_MS = 24 * 3_600_000
+UNKNOWN_KEY = "unknown shuffler key id"
 
-    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns):
+
+class DecodeReleaseFn(beam.DoFn):
+    """KafkaRecords -> (release id, BatchElement) for verified batches; dead letters (no bytes) otherwise.
+
+    A batch signed with a shuffler key id this analyzer does not know yet is *held* (its offset leaves on
+    ``HELD``, so the resume offset never passes it and every run retries it) while its record is younger than
+    ``key_wait_ms`` on the run's clock: a rotated shuffler key may reach the shuffler before its public file
+    reaches the analyzer, and dead-lettering those batches lost their windows for good. Only the shuffler's
+    principal may write the shuffled topic (broker ACLs), so a hold cannot be forced by anyone else; after the
+    wait the batch is dead-lettered as before.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns, now_ms: int | None = None,
+                 key_wait_ms: int = KEY_WAIT_MS):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir, self._prior = keys_dir, prior
+        self._now_ms, self._key_wait_ms = now_ms, key_wait_ms
+        self._held = Metrics.counter(NAMESPACE, "batches_held")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._reread = Metrics.counter(NAMESPACE, "records_reread")
         self._replayed = Metrics.counter(NAMESPACE, "batches_replayed")
@@ -93,6 +110,10 @@ class DecodeReleaseFn(beam.DoFn):
                         continue
                     self._replayed.inc()
                     problem = "replayed release: this window was already analyzed"
+            if problem is not None and problem.endswith(UNKNOWN_KEY) and self._waiting(record.timestamp_ms):
+                self._held.inc()
+                yield TaggedOutput(HELD, (pkey, record.offset))
+                continue
             if problem is not None:
                 if seen_before:
                     self._reread.inc()
@@ -101,6 +122,11 @@ class DecodeReleaseFn(beam.DoFn):
                     yield _dead("analyze", problem, source)
                 continue
             yield batch.release_id, BatchElement(batch, source)
+
+    def _waiting(self, timestamp_ms: int | None) -> bool:
+        """Whether a batch of an unknown key id is still within its wait (a run without a clock never holds)."""
+        return self._now_ms is not None and timestamp_ms is not None and \
+            self._now_ms - timestamp_ms < self._key_wait_ms
 
     def _admit(self, value: bytes | None) -> tuple[Any, str | None]:
         from schemas import WireFormatError
