@@ -63,6 +63,7 @@ def _dead(stage: str, reason: str, source: SourceRef, spec_id: str | None = None
 #: before it is dead-lettered: the time an operator has to distribute a rotated key's public file
 KEY_WAIT_MS = 24 * 3_600_000
 UNKNOWN_KEY = "unknown shuffler key id"
+ROTATED = "held: signed with a shuffler key id not distributed to this analyzer yet"
 
 
 class DecodeReleaseFn(beam.DoFn):
@@ -70,10 +71,11 @@ class DecodeReleaseFn(beam.DoFn):
 
     A batch signed with a shuffler key id this analyzer does not know yet is *held* (its offset leaves on
     ``HELD``, so the resume offset never passes it and every run retries it) while its record is younger than
-    ``key_wait_ms`` on the run's clock: a rotated shuffler key may reach the shuffler before its public file
-    reaches the analyzer, and dead-lettering those batches lost their windows for good. Only the shuffler's
-    principal may write the shuffled topic (broker ACLs), so a hold cannot be forced by anyone else; after the
-    wait the batch is dead-lettered as before.
+    ``key_wait_ms`` on the run's clock and its key id is well formed and dated no earlier than the newest key
+    the analyzer holds (what a rotation creates): a rotated shuffler key may reach the shuffler before its
+    public file reaches the analyzer, and dead-lettering those batches lost their windows for good. Only the
+    shuffler's principal may write the shuffled topic (broker ACLs), so a hold cannot be forced by anyone
+    else; after the wait, or for any other unknown id, the batch is dead-lettered as before.
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns, now_ms: int | None = None,
@@ -110,10 +112,13 @@ class DecodeReleaseFn(beam.DoFn):
                         continue
                     self._replayed.inc()
                     problem = "replayed release: this window was already analyzed"
-            if problem is not None and problem.endswith(UNKNOWN_KEY) and self._waiting(record.timestamp_ms):
-                self._held.inc()
-                yield TaggedOutput(HELD, (pkey, record.offset))
-                continue
+            if problem is ROTATED:
+                if self._waiting(record.timestamp_ms):
+                    self._held.inc()
+                    yield TaggedOutput(HELD, (pkey, record.offset))
+                    continue
+                problem = f"unauthenticated release batch: {UNKNOWN_KEY} (not distributed within " \
+                          f"{self._key_wait_ms // 1000} s)"
             if problem is not None:
                 if seen_before:
                     self._reread.inc()
@@ -122,6 +127,15 @@ class DecodeReleaseFn(beam.DoFn):
                     yield _dead("analyze", problem, source)
                 continue
             yield batch.release_id, BatchElement(batch, source)
+
+    def _rotated(self, key_id: Any) -> bool:
+        """Whether an unknown key id can be a rotation: a well-formed id no older (by its date) than the newest
+        shuffler key this analyzer holds (a rotation always adds a newer one; an older unknown id is a forgery)."""
+        from transforms.trust.keys import KEY_ID_PATTERN
+
+        if not isinstance(key_id, str) or not KEY_ID_PATTERN.fullmatch(key_id):
+            return False
+        return not self._verifiers or key_id[:8] >= max(self._verifiers)[:8]
 
     def _waiting(self, timestamp_ms: int | None) -> bool:
         """Whether a batch of an unknown key id is still within its wait (a run without a clock never holds)."""
@@ -142,6 +156,8 @@ class DecodeReleaseFn(beam.DoFn):
         try:
             verify_release_batch(batch, self._verifiers)
         except AuthError as err:
+            if str(err) == UNKNOWN_KEY and self._rotated(batch.key_id):
+                return None, ROTATED
             return None, f"unauthenticated release batch: {err}"
         spec = self._specs.get(batch.spec_id)
         if spec is None:

@@ -239,3 +239,26 @@ def test_decode_release_never_raises_and_gives_every_record_one_fate(data: st.Da
     assert all(o >= skipped_below for o in dead)
     assert all(o < skipped_below for o in set(range(len(values))) - set(admitted) - set(dead))
     assert {b.batch.release_id for _, b in main} <= {release_id_of(SPEC.spec_id, None, END)}
+
+
+def test_a_batch_of_a_key_not_distributed_yet_is_held_until_the_wait_ends(devices: Devices,
+                                                                          batches: list[bytes]) -> None:
+    """A rotation's new key id (dated no earlier than the analyzer's newest) is held while the record is younger
+    than the wait; an older unknown id, or one past the wait, is dead-lettered (issue 26, finding 4)."""
+    from transforms.analyze_release import KEY_WAIT_MS
+
+    now = 1_900_000_000_000
+    signer = Ed25519PrivateKey.generate()
+    batch = decode_release_batch(batches[0])
+    rotated = encode_release_batch(sign_release_batch(batch, "20991231-0a0b0c0d", signer))
+    forged_old = encode_release_batch(sign_release_batch(batch, "20200101-0a0b0c0d", signer))
+    fn = DecodeReleaseFn([SPEC], str(devices.keys_dir), PriorRuns(), now_ms=now)
+    fn.setup()
+    fresh = [KafkaRecord("shuffled", 0, 1, now - 60_000, None, rotated),
+             KafkaRecord("shuffled", 0, 2, now - KEY_WAIT_MS - 1, None, rotated),
+             KafkaRecord("shuffled", 0, 3, now - 60_000, None, forged_old)]
+    main, tagged = split_outputs(fn.process(fresh))
+    assert main == [] and tagged[HELD] == [("shuffled/0", 1)]
+    reasons = {d["offset"]: d["reason"] for d in tagged[DEAD]}
+    assert "not distributed within 86400 s" in reasons[2]
+    assert reasons[3] == "unauthenticated release batch: unknown shuffler key id"
