@@ -18,6 +18,7 @@ Transactions need librdkafka: the release producer is confluent-kafka's whatever
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -157,3 +158,6 @@ def forget_publishers() -> None:
     """Drop the cached publishers (a test's end): the next publish claims the stream again. Nothing is pending
     in them: every publish committed (and waited for) or aborted its transaction."""
     _PUBLISHERS.clear()
+
+
+atexit.register(forget_publishers)  # before the broker (a test's) is gone: no reconnect attempts at exit
