@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze, encode, shuffle
 from pipelines.job import JobConfig, RunSummary, config_from_options
+from pipelines.preflight import require_topics
 from transforms.kafkaio import ensure_topics
 
 
@@ -66,6 +67,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> ChainSumma
         from dataclasses import replace
 
         config = replace(config, reports_topic=f"{config.raw_topic}-reports")
+    # The broker answers and the raw topic exists, or one line and exit 4, before any topic is created.
+    require_topics(config.bootstrap, [config.raw_topic], client=config.kafka_client, kafka_config=config.kafka_config)
     ensure_topics(config.bootstrap, [config.reports_topic, config.shuffled_topic], partitions=3,
                   client_config=config.kafka_config, client=config.kafka_client)
     summary = ChainSummary()
