@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from pipelines import analyze as analyze_job
 from pipelines import encode as encode_job
 from pipelines import shuffle as shuffle_job
@@ -23,6 +25,7 @@ from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates
 from transforms.trust.__main__ import main as trust_cli
 
+pytestmark = pytest.mark.slow
 N = 300
 
 

@@ -29,6 +29,7 @@ from transforms.spec import spec_from_dict
 from transforms.state.ledger import ReleaseLedger
 from transforms.trust.message_set import SealedMessage
 
+pytestmark = pytest.mark.slow
 N = 300
 
 
