@@ -258,3 +258,22 @@ def test_the_registry_is_loaded_once_per_process_until_its_file_changes(tmp_path
     enrol_simulated(fleet.keys_dir, ["late-comer"])
     again = shared_registry(fleet.registry)
     assert again is not first._registry and len(again) == 4
+
+
+def test_the_shuffler_sealing_key_rotates_without_loss(tmp_path: Path) -> None:
+    """Sets sealed to the old and to the new sealing key both open; a running ingress picks the new key up."""
+    from transforms.trust.envelope import seal_envelope
+    from transforms.trust.keys import generate_shuffler_sealing_key, load_shuffler_sealing_public
+
+    devices = Devices.enrol(tmp_path / "keys", 2)
+    running = ingress_fn([SPEC], devices)
+    old = devices.record(devices.message_set(SPEC, "c0", WIN_A + 5, [(1,)]))
+    new_id = generate_shuffler_sealing_key(devices.keys_dir)
+    key_id, public = load_shuffler_sealing_public(devices.keys_dir)
+    assert key_id == new_id
+    new = devices.record(seal_envelope(public, key_id, devices.peel(devices.message_set(SPEC, "c1", WIN_A + 6,
+                                                                                         [(2,)]))))
+    running._sealing_loaded -= 60  # its last look at the keys directory was a minute ago
+    for fn in (running, ingress_fn([SPEC], devices)):
+        main, tagged = split_outputs(fn.process([old, new]))
+        assert not tagged.get(DEAD) and sum(len(pickle.loads(blob)) for _, blob in main) == 2

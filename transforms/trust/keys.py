@@ -13,8 +13,9 @@ Layout (each trust domain reads only its own subdirectory plus ``public/``)::
     public/shuffler-<key_id>.x25519.pub   what devices seal their message sets to (``trust.envelope``)
     registry/devices.parquet              enrolled devices (shuffler domain)
 
-Key ids are ``YYYYMMDD-`` + 8 random hex digits, so the newest key sorts last: senders always use the
-newest key while receivers keep every id they hold, which lets keys rotate without a flag day.
+Key ids are ``YYYYMMDD-`` + 8 random hex digits, so keys sort by creation day (two keys of one day by the
+time their files were written): senders always use the newest key while receivers keep every id they hold,
+which lets keys rotate without a flag day.
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ def _keyed_files(directory: Path, prefix: str, suffix: str, what: str) -> dict[s
     return dict(sorted(found.items()))
 
 
+def _newest(files: dict[str, Path]) -> tuple[str, Path]:
+    """The newest key: latest creation date in its id, then (two keys of one day, whose random parts sort in
+    no particular order) the file written last, then the id."""
+    return max(files.items(), key=lambda item: (item[0][:8], item[1].stat().st_mtime_ns, item[0]))
+
+
 def load_analyzer_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
     """Every analyzer private key by id, so blobs sealed to a retired key still open during rotation."""
     files = _keyed_files(Path(keys_dir) / "analyzer", "", ".x25519", "analyzer private")
@@ -121,7 +128,7 @@ def load_analyzer_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
 def load_analyzer_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
     """The newest analyzer public key (what encoders seal to) and its id, read from ``public/``."""
     files = _keyed_files(Path(keys_dir) / "public", "analyzer-", ".x25519.pub", "analyzer public")
-    key_id, path = next(reversed(files.items()))
+    key_id, path = _newest(files)
     return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
 
 
@@ -134,14 +141,14 @@ def load_shuffler_sealing_private(keys_dir: Path) -> dict[str, X25519PrivateKey]
 def load_shuffler_sealing_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
     """The newest shuffler sealing public key (what devices seal their message sets to) and its id."""
     files = _keyed_files(Path(keys_dir) / "public", "shuffler-", ".x25519.pub", "shuffler sealing public")
-    key_id, path = next(reversed(files.items()))
+    key_id, path = _newest(files)
     return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
 
 
 def load_shuffler_signer(keys_dir: Path) -> tuple[str, Ed25519PrivateKey]:
     """The newest shuffler signing key and its id."""
     files = _keyed_files(Path(keys_dir) / "shuffler", "", ".ed25519", "shuffler signing")
-    key_id, path = next(reversed(files.items()))
+    key_id, path = _newest(files)
     return key_id, Ed25519PrivateKey.from_private_bytes(read_key_file(path))
 
 
