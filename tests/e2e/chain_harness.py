@@ -225,7 +225,7 @@ def cli_argv(chain: Chain, command: str, *extra: str) -> list[str]:
             "--kafka_bootstrap", chain.bootstrap, "--output_dir", str(chain.out), "--state_dir", str(state),
             "--keys_dir", str(chain.keys), "--raw_topic", chain.raw, "--reports_topic", chain.reports,
             "--shuffled_topic", chain.shuffled, "--consumer_group", f"{chain.group}-{command}",
-            "--seed", str(chain.seed)]
+            "--seed", str(chain.seed), "--create_topics"]
     return argv + (["--drain"] if chain.drain else []) + list(extra)
 
 
