@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 from benchmarks.frequency import zipf_values  # noqa: E402
 from transforms.device import Budget, Client  # noqa: E402
 from transforms.spec import AnalysisSpec, spec_from_dict  # noqa: E402
+from transforms.trust.envelope import open_envelope  # noqa: E402
 from transforms.trust.message_set import decode_message_set  # noqa: E402
 
 CASES: dict[str, tuple[float, dict[str, Any]]] = {
@@ -61,7 +62,9 @@ def bench(mechanism: str, d: int, reports: int, repeats: int, budget: bool,
           state: Path) -> tuple[float, float, float, float]:
     """(encodes per CPU second, per wall second, mean messages per report, mean bytes per report)."""
     analyzer = X25519PrivateKey.generate().public_key()
+    shuffler = X25519PrivateKey.generate()
     client = Client(spec_of(mechanism, d), state, analyzer_public_key=analyzer, analyzer_key_id="20260101-00000000",
+                    shuffler_public_key=shuffler.public_key(), shuffler_key_id="20260101-00000001",
                     budget=Budget(1e12) if budget else None)
     values = zipf_values(reports, d, np.random.default_rng(1)).tolist()
     client.encode(values[0])  # warm caches (schemas, mechanism caps) outside the timing
@@ -74,7 +77,8 @@ def bench(mechanism: str, d: int, reports: int, repeats: int, budget: bool,
         out.extend(client.encode(v) for v in values)
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - w0)
-    messages = float(np.mean([len(decode_message_set(b).messages) for b in out]))
+    keys = {"20260101-00000001": shuffler}
+    messages = float(np.mean([len(decode_message_set(open_envelope(keys, b)).messages) for b in out]))
     return (reports / statistics.median(cpu), reports / statistics.median(wall), messages,
             float(np.mean([len(b) for b in out])))
 

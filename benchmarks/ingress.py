@@ -5,8 +5,9 @@ the signed bytes, packing), not by Ed25519 verification, which runs GIL-free on 
 ``--n`` signed single-message sets from a simulated fleet of ``--devices`` devices whose registry is saved
 to and loaded from Parquet (as the shuffle job loads it), then feeds them to ``IngressFn`` in batches of
 ``--batch`` records (the Kafka reader's element size) with ``--crypto_threads`` verification threads, and
-prints, median of ``--repeats`` runs: the main thread's CPU time per set (``time.thread_time``: what the
-pool cannot take over), the wall time per set and the garbage collector's share of it.
+prints, median of ``--repeats`` runs (each set sealed whole to the shuffler, as devices send them: the outer
+layer is opened with its X25519 on the same pool): the main thread's CPU time per set (``time.thread_time``:
+what the pool cannot take over), the wall time per set and the garbage collector's share of it.
 
     .venv/bin/python benchmarks/ingress.py                      # ~1 minute
     .venv/bin/python benchmarks/ingress.py --crypto_threads 1 2 --n 20000
@@ -29,13 +30,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from pipelines.enrolment import enrol_simulated, registry_path
-from transforms.device.wire import EventRows, signed_message_sets
+from transforms.device.wire import EventRows, ShufflerKey, signed_message_sets
 from transforms.ingress import VERIFIED, IngressFn, PriorRuns, TimePolicy
 from transforms.kafkaio import KafkaRecord
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.verified_sets import VerifiedSets
 from transforms.trust.devices import SimulatedFleet
-from transforms.trust.keys import load_analyzer_public
+from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
 
 WINDOW_MS = 3_600_000
 NOW_MS = 1_800_000 * WINDOW_MS
@@ -66,7 +67,8 @@ def signed_records(keys: Path, spec: AnalysisSpec, n: int, devices: int, partiti
     events = [EventRows(spec, [(int(rng.integers(spec.d)),)], first + int(rng.integers(windows * WINDOW_MS)), None,
                         fleet.device_id(clients[i % devices]), fleet.signing_key(clients[i % devices]),
                         rng.bytes(16)) for i in range(n)]
-    values = signed_message_sets(events, analyzer, key_id, threads=2)
+    shuffler = ShufflerKey(*load_shuffler_sealing_public(keys))
+    values = signed_message_sets(events, analyzer, key_id, shuffler, threads=2)
     return [KafkaRecord(TOPIC, i % partitions, i // partitions, NOW_MS, None, v) for i, v in enumerate(values)]
 
 
@@ -123,7 +125,7 @@ def main() -> None:
         registry = str(registry_path(keys))
         prior = PriorRuns()
         if args.reread:
-            first = IngressFn([spec], registry, prior, times, 1)
+            first = IngressFn([spec], registry, prior, times, 1, keys_dir=str(keys))
             first.setup()
             prior = PriorRuns(verified=verified_before(first, batches))
         print(f"{args.n:,} sets of {args.devices:,} enrolled devices in {args.windows} window(s), batches of "
@@ -132,7 +134,7 @@ def main() -> None:
               f"{time.perf_counter() - t0:.1f} s; load average {os.getloadavg()[0]:.1f}")
         clock = GcClock()
         for threads in args.crypto_threads:
-            fn = IngressFn([spec], registry, prior, times, threads)
+            fn = IngressFn([spec], registry, prior, times, threads, keys_dir=str(keys))
             fn.setup()
             run_once(fn, batches[:1], clock)  # warm: the pool, the schema cache, the registry
             runs = [run_once(fn, batches, clock) for _ in range(args.repeats)]

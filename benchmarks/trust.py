@@ -5,8 +5,9 @@ per operation and the rate on one core:
 
 * device side: Ed25519 signature of one message set (3 messages), sealing one 16-byte payload (fresh
   random ephemeral and PRF-supplied ephemeral), deriving a simulated device key (HKDF + Ed25519 key);
-* shuffler side: verifying one set's signature (registry lookup included), decoding one set from Avro,
-  signing a release batch;
+* device side, the outer layer: sealing one encoded set whole to the shuffler (nested encryption);
+* shuffler side: opening that outer layer (one set, and a batch on 1 and 2 threads), verifying one set's
+  signature (registry lookup included), decoding one set from Avro, signing a release batch;
 * analyzer side: opening one sealed message, decoding and verifying a release batch.
 
 Release batches hold ``--batch`` messages (default 100); their rate is in batches, with the cost per message.
@@ -46,6 +47,8 @@ from transforms.trust import (
     init_keys,
     load_analyzer_private,
     load_analyzer_public,
+    load_shuffler_sealing_private,
+    load_shuffler_sealing_public,
     load_shuffler_signer,
     load_shuffler_verifiers,
     open_sealed,
@@ -57,6 +60,7 @@ from transforms.trust import (
     verify_message_set,
     verify_release_batch,
 )
+from transforms.trust.envelope import open_envelope, open_envelopes, seal_envelope, seal_envelopes
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -87,6 +91,8 @@ def run(n: int, repeats: int, batch_size: int) -> None:
         s_id, s_signer = load_shuffler_signer(keys)
         verifiers = load_shuffler_verifiers(keys)
         fleet = SimulatedFleet.from_keys_dir(keys)
+        x_id, x_pub = load_shuffler_sealing_public(keys)
+        x_priv = load_shuffler_sealing_private(keys)
     clients = [f"client-{i}" for i in range(n)]
     registry = DeviceRegistry()
     fleet.enroll(registry, clients)
@@ -100,6 +106,7 @@ def run(n: int, repeats: int, batch_size: int) -> None:
                 for c in clients]
     signed = [sign_message_set(ms, fleet.signing_key(c)) for ms, c in zip(unsigned, clients, strict=True)]
     encoded = [encode_message_set(ms) for ms in signed]
+    envelopes = seal_envelopes(x_pub, x_id, encoded)
     n_batches = n
     batch_msgs = tuple(SealedMessage(i % 4, blobs[i % len(blobs)]) for i in range(batch_size))
     batch = ReleaseBatch(release_id_of(SPEC, CROWD, WINDOW_END), SPEC, CROWD, WINDOW_END, 0, 1, batch_size,
@@ -130,7 +137,14 @@ def run(n: int, repeats: int, batch_size: int) -> None:
         SimulatedFleet(b"m" * 32, cache_size=1).device_id(clients[i])
     t, _ = median_time(each(derive), repeats)
     row("simulated device key (HKDF + Ed25519 + id)", t, n, "dev")
+    t, _ = median_time(each(lambda i: seal_envelope(x_pub, x_id, encoded[i])), repeats)
+    row("seal set to the shuffler (outer layer)", t, n, "set", f"{len(envelopes[0]) - len(encoded[0])} bytes added")
     print("-- shuffler")
+    t, _ = median_time(each(lambda i: open_envelope(x_priv, envelopes[i])), repeats)
+    row("open the outer layer (one set)", t, n, "set")
+    for threads in (1, 2):
+        t, _ = median_time(lambda: open_envelopes(x_priv, envelopes, threads), repeats)  # noqa: B023
+        row(f"  batched, {threads} thread(s)", t, n, "set")
     t, _ = median_time(each(lambda i: decode_message_set(encoded[i])), repeats)
     row("decode message set (Avro + range checks)", t, n, "set")
     t, _ = median_time(each(lambda i: verify_message_set(signed[i], registry)), repeats)

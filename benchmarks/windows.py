@@ -126,6 +126,8 @@ def windows_experiment(bootstrap: str, base: Path, n_windows: int, n_devices: in
     from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
     from transforms.kafkaio import ensure_topics, produce_records
     from transforms.trust.devices import SimulatedFleet
+    from transforms.trust.envelope import seal_envelope
+    from transforms.trust.keys import load_shuffler_sealing_public
     from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
 
     spec_dict = {"analysis": {"name": "windows", "metric": "windows"}, "domain": {"size": 8},
@@ -141,12 +143,14 @@ def windows_experiment(bootstrap: str, base: Path, n_windows: int, n_devices: in
     enrol_simulated(base / "keys", clients)
     fleet = SimulatedFleet.from_keys_dir(base / "keys")
     devices = [fleet.device_id(c) for c in clients]
+    x_id, x_pub = load_shuffler_sealing_public(base / "keys")
     records = []
     for w in range(n_windows):
         i = w % n_devices
         ms = MessageSet(spec.spec_id, None, devices[i], now - (w + 2) * HOUR_MS + 17, os.urandom(16),
                         "20260101-00000000", (SealedMessage(0, os.urandom(60)),))
-        records.append((devices[i].encode(), encode_message_set(sign_message_set(ms, fleet.signing_key(clients[i])))))
+        encoded = encode_message_set(sign_message_set(ms, fleet.signing_key(clients[i])))
+        records.append((devices[i].encode(), seal_envelope(x_pub, x_id, encoded)))
     produce_records(bootstrap, topics["reports_topic"], records)
     extra = {"spec_dict": spec_dict, "max_age_seconds": (n_windows + 10) * 3600, "seed": 7}
     return [run_job(stage, _fields(bootstrap, base, stage, now, topics, **extra)) for stage in ("shuffle", "analyze")]

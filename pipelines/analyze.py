@@ -36,6 +36,7 @@ from pipelines.job import (
     nothing_to_do,
     plan_run,
     refuse_streaming,
+    require_outputs,
     run_pipeline,
     skipped_summary,
 )
@@ -76,8 +77,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     prior = prior_runs(run.state, (e for s in specs for e in ledger.entries(s.spec_id)), run.key)
     keys = str(config.keys)
     decoded = (pipeline | "ReadShuffled" >> run.reader()
-               | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior)).with_outputs(DEAD,
-                                                                                                   main="batches"))
+               | "DecodeReleases" >> beam.ParDo(DecodeReleaseFn(specs, keys, prior, run.now_ms))
+               .with_outputs(DEAD, HELD, main="batches"))
     assembled = (decoded.batches
                  | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads, config.python_gc))
                  | "GroupRelease" >> beam.GroupByKey()
@@ -87,7 +88,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     _ = (assembled.releases
          | "EstimateRows" >> beam.Map(_rows, by_id)
          | "StageEstimates" >> beam.ParDo(StageFn(staging, "release", lambda kv: kv[0].release_id)))
-    _ = (assembled[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
+    _ = ((decoded[HELD], assembled[HELD]) | "AllHeld" >> beam.Flatten() | "EarliestHeld" >> beam.CombinePerKey(min)
          | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: kv[0].replace("/", "_"))))
     _ = ((decoded[DEAD], assembled[DEAD]) | "AllDead" >> beam.Flatten()
          | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
@@ -172,6 +173,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         bounded = plan_run(config, STAGE, config.shuffled_topic, options)
         if nothing_to_do(bounded, windowed=False):  # held batches wait for the rest of their release
             return skipped_summary(bounded, started)
+        require_outputs(config, STAGE, [config.estimates_topic])
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
         written, known, failed, epsilons, odometers = 0, {}, [], {}, Odometers()

@@ -29,6 +29,7 @@ from pipelines.job import (
     locked,
     plan_run,
     refuse_streaming,
+    require_outputs,
     run_pipeline,
 )
 from transforms.encode import EncodeEvents
@@ -67,6 +68,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     started = time.perf_counter()
     with locked(config, STAGE):
         bounded = plan_run(config, STAGE, config.raw_topic, options)
+        require_outputs(config, STAGE, [config.reports_topic])  # before anything is sealed
         counters = run_pipeline(lambda p: build(p, bounded), options)
         keep_dead_letters(bounded, config.state / "dead_letters")
         finish_run(bounded, {}, {})

@@ -37,10 +37,17 @@ from pipelines.options import (
     load_kafka_config,
     local_runner_requested,
 )
-from pipelines.preflight import require_topics
+from pipelines.preflight import domain_dead_letter_topic, publishable, require_topics
 from pipelines.runners import prepare_runner
 from transforms.kafka_config import DEFAULT_CLIENT
-from transforms.kafkaio import PartitionRange, ReadFromKafkaBounded, commit_plan, committed_offsets, plan_bounded_read
+from transforms.kafkaio import (
+    PartitionRange,
+    ReadFromKafkaBounded,
+    commit_plan,
+    committed_offsets,
+    ensure_topics,
+    plan_bounded_read,
+)
 from transforms.sinks import avro_bytes, load_staged_avro
 from transforms.spec import AnalysisSpec, load_spec
 from transforms.staging import check_location, clear_staging, is_url, join, prepare_staging
@@ -118,6 +125,7 @@ class JobConfig:
     max_skew_seconds: int = 3600
     now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
     adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
+    create_topics: bool = False  # create missing output topics (default: refuse them, a typo is never created)
     crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.parallel
     python_gc: str = "tuned"  # the workers' garbage collector: "tuned" or "default"; see transforms.worker_gc
     staging_location: str | None = None  # where workers stage a run's results; default: STATE/staging
@@ -192,6 +200,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         shuffled_topic=kafka.shuffled_topic,
         group_id=kafka.consumer_group,
         dead_letter_topic=kafka.dead_letter_topic or None,
+        create_topics=kafka.create_topics,
         estimates_topic=kafka.estimates_topic or None,
         seed=esa.seed,
         kafka_io=kafka.kafka_io,
@@ -497,8 +506,23 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
         by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + row["count"]
     run.observed["dead_by_reason"] = by_reason
     config = run.config
-    if config.dead_letter_topic:
-        produce_records(config.bootstrap, config.dead_letter_topic,
-                        (encode_record("DeadLetter", letter, check=False) for letter in letters),
-                        producer_config=config.kafka_config, client=config.kafka_client)
+    topic = domain_dead_letter_topic(config.dead_letter_topic, run.stage)
+    if topic:
+        records = (encode_record("DeadLetter", letter, check=False) for letter in publishable(run.stage, letters))
+        produce_records(config.bootstrap, topic, records, producer_config=config.kafka_config,
+                        client=config.kafka_client)
     return target
+
+
+def require_outputs(config: JobConfig, stage: str, topics: Sequence[str | None]) -> None:
+    """The topics ``stage`` writes (and its domain's dead-letter topic) exist before anything is sealed or
+    published: a typo such as ``--shuffled_topic shufled`` would otherwise be auto-created by the first write
+    and the ledger would say "published" to a topic no reader knows. ``--create_topics`` creates them."""
+    wanted = [t for t in dict.fromkeys([*topics, domain_dead_letter_topic(config.dead_letter_topic, stage)]) if t]
+    if not wanted:
+        return
+    if config.create_topics:
+        ensure_topics(config.bootstrap, wanted, partitions=3, client_config=config.kafka_config,
+                      client=config.kafka_client)
+    else:
+        require_topics(config.bootstrap, wanted, client=config.kafka_client, kafka_config=config.kafka_config)

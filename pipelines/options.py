@@ -25,7 +25,13 @@ class EsaKafkaOptions(PipelineOptions):
                             help="topic of ShuffledReport records between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",
                             help="consumer group whose committed offsets bound the read")
-        parser.add_argument("--dead_letter_topic", default="", help="also publish dead letters here ('' = off)")
+        parser.add_argument("--dead_letter_topic", default="",
+                            help="also publish dead letters to PREFIX-encode, PREFIX-shuffle or PREFIX-analyze, "
+                                 "the topic of the job's own trust domain ('' = off; the analyzer's hold no raw "
+                                 "bytes); see docs/operations.md")
+        parser.add_argument("--create_topics", action="store_true",
+                            help="create the topics this job writes if they are missing (default: refuse to start "
+                                 "and name them, so a typo is never created and published to)")
         parser.add_argument("--estimates_topic", default="", help="also publish estimates here ('' = off)")
         parser.add_argument("--kafka_config", default="", metavar="FILE",
                             help="file of extra Kafka client settings, one key=value per line (TLS/SASL: "

@@ -1,4 +1,5 @@
-"""Checks a job makes before it starts: the broker answers and the topics it reads exist.
+"""Checks a job makes before it starts: the broker answers, the topics it reads exist and so do the topics
+it writes (unless ``--create_topics``), each dead letter going to its own domain's topic.
 
 Reading a topic that does not exist would auto-create it (or wait forever) and a typo such as
 ``--shuffled_topic shufled`` would then run a job over nothing; :func:`require_topics` refuses instead and
@@ -30,6 +31,30 @@ T = TypeVar("T")
 
 class MissingTopicsError(KafkaUnavailableError):
     """Input topics that do not exist on the broker."""
+
+
+#: the job of each trust domain: its dead letters go to ``<--dead_letter_topic>-<job>``, never beside another's
+#: (``dead-letters`` gives ``dead-letters-encode``, ``-shuffle``, ``-analyze``: the ACLs' names, pipelines.broker.acls)
+DOMAIN_JOBS = ("encode", "shuffle", "analyze")
+
+
+def domain_dead_letter_topic(prefix: str | None, stage: str) -> str | None:
+    """The dead-letter topic of ``stage``'s trust domain, or None when dead letters are not published.
+
+    One topic per domain, whatever the operator passes: ``esa run`` gives its three jobs one flag, and an
+    encoder's or shuffler's letters hold raw bytes (client ids, exact times, values) that the analyzer's
+    principal must never be able to read; per-domain names let the broker's ACLs keep them apart."""
+    if stage not in DOMAIN_JOBS:
+        raise ValueError(f"no trust domain for stage {stage!r}")
+    return f"{prefix}-{stage}" if prefix else None
+
+
+def publishable(stage: str, letters: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
+    """What ``stage`` may publish of its dead letters: the analyzer's keep their reasons and positions and
+    lose any original bytes (a release's ciphertexts are the shuffler's output, not the analyst's to keep)."""
+    if stage != "analyze":
+        return letters
+    return ({**letter, "original": None, "original_digest": None} for letter in letters)
 
 
 class TopicAuthorizationError(KafkaUnavailableError):

@@ -13,7 +13,8 @@ staged ones are sealed (to the same digest) or found sealed already.
 
 Dead letters are staged in batches by the workers; the agent moves them into the stage's dead-letter
 directory (one Avro file per collection, named by the letters it holds, so a collection redone after a crash
-over the same staged files replaces its own file) and publishes them to ``--dead_letter_topic`` if one is set.
+over the same staged files replaces its own file) and publishes them to the shuffler's dead-letter topic
+(``<--dead_letter_topic>-shuffle``) if one is set.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.job import JobConfig
+from pipelines.preflight import domain_dead_letter_topic
 from pipelines.release_files import write_release
 from pipelines.shuffle import StagedParts, seal_written, withheld_entry
 from transforms.sinks import avro_bytes
@@ -134,11 +136,12 @@ class ReleaseAgent:
         atomic_write_bytes(directory / f"dead-letters-stream-{digest}.avro",
                            avro_bytes("DeadLetter", ordered, digest.encode()))
         write_counts(directory / "counts", f"stream-{digest}", ReasonCounts().add_letters(ordered))
-        if self._config.dead_letter_topic:
+        topic = domain_dead_letter_topic(self._config.dead_letter_topic, "shuffle")
+        if topic:
             from schemas import encode_record
             from transforms.kafkaio import produce_records
 
-            produce_records(self._config.bootstrap, self._config.dead_letter_topic,
+            produce_records(self._config.bootstrap, topic,
                             (encode_record("DeadLetter", letter, check=False) for letter in ordered),
                             producer_config=self._config.kafka_config, client=self._config.kafka_client)
         _remove(files)

@@ -8,7 +8,7 @@ driver, for every staged release: number and sign its batches, write them to ``s
 ``release_id:index`` (a replay is a no-op for a compacted consumer), mark it published; finally save the
 resume offsets. A sealed but unpublished release found at start (crash between seal and publish) is
 republished byte-for-byte from ``state/releases/``. Accounting (in message sets = Kafka records):
-read = dead-lettered + re-read + held + deleted + released.
+read = dead-lettered + re-read + held + deleted + duplicate (copies of a kept set) + released.
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from pipelines.job import (
     locked,
     nothing_to_do,
     plan_run,
+    require_outputs,
     run_pipeline,
     skipped_summary,
 )
 from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
+from pipelines.release_publish import publisher_for
 from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
-from transforms.kafkaio import produce_records
 from transforms.shuffle import PartHeader, ReleasePart, ScaleOut, Shuffle, WindowClock, part_header
 from transforms.sinks import StageAvroRecords
 from transforms.staging import (
@@ -80,7 +81,8 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     spill = join(staging, "spill")  # the sets and units themselves; only references are grouped
     ingress = (pipeline | "ReadReports" >> run.reader()
                | "Ingress" >> beam.ParDo(IngressFn(specs, registry, prior, times, config.crypto_threads,
-                                                   scale.buckets, spill=spill, python_gc=config.python_gc))
+                                                   scale.buckets, keys_dir=str(config.keys), spill=spill,
+                                                   python_gc=config.python_gc))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
         specs, shuffler_prf_key(config), clock, subkeys, spill=spill)
@@ -150,11 +152,11 @@ def staged_releases(staging: Location) -> Iterator[StagedParts]:
 
 
 def publish(config: JobConfig, release_id: str, path: Path) -> int:
-    """Produce a release's batches from its file, keyed ``release_id:index``; raises unless every batch was
-    acknowledged."""
-    return produce_records(config.bootstrap, config.shuffled_topic,
-                           ((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path))),
-                           producer_config=config.kafka_config, client=config.kafka_client)
+    """Produce a release's batches from its file, keyed ``release_id:index``, in one Kafka transaction under the
+    stream's transactional id (``pipelines.release_publish``: all batches visible or none; a second shuffler
+    on this topic fences this one). Raises unless the transaction committed."""
+    publisher = publisher_for(config.bootstrap, config.shuffled_topic, config.kafka_config)
+    return publisher.publish((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path)))
 
 
 def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
@@ -259,9 +261,10 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     started = time.perf_counter()
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
-        republish_unpublished(config, ledger)
         if not config.reports_topic:
             raise JobUsageError("the shuffle job needs --reports_topic")
+        require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
+        republish_unpublished(config, ledger)
         bounded = plan_run(config, STAGE, config.reports_topic, options)
         if nothing_to_do(bounded, windowed=True):
             return skipped_summary(bounded, started)
@@ -279,6 +282,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         VerifiedSets.load(config.state).merged(checked, keep_from=state.resume).save(config.state)
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
+             "duplicate": counters.get("sets_duplicate", 0),
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "run_key": bounded.key,

@@ -45,6 +45,7 @@ from pipelines.job import (
     RunSummary,
     esa_counters,
     locked,
+    require_outputs,
     staging_root,
     use_filesystem_options,
 )
@@ -81,13 +82,14 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
     stop_ms = None if config.stop_after_idle_seconds is None else int(config.stop_after_idle_seconds * 1000)
     source = ReadFromKafkaUnbounded(
         config.bootstrap, str(config.reports_topic), config.group_id, consumer_config=config.kafka_config,
-        client=config.kafka_client, event_times=SetEventTimes(specs, registry, max_age_ms, max_skew_ms),
+        client=config.kafka_client, event_times=SetEventTimes(specs, registry, max_age_ms, max_skew_ms,
+                                                                   keys_dir=str(config.keys)),
         clock=SourceClock(config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000, stop_ms),
         batched=True, stop_path=join(root, STOP_FILE))
     _ = (pipeline | "ReadReports" >> source
          | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
                                             shuffler_prf_key(config), root, config.max_age_seconds,
-                                            config.crypto_threads, config.python_gc))
+                                            config.crypto_threads, config.python_gc, keys_dir=str(config.keys)))
 
 
 class PipelineThread:
@@ -210,9 +212,10 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         raise JobUsageError("the shuffle job needs --reports_topic")
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state / "ledger")
-        republish_unpublished(config, ledger)
         require_topics(config.bootstrap, [config.reports_topic], client=config.kafka_client,
                        kafka_config=config.kafka_config)
+        require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
+        republish_unpublished(config, ledger)
         claim_group(config)
         use_filesystem_options(options)
         root = join(staging_root(config, STAGE), "stream")
@@ -237,6 +240,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              progress(agent.totals, committed_total(config), start_committed, seconds))
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "held": counters.get("sets_held", 0), "deleted": counters.get("sets_deleted", 0),
+             "duplicate": counters.get("sets_duplicate", 0),
              "released": counters.get("sets_released", 0)}
     totals = agent.totals
     return RunSummary(counters, config.out_dir, seconds, STAGE, parts,

@@ -59,12 +59,31 @@ def _dead(stage: str, reason: str, source: SourceRef, spec_id: str | None = None
     return TaggedOutput(DEAD, dead_letter(stage, reason, source=source, spec_id=spec_id))
 
 
-class DecodeReleaseFn(beam.DoFn):
-    """KafkaRecords -> (release id, BatchElement) for verified batches; dead letters (no bytes) otherwise."""
+#: how long a batch signed by a shuffler key this analyzer does not hold yet is held (and retried by every run)
+#: before it is dead-lettered: the time an operator has to distribute a rotated key's public file
+KEY_WAIT_MS = 24 * 3_600_000
+UNKNOWN_KEY = "unknown shuffler key id"
+ROTATED = "held: signed with a shuffler key id not distributed to this analyzer yet"
 
-    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns):
+
+class DecodeReleaseFn(beam.DoFn):
+    """KafkaRecords -> (release id, BatchElement) for verified batches; dead letters (no bytes) otherwise.
+
+    A batch signed with a shuffler key id this analyzer does not know yet is *held* (its offset leaves on
+    ``HELD``, so the resume offset never passes it and every run retries it) while its record is younger than
+    ``key_wait_ms`` on the run's clock and its key id is well formed and dated no earlier than the newest key
+    the analyzer holds (what a rotation creates): a rotated shuffler key may reach the shuffler before its
+    public file reaches the analyzer, and dead-lettering those batches lost their windows for good. Only the
+    shuffler's principal may write the shuffled topic (broker ACLs), so a hold cannot be forced by anyone
+    else; after the wait, or for any other unknown id, the batch is dead-lettered as before.
+    """
+
+    def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns, now_ms: int | None = None,
+                 key_wait_ms: int = KEY_WAIT_MS):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir, self._prior = keys_dir, prior
+        self._now_ms, self._key_wait_ms = now_ms, key_wait_ms
+        self._held = Metrics.counter(NAMESPACE, "batches_held")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._reread = Metrics.counter(NAMESPACE, "records_reread")
         self._replayed = Metrics.counter(NAMESPACE, "batches_replayed")
@@ -93,6 +112,13 @@ class DecodeReleaseFn(beam.DoFn):
                         continue
                     self._replayed.inc()
                     problem = "replayed release: this window was already analyzed"
+            if problem is ROTATED:
+                if self._waiting(record.timestamp_ms):
+                    self._held.inc()
+                    yield TaggedOutput(HELD, (pkey, record.offset))
+                    continue
+                problem = f"unauthenticated release batch: {UNKNOWN_KEY} (not distributed within " \
+                          f"{self._key_wait_ms // 1000} s)"
             if problem is not None:
                 if seen_before:
                     self._reread.inc()
@@ -101,6 +127,20 @@ class DecodeReleaseFn(beam.DoFn):
                     yield _dead("analyze", problem, source)
                 continue
             yield batch.release_id, BatchElement(batch, source)
+
+    def _rotated(self, key_id: Any) -> bool:
+        """Whether an unknown key id can be a rotation: a well-formed id no older (by its date) than the newest
+        shuffler key this analyzer holds (a rotation always adds a newer one; an older unknown id is a forgery)."""
+        from transforms.trust.keys import KEY_ID_PATTERN
+
+        if not isinstance(key_id, str) or not KEY_ID_PATTERN.fullmatch(key_id):
+            return False
+        return not self._verifiers or key_id[:8] >= max(self._verifiers)[:8]
+
+    def _waiting(self, timestamp_ms: int | None) -> bool:
+        """Whether a batch of an unknown key id is still within its wait (a run without a clock never holds)."""
+        return self._now_ms is not None and timestamp_ms is not None and \
+            self._now_ms - timestamp_ms < self._key_wait_ms
 
     def _admit(self, value: bytes | None) -> tuple[Any, str | None]:
         from schemas import WireFormatError
@@ -116,6 +156,8 @@ class DecodeReleaseFn(beam.DoFn):
         try:
             verify_release_batch(batch, self._verifiers)
         except AuthError as err:
+            if str(err) == UNKNOWN_KEY and self._rotated(batch.key_id):
+                return None, ROTATED
             return None, f"unauthenticated release batch: {err}"
         spec = self._specs.get(batch.spec_id)
         if spec is None:
@@ -141,6 +183,7 @@ class OpenedBatch(NamedTuple):
     counts: Any  # the mechanism's Accumulator for the messages that opened, or None if none did
     opened: int  # messages that opened and decoded
     failures: tuple[str, ...]  # why the others could not be used (their dead letters, if the release is taken)
+    signer: str = ""  # the shuffler key id that signed it: two shufflers' releases of one window stay apart
 
 
 class OpenBatchFn(beam.DoFn):
@@ -190,7 +233,8 @@ def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads:
         counts = mechanism.new_accumulator()
         counts.add(*count_clients(mechanism, rows))
     return OpenedBatch(_header(batch), batch.batch_index, bytes(batch.signature), element.source,
-                       len(batch.messages), counts, len(rows), tuple(reason for _, reason in sorted(failures)))
+                       len(batch.messages), counts, len(rows), tuple(reason for _, reason in sorted(failures)),
+                       batch.key_id)
 
 
 class AssembleReleaseFn(beam.DoFn):
@@ -198,6 +242,11 @@ class AssembleReleaseFn(beam.DoFn):
 
     Takes only batches :class:`OpenBatchFn` (or :func:`open_batch`) opened: assembly needs no key, and a
     release's group never holds its sealed messages.
+
+    Two valid releases of one window (a second shuffler with its own keys or state on the same topic) are told
+    apart by their header and signing key and judged in the order they were published: the first valid one
+    is taken (or, while incomplete, held with the rest), the later ones are dead-lettered as a conflict and
+    counted (``releases_conflicting``). Refusing both, as before, lost the window for good.
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec]):
@@ -208,21 +257,53 @@ class AssembleReleaseFn(beam.DoFn):
         self._messages_dead = Metrics.counter(NAMESPACE, "messages_dead_lettered")
         self._analyzed = Metrics.counter(NAMESPACE, "batches_analyzed")
         self._messages = Metrics.counter(NAMESPACE, "messages_analyzed")
+        self._conflicts = Metrics.counter(NAMESPACE, "releases_conflicting")
 
     def process(self, keyed: tuple[str, Iterable[OpenedBatch]]) -> Iterator[Any]:
-        release_id, elements = keyed
+        _, elements = keyed
         items = list(elements)
         unopened = [type(b).__name__ for b in items if not isinstance(b, OpenedBatch)]
         if unopened:
             raise TypeError(f"AssembleReleaseFn takes OpenedBatch elements (open them with OpenBatchFn first), "
                             f"got {unopened[0]}")
+        candidates: dict[tuple, list[OpenedBatch]] = {}
+        for item in items:
+            candidates.setdefault((item.header, item.signer), []).append(item)
+        ordered = sorted(candidates.values(), key=lambda c: min(tuple(b.source) for b in c))
+        for n, candidate in enumerate(ordered):
+            outcome: list[str] = []
+            yield from self._assemble(candidate, outcome)
+            if outcome == ["refused"]:
+                continue  # not valid: the next one published may be
+            rest = [b for later in ordered[n + 1:] for b in later]
+            if outcome == ["held"]:
+                yield from self._hold(rest)
+            elif rest:
+                self._conflicts.inc(len(ordered) - n - 1)
+                yield from self._refuse(rest, "conflicting release: another valid release of this window was "
+                                              "published first (a second shuffler on this topic?); kept the first")
+            return
+
+    def _hold(self, items: Iterable[OpenedBatch]) -> Iterator[TaggedOutput]:
+        earliest: dict[str, int] = {}
+        for item in items:
+            self._held.inc()
+            pkey = partition_key(item.source.topic, item.source.partition)
+            earliest[pkey] = min(earliest.get(pkey, item.source.offset), item.source.offset)
+        for pkey, offset in earliest.items():
+            yield TaggedOutput(HELD, (pkey, offset))
+
+    def _assemble(self, items: list[OpenedBatch], outcome: list[str]) -> Iterator[Any]:
+        """One candidate release: its outputs; ``outcome`` gets "released", "held" or "refused"."""
         items.sort(key=lambda b: (b.batch_index, tuple(b.source)))
+        release_id = items[0].header[0]
         header = items[0].header
         _, spec_id, crowd_id, window_end_ms, batch_count, n_sets, n_messages, deleted = header
         by_index: dict[int, OpenedBatch] = {}
         for item in items:
             previous = by_index.get(item.batch_index)
             if item.header != header or (previous and previous.signature != item.signature):
+                outcome.append("refused")
                 yield from self._refuse(items, "inconsistent release: batches disagree on its header or content")
                 return
             if previous is not None:
@@ -230,20 +311,17 @@ class AssembleReleaseFn(beam.DoFn):
                 continue
             by_index[item.batch_index] = item
         if len(by_index) < batch_count:
-            self._held.inc(len(by_index))
-            earliest: dict[str, int] = {}
-            for item in by_index.values():
-                pkey = partition_key(item.source.topic, item.source.partition)
-                earliest[pkey] = min(earliest.get(pkey, item.source.offset), item.source.offset)
-            for pkey, offset in earliest.items():
-                yield TaggedOutput(HELD, (pkey, offset))
+            outcome.append("held")
+            yield from self._hold(by_index.values())
             return
         spec = self._specs[spec_id]
         whole = [by_index[i] for i in range(batch_count)]
         if sum(b.n_messages for b in whole) != n_messages:
+            outcome.append("refused")
             yield from self._refuse(whole, "partial release: fewer messages than its header claims")
             return
         if n_sets < spec.crowd.min_clients:
+            outcome.append("refused")
             yield from self._refuse(whole, f"release of {n_sets} sets, below the spec's minimum crowd "
                                            f"({spec.crowd.min_clients})")
             return
@@ -258,6 +336,7 @@ class AssembleReleaseFn(beam.DoFn):
             pkey = partition_key(item.source.topic, item.source.partition)
             ends[pkey] = max(ends.get(pkey, 0), item.source.offset + 1)
         self._analyzed.inc(len(whole))
+        outcome.append("released")
         yield OpenedRelease(release_id, spec_id, crowd_id, window_end_ms, n_sets, accumulator, ends)
         for item in whole:
             for reason in item.failures:

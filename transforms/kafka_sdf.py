@@ -127,10 +127,12 @@ class PartitionWatermark(ManualWatermarkEstimator):
         return now_ms - self._last_data
 
     def advance(self, now_ms: int, clock: SourceClock) -> int | None:
-        """Move the watermark forward (never back); returns it in ms (None: nothing seen yet, not idle)."""
+        """Move the watermark forward (never back); returns it in ms (None: nothing seen yet, not idle).
+
+        Never past ``now - out_of_orderness``: a device clock running ahead must not close windows early."""
         candidates = []
         if self._max_event is not None:
-            candidates.append(self._max_event - clock.out_of_orderness_ms)
+            candidates.append(min(self._max_event, now_ms) - clock.out_of_orderness_ms)
         if self.idle_ms(now_ms) >= clock.idle_timeout_ms:
             candidates.append(now_ms - clock.out_of_orderness_ms)
         if candidates and (self._watermark_ms is None or max(candidates) > self._watermark_ms):

@@ -1,12 +1,13 @@
 """Edge encoder, last step: randomized reports -> signed message sets with payloads sealed to the analyzer.
 
-What a device does before anything leaves it (``transforms.device`` is the on-device library; this DoFn
-does the same for edge collectors and simulations, which hold the simulated devices' keys): every message
-of one event is sealed on its own to the analyzer's public key, with the routing fields that survive the
-shuffle (spec, crowd, window end, channel) as associated data, and the set is signed with the device's
-key. Sealing ephemerals and the set's nonce come from a keyed PRF of the event's Kafka position under the
-encoder's sealing sub-key (``transforms.encoder_keys``), so a retried or rerun bundle sends byte-identical
-sets (the shuffler keeps one).
+What a device does before anything leaves it (``transforms.device`` is the on-device library; this DoFn does
+the same for edge collectors and simulations, which hold the simulated devices' keys): every message of one
+event is sealed on its own to the analyzer's public key, with the routing fields that survive the shuffle
+(spec, crowd, window end, channel) as associated data, and the set is signed with the device's key, and the
+encoded set is sealed whole to the shuffler (nested encryption: the reports topic never holds the blobs the
+shuffler releases). Sealing ephemerals (both layers) and the set's nonce come from a keyed PRF of the event's
+Kafka position under the encoder's sealing sub-key (``transforms.encoder_keys``), so a retried or rerun bundle
+sends byte-identical sets (the shuffler keeps one).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ class SealSetsFn(beam.DoFn):
         self._fleet: Any = None
 
     def setup(self) -> None:
+        from transforms.device.wire import ShufflerKey
         from transforms.encoder_keys import EncoderKeys
         from transforms.trust.devices import SimulatedFleet
-        from transforms.trust.keys import load_analyzer_public
+        from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
         from transforms.worker_gc import tune_worker_gc
 
         tune_worker_gc(self._python_gc)
@@ -61,6 +63,7 @@ class SealSetsFn(beam.DoFn):
         keys = Path(self._keys_dir)
         self._fleet = SimulatedFleet.from_keys_dir(keys)
         self._key_id, self._analyzer = load_analyzer_public(keys)
+        self._shuffler = ShufflerKey(*load_shuffler_sealing_public(keys))
         self._prf_key = EncoderKeys.from_keys_dir(keys).seal
 
     def process(self, batch: list[ReportElement]) -> Iterator[list[tuple[bytes, bytes]]]:
@@ -88,8 +91,9 @@ class SealSetsFn(beam.DoFn):
                 self._specs[first.spec_id], [r.payload for r in reports], first.event_time_ms, first.crowd_id,
                 self._fleet.device_id(first.client_id), self._fleet.signing_key(first.client_id),
                 _prf(self._prf_key, b"nonce", position)[:16],
-                [_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))]))
-        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._threads)
+                [_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))],
+                _prf(self._prf_key, b"envelope", position)))
+        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._shuffler, self._threads)
         return [(event.device_id.encode(), data) for event, data in zip(events, sealed, strict=True)]
 
 

@@ -2,7 +2,9 @@
 
 Open windows: every set is held (the next run re-reads it from its offset). Closed windows: one set per
 device and window (``max_reports_per_window`` of them) -- the earliest by event time, then Kafka position, so
-a rerun keeps the same ones -- byte-identical copies and later sets are dead-lettered as duplicates, and a
+a rerun keeps the same ones. A copy of a kept set (the same signed bytes: an encoder's resend after a crash, a
+replay, a re-encoding) is counted as a duplicate, not dead-lettered: it changes nothing, and a healthy rerun
+must not look like an attack (exit 6). Other sets over the quota are dead-lettered as duplicates, and a
 multi-message set without exactly one presence marker or flooding a channel is dead-lettered. What is kept
 leaves as units (one device's kept sets) under sub-keys drawn by a keyed PRF of (device, crowd), with no
 device identity.
@@ -56,6 +58,7 @@ class DedupeAndStripFn(beam.DoFn):
         self._valid = Metrics.counter(NAMESPACE, "sets_valid")
         self._devices = Metrics.counter(NAMESPACE, "distinct_devices")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
+        self._copies = Metrics.counter(NAMESPACE, "sets_duplicate")
 
     def start_bundle(self) -> None:
         if self._spill:
@@ -108,9 +111,8 @@ class DedupeAndStripFn(beam.DoFn):
             n_kept, kept_digests = 0, set()
             for row in rows:
                 digest = digests[row].tobytes() if stop - first > 1 else b""
-                if digest in kept_digests:  # a copy of *any* kept set, not only the first
-                    yield self._reject(sets, row, "duplicate: an identical copy of a set already kept (replay or "
-                                                  "resend)")
+                if digest in kept_digests:  # a copy of *any* kept set, not only the first: counted, harmless
+                    self._copies.inc()
                     continue
                 if n_kept >= quota:
                     yield self._reject(sets, row, f"duplicate: the device already sent {quota} set(s) in this "

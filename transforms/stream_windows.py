@@ -122,7 +122,9 @@ class SetEventTimes:
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, max_age_ms: int, max_skew_ms: int,
-                 sample: int = 256, tries: int = 4):
+                 sample: int = 256, tries: int = 4, *, keys_dir: str):
+        self._keys_dir = keys_dir  # the shuffler's sealing keys: every set arrives sealed to them
+        self._sealing: Any = None
         self._spec_ids = frozenset(s.spec_id for s in specs)
         self._registry_path, self._max_age_ms, self._max_skew_ms = registry_path, max_age_ms, max_skew_ms
         self._sample, self._tries = sample, tries
@@ -132,11 +134,16 @@ class SetEventTimes:
     def setup(self) -> None:
         import schemas  # noqa: F401  (schemas must import before trust's decoders)
         from transforms.trust.devices import DeviceRegistry
+        from transforms.trust.keys import load_shuffler_sealing_private
 
         self._registry = DeviceRegistry.load(self._registry_path)
+        self._sealing = load_shuffler_sealing_private(self._keys_dir)
         self._watch.start()
 
     def max_event_ms(self, records: Sequence[KafkaRecord]) -> int | None:
+        """The largest authenticated event time of the sample, never later than the wall clock: a device whose
+        clock runs fast (or lies) must not move the watermark past what has actually happened."""
+        from transforms.trust.envelope import open_envelopes
         from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
 
         if self._watch.changed():
@@ -144,10 +151,13 @@ class SetEventTimes:
 
         now = wall_ms()
         candidates = []
-        for record in records[-self._sample:]:
+        sample = [r.value for r in records[-self._sample:] if r.value is not None]
+        for value in open_envelopes(self._sealing, sample):
+            if not isinstance(value, bytes):
+                continue  # an envelope that does not open is ingress's to dead-letter, not a time to believe
             try:
-                message_set = decode_message_set(record.value)
-            except Exception:  # anything undecodable is ingress's to dead-letter, not a time to believe
+                message_set = decode_message_set(value)
+            except Exception:  # nor is anything undecodable
                 continue
             t = message_set.event_time_ms
             if message_set.spec_id in self._spec_ids and now - self._max_age_ms <= t <= now + self._max_skew_ms:
@@ -158,7 +168,7 @@ class SetEventTimes:
                 verify_message_set(message_set, self._registry)
             except AuthError:
                 continue
-            return t
+            return min(t, now)
         return None
 
 
@@ -305,8 +315,10 @@ class StreamShuffle(beam.PTransform):
     (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location."""
 
     def __init__(self, specs: Sequence[AnalysisSpec], registry: str, prior: PriorRuns, times: TimePolicy, key: bytes,
-                 root: str, late_for_seconds: int, crypto_threads: int = 0, python_gc: str = "tuned"):
+                 root: str, late_for_seconds: int, crypto_threads: int = 0, python_gc: str = "tuned", *,
+                 keys_dir: str):
         super().__init__()
+        self._keys_dir = keys_dir
         self._specs, self._registry, self._prior, self._times = list(specs), registry, prior, times
         self._key, self._root, self._late_for, self._threads = key, root, late_for_seconds, crypto_threads
         self._python_gc = python_gc
@@ -321,7 +333,8 @@ class StreamShuffle(beam.PTransform):
         specs, pipeline = self._specs, records.pipeline
         ingress = (records
                    | "Ingress" >> beam.ParDo(StreamingIngressFn(specs, self._registry, self._prior, self._times,
-                                                                self._threads, python_gc=self._python_gc))
+                                                                self._threads, keys_dir=self._keys_dir,
+                                                                python_gc=self._python_gc))
                    .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
         gated = ingress.sets | "Windows" >> GateWindows(specs, self._late_for)
         # The runner closed the window: the shuffle's own clock must not hold anything back.

@@ -37,10 +37,11 @@ def device_messages(spec: AnalysisSpec, population: Population, device_root: Pat
     """(device id, signed MessageSet) per event of the population, encoded on each simulated device."""
     from transforms.device import Budget, BudgetExceeded, Client
     from transforms.trust.devices import SimulatedFleet
-    from transforms.trust.keys import load_analyzer_public
+    from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
 
     fleet = SimulatedFleet.from_keys_dir(Path(keys_dir))
     key_id, analyzer = load_analyzer_public(Path(keys_dir))
+    shuffler_id, shuffler = load_shuffler_sealing_public(Path(keys_dir))
     budget = Budget(budget_epsilon) if budget_epsilon else None
     outcome = outcome if outcome is not None else FleetOutcome()
     crowds = population.crowd_ids if population.crowd_ids is not None else [None] * len(population)
@@ -48,6 +49,7 @@ def device_messages(spec: AnalysisSpec, population: Population, device_root: Pat
                                                    population.event_times_ms, crowds, strict=True)):
         rng = np.random.default_rng([seed, i]) if seed is not None else None
         client = Client(spec, Path(device_root) / cid, analyzer_public_key=analyzer, analyzer_key_id=key_id,
+                        shuffler_public_key=shuffler, shuffler_key_id=shuffler_id,
                         budget=budget, signing_key=fleet.signing_key(cid), rng=rng)
         try:
             data = client.encode(avro_value(spec, value), event_time_ms=int(t), crowd_id=crowd)

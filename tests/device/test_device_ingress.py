@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from apache_beam.pvalue import TaggedOutput
 
-from tests.device.helpers import T0, client_kwargs, histogram_spec
+from tests.device.helpers import T0, client_kwargs, histogram_spec, shuffler_keys_dir
 from transforms.device import Client
 from transforms.ingress import IngressFn, PriorRuns, TimePolicy
 from transforms.kafkaio import KafkaRecord
@@ -27,7 +27,8 @@ def test_ingress_authenticates_client_message_sets(tmp_path, mechanism, eps, par
     registry.enroll([client.public_key])
     registry.save(tmp_path / "devices.parquet")
     now_ms = int(T0 * 1000)
-    fn = IngressFn([spec], str(tmp_path / "devices.parquet"), PriorRuns(), TimePolicy(now_ms, 86_400_000, 60_000))
+    fn = IngressFn([spec], str(tmp_path / "devices.parquet"), PriorRuns(), TimePolicy(now_ms, 86_400_000, 60_000),
+                   keys_dir=shuffler_keys_dir(tmp_path / "keys"))
     fn.setup()
     records = [KafkaRecord("ingest", 0, i, now_ms, None, c.encode(3, event_time_ms=now_ms - 1000))
                for i, c in enumerate([client, client, stranger])]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.device.helpers import KEY_ID, T0, client_kwargs, histogram_spec, open_report
+from tests.device.helpers import KEY_ID, T0, client_kwargs, histogram_spec, open_report, peel
 from transforms.device import Client
 from transforms.mechanisms.base import is_single_message
 from transforms.mechanisms.frequency.oracles import GRR
@@ -43,11 +43,11 @@ def test_device_key_is_private_persistent_and_enrolable(tmp_path):
     assert client.device_id == device_id_of(client.public_key)
     registry = DeviceRegistry()
     registry.enroll([client.public_key])
-    verify_message_set(decode_message_set(again.encode(2)), registry)
+    verify_message_set(decode_message_set(peel(again.encode(2))), registry)
     stranger = DeviceRegistry()
     stranger.enroll([Ed25519PrivateKey.generate().public_key().public_bytes_raw()])
     with pytest.raises(AuthError):
-        verify_message_set(decode_message_set(client.encode(2)), stranger)
+        verify_message_set(decode_message_set(peel(client.encode(2))), stranger)
 
 
 @pytest.mark.parametrize(("spec_path", "value"), [
@@ -88,8 +88,8 @@ def test_seeded_output_is_reproducible_and_default_output_is_not(tmp_path):
     two = Client(spec, tmp_path / "b", signing_key=key, rng=np.random.default_rng(1), **client_kwargs())
     assert one.encode(0, event_time_ms=5) == two.encode(0, event_time_ms=5)
     three = Client(spec, tmp_path / "c", signing_key=key, **client_kwargs())
-    assert decode_message_set(three.encode(0, event_time_ms=5)).nonce != decode_message_set(
-        three.encode(0, event_time_ms=5)).nonce
+    assert decode_message_set(peel(three.encode(0, event_time_ms=5))).nonce != decode_message_set(
+        peel(three.encode(0, event_time_ms=5))).nonce
 
 
 def test_client_output_follows_the_exact_grr_law(tmp_path):

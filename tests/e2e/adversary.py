@@ -30,8 +30,15 @@ from transforms.records import array_to_rows, client_messages, encode_payload, r
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.estimates_store import read_estimates
 from transforms.trust.devices import device_id_of
-from transforms.trust.keys import load_analyzer_public
-from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
+from transforms.trust.envelope import open_envelope, seal_envelope
+from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_private, load_shuffler_sealing_public
+from transforms.trust.message_set import (
+    MessageSet,
+    SealedMessage,
+    decode_message_set,
+    encode_message_set,
+    sign_message_set,
+)
 from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 from transforms.trust.sealing import associated_data, seal
 
@@ -72,7 +79,7 @@ class Stage:
         """The JobConfig of one job of this deployment (each stage its own state directory)."""
         config = JobConfig(bootstrap=self.bootstrap, specs=(self.spec,), out_dir=self.base / out,
                            state_dir=self.base / state, keys_dir=keys or self.keys, group_id=f"g-{self.base.name}",
-                           seed=7, drain=True, now_ms=self.now_ms, **self.topics)
+                           seed=7, drain=True, now_ms=self.now_ms, create_topics=True, **self.topics)
         return replace(config.for_stage(stage), **overrides)
 
 
@@ -97,7 +104,18 @@ def forged_set(spec: AnalysisSpec, keys_dir: Path, *, device_id: str, signer: Ed
         messages.append(SealedMessage(channel, seal(analyzer, key_id, encode_payload(mechanism, row),
                                                     associated_data(spec.spec_id, crowd_id, end, channel))))
     unsigned = MessageSet(spec.spec_id, crowd_id, device_id, event_time_ms, os.urandom(16), key_id, tuple(messages))
-    return encode_message_set(sign_message_set(unsigned, signer))
+    return to_shuffler(keys_dir, encode_message_set(sign_message_set(unsigned, signer)))
+
+
+def to_shuffler(keys_dir: Path, encoded_set: bytes) -> bytes:
+    """An encoded set sealed to the shuffler's (public) sealing key, as every sender must."""
+    key_id, public = load_shuffler_sealing_public(keys_dir)
+    return seal_envelope(public, key_id, encoded_set)
+
+
+def opened(keys_dir: Path, value: bytes) -> MessageSet:
+    """The set inside a reports-topic record (what only the shuffler's private key shows)."""
+    return decode_message_set(open_envelope(load_shuffler_sealing_private(keys_dir), value))
 
 
 def forged_release(spec: AnalysisSpec, messages: Iterable[SealedMessage], *, window_end: int, n_sets: int,

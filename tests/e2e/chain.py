@@ -17,6 +17,7 @@ from pipelines.demo.simulate import bad_records
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import default_keys_dir
 from schemas import encode_record  # noqa: F401  (schemas must import before the trust encoders)
+from tests.e2e.adversary import to_shuffler
 from transforms.device.wire import window_end_ms
 from transforms.spec import AnalysisSpec
 from transforms.trust.devices import SimulatedFleet
@@ -26,7 +27,7 @@ from transforms.trust.sealing import associated_data, seal
 
 # Reason fragments of each bad kind ``bad_device_sets`` makes, and where the chain dead-letters it.
 SHUFFLER_REASONS = {
-    "malformed message set": 3,  # an old-style Report (x3 kinds: unknown spec, version 99, out of domain)
+    "not sealed to the shuffler": 3,  # an old-style Report (x3 kinds: unknown spec, version 99, out of domain)
     "unknown spec_id": 1,
     "unauthenticated: unknown device": 1,
     "unauthenticated: bad signature": 1,
@@ -71,7 +72,7 @@ def bad_device_sets(keys_dir: Path, spec: AnalysisSpec, population: Population, 
         return sign_message_set(unsigned, signer or fleet.signing_key(client))
 
     def put(ms: MessageSet) -> None:
-        reports.append((ms.device_id.encode(), encode_message_set(ms)))
+        reports.append((ms.device_id.encode(), to_shuffler(keys_dir, encode_message_set(ms))))
 
     for k in range(per_kind):
         client = f"bad-device-{seed}-{k:04d}"

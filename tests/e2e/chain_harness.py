@@ -48,7 +48,7 @@ class Chain:
         return JobConfig(bootstrap=self.bootstrap, specs=(load_spec(SPEC_PATH),), out_dir=self.out,
                          state_dir=self.state(stage), keys_dir=self.keys, raw_topic=self.raw,
                          reports_topic=self.reports, shuffled_topic=self.shuffled, group_id=f"{self.group}-{stage}",
-                         seed=self.seed, drain=self.drain, now_ms=self.now_ms)
+                         seed=self.seed, drain=self.drain, now_ms=self.now_ms, create_topics=True)
 
     def as_json(self) -> str:
         fields = {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
@@ -225,7 +225,7 @@ def cli_argv(chain: Chain, command: str, *extra: str) -> list[str]:
             "--kafka_bootstrap", chain.bootstrap, "--output_dir", str(chain.out), "--state_dir", str(state),
             "--keys_dir", str(chain.keys), "--raw_topic", chain.raw, "--reports_topic", chain.reports,
             "--shuffled_topic", chain.shuffled, "--consumer_group", f"{chain.group}-{command}",
-            "--seed", str(chain.seed)]
+            "--seed", str(chain.seed), "--create_topics"]
     return argv + (["--drain"] if chain.drain else []) + list(extra)
 
 

@@ -17,14 +17,13 @@ from hypothesis import strategies as st
 from pipelines.demo.population import avro_value
 from pipelines.enrolment import enrol_simulated
 from schemas import SCHEMA_VERSION, encode_record, load_schema
-from tests.e2e.adversary import HOUR_MS, histogram_spec
+from tests.e2e.adversary import HOUR_MS, histogram_spec, opened
 from transforms.analyze_release import DecodeReleaseFn
 from transforms.encode import DecodeEventsFn, EncodeBatchFn
 from transforms.ingress import IngressFn, PriorRuns, TimePolicy
 from transforms.kafkaio import KafkaRecord
 from transforms.seal import SealSetsFn
 from transforms.state.dead_letters import MAX_ORIGINAL_BYTES, MAX_REASON_CHARS, bounded_letter
-from transforms.trust.message_set import decode_message_set
 
 SPEC = histogram_spec("fuzz")
 _KEYS = tempfile.TemporaryDirectory(prefix="esa-adv-fuzz-")  # removed at interpreter exit
@@ -100,7 +99,7 @@ def seal_all(events: list) -> None:
     sealer.setup()
     for reports in encode.process(events):
         for batch in sealer.process(reports):
-            assert all(decode_message_set(value).spec_id == SPEC.spec_id for _, value in batch)
+            assert all(opened(KEYS, value).spec_id == SPEC.spec_id for _, value in batch)
 
 
 @SETTINGS
@@ -123,7 +122,7 @@ def test_any_event_time_category_or_client_is_encoded_or_dead_lettered(t: int, c
     lambda b: load_schema("MessageSet").header + b)), min_size=1, max_size=4))
 def test_shuffle_ingress_reads_any_bytes(values: list[bytes]) -> None:
     ingress = IngressFn([SPEC], str(KEYS / "registry" / "devices.parquet"), PriorRuns(),
-                        TimePolicy(NOW, 30 * 86_400_000, HOUR_MS))
+                        TimePolicy(NOW, 30 * 86_400_000, HOUR_MS), keys_dir=str(KEYS))
     ingress.setup()
     used, dead = outcomes(ingress, values)
     assert not used and len(dead) == len(values)  # nothing arbitrary authenticates

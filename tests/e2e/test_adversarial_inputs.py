@@ -32,6 +32,7 @@ from tests.e2e.adversary import (
     forged_set,
     histogram_spec,
     reasons,
+    to_shuffler,
     with_long,
 )
 from transforms.kafkaio import ensure_topics, produce_records, read_topic
@@ -152,14 +153,14 @@ def test_poison_pills_are_dead_lettered_and_the_valid_records_processed(broker, 
                   "messages": [{"channel": 0, "sealed": b"x" * 60}], "signature": signed.signature, **fields}
         return encode_record("MessageSet", record, check=False)
 
-    set_poison = [
+    set_poison = [to_shuffler(stage.keys, v) for v in (
         set_with(event_time=253_402_300_800_000), set_with(event_time=2**63 - 1), set_with(event_time=-(2**63)),
         with_long(set_with(event_time=sentinel), sentinel, 2**63),
         set_with(messages=[{"channel": 2**31 - 1, "sealed": b"x" * 60}]),
         set_with(messages=[{"channel": -1, "sealed": b"x" * 60}]),
         set_with(messages=[{"channel": 2**62, "sealed": b"x" * 60}]),
-        b"", os.urandom(500), os.urandom(huge), good[:2] + bytes(8) + good[10:],
-    ]
+        b"", os.urandom(500), good[:2] + bytes(8) + good[10:],
+    )] + [b"", os.urandom(500), os.urandom(huge), good]  # the last four not sealed to the shuffler
     produce_records(broker.bootstrap, stage.topics["reports_topic"], [(b"p", v) for v in set_poison])
     cli = [sys.executable, "-m", "pipelines.cli", "encode", "--spec", str(tmp_path / "poison.toml"),
            "--kafka_bootstrap", broker.bootstrap, "--raw_topic", stage.topics["raw_topic"],
@@ -226,7 +227,8 @@ def test_window_flood_is_cheap_and_releases_nothing(broker, tmp_path: Path) -> N
         device = fleet.device_id(client)
         ms = MessageSet(spec.spec_id, None, device, now - (w + 2) * HOUR_MS + 17, os.urandom(16),
                         "20260101-00000000", (SealedMessage(0, os.urandom(60)),))
-        records.append((device.encode(), encode_message_set(sign_message_set(ms, fleet.signing_key(client)))))
+        records.append((device.encode(), to_shuffler(stage.keys, encode_message_set(
+            sign_message_set(ms, fleet.signing_key(client))))))
     produce_records(broker.bootstrap, stage.topics["reports_topic"], records)
     config = stage.config("shuffle", max_age_seconds=(FLOOD + 10) * 3600)
     started = time.perf_counter()

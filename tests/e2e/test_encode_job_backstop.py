@@ -16,11 +16,11 @@ from pipelines import encode
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import JobConfig
 from schemas import SCHEMA_VERSION, encode_record
+from tests.e2e.adversary import opened
 from tests.e2e.chain_harness import recent_start
 from transforms.kafkaio import ensure_topics, produce_records, read_topic
 from transforms.records import PRESENCE
 from transforms.spec import spec_from_dict
-from transforms.trust.message_set import decode_message_set
 
 D, TAU, HOUR_MS = 8, 2, 3_600_000
 SPEC = spec_from_dict({"analysis": {"name": "frag_job", "metric": "frag_job"}, "domain": {"size": D},
@@ -54,7 +54,7 @@ def test_two_runs_of_the_encode_job_over_40_windows_show_one_backstop_per_device
         summary = encode.run(config)
         assert summary.parts == {"dead_lettered": 0, "encoded": 20 * len(DEVICES)}
     seen: dict[str, set[tuple[int, ...]]] = defaultdict(set)
-    sets = [decode_message_set(record.value) for record in read_topic(broker.bootstrap, reports)]
+    sets = [opened(tmp_path / "keys", record.value) for record in read_topic(broker.bootstrap, reports)]
     assert len(sets) == 40 * len(DEVICES)
     for ms in sets:
         channels = np.array([m.channel for m in ms.messages if m.channel != PRESENCE])

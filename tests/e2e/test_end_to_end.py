@@ -26,7 +26,7 @@ from tests.e2e.chain import (
     bad_device_sets,
     enrol,
 )
-from transforms.kafkaio import plan_bounded_read, produce_records
+from transforms.kafkaio import plan_bounded_read, produce_records, read_topic
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates
 
@@ -140,6 +140,27 @@ def test_each_bad_record_dead_lettered_with_reason(first_run) -> None:
     assert len(analyst) == summary.stages["analyze"].count("messages_dead_lettered")
     for d in analyst:
         assert UNUSABLE_REASON in d["reason"] and d["original"] is None and d["topic"] == config.shuffled_topic
+
+
+SHARED_BYTES = 32
+
+
+def shared_substrings(haystack: list[bytes], needles: list[bytes], width: int = SHARED_BYTES) -> int:
+    """How many ``width``-byte strings of ``needles`` occur anywhere in ``haystack`` (every offset of both)."""
+    windows = {n[i:i + width] for n in needles for i in range(len(n) - width + 1)}
+    return sum(h[i:i + width] in windows for h in haystack for i in range(len(h) - width + 1))
+
+
+def test_the_reports_and_shuffled_topics_share_no_ciphertext(first_run, broker) -> None:
+    """Nested encryption (issue 26, finding 1): the reports topic holds every set sealed whole to the shuffler,
+    so whoever reads both topics (an operator, a backup, an analyzer with read on reports) finds no 32-byte
+    string of a release in what a device sent, and cannot map a released message back to its device."""
+    _, _, _, config, summary = first_run
+    reports = [r.value for r in read_topic(broker.bootstrap, config.reports_topic) if r.value]
+    released = [r.value for r in read_topic(broker.bootstrap, config.shuffled_topic) if r.value]
+    assert len(reports) > N_CLIENTS and summary.stages["shuffle"].count("messages_released") > N_CLIENTS // 2
+    assert sum(map(len, released)) > 32 * N_CLIENTS // 2  # the released ciphertexts are there to be found
+    assert shared_substrings(reports, released) == 0
 
 
 def test_offsets_committed_and_second_run_reads_nothing(first_run, broker, tmp_path: Path) -> None:

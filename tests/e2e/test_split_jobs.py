@@ -73,7 +73,7 @@ def chain(broker, tmp_path_factory: pytest.TempPathFactory):
     def config(stage: str) -> JobConfig:  # one trust domain each: own output and state, shared key directory
         return JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=base / stage,
                          state_dir=base / "state" / stage, keys_dir=keys, group_id=f"split-{stage}-{base.name}",
-                         seed=13, drain=True, **topics)
+                         seed=13, drain=True, create_topics=True, **topics)
 
     summaries = {"encode": encode_job.run(config("encode"))}
     summaries["shuffle"] = shuffle_job.run(config("shuffle"))

@@ -51,24 +51,27 @@ def test_run_key_is_stable_and_depends_on_the_whole_range() -> None:
         b'{"processed_until":{"r/0":2},"resume":{"r/0":1}}').hexdigest()[:16]
 
 
+NOW = 100 * MIN  # the wall clock of these tests: every event time below is in its past
+
+
 def test_watermark_is_the_min_over_active_partitions() -> None:
     events = {"r/0": 100 * MIN, "r/1": 90 * MIN, "r/2": 95 * MIN}
-    walls = {"r/0": 1000, "r/1": 1000, "r/2": 1000}
-    assert watermark_ms(events, walls, now_ms=2000, out_of_orderness_ms=MIN, idle_timeout_ms=5000) == 89 * MIN
+    walls = {"r/0": NOW + 1000, "r/1": NOW + 1000, "r/2": NOW + 1000}
+    assert watermark_ms(events, walls, now_ms=NOW + 2000, out_of_orderness_ms=MIN, idle_timeout_ms=5000) == 89 * MIN
 
 
 def test_an_idle_partition_does_not_hold_the_watermark_back() -> None:
     events = {"r/0": 100 * MIN, "r/1": 90 * MIN}
-    walls = {"r/0": 10_000, "r/1": 1000}  # r/1 silent for 9.5 s of wall clock
-    now = 10_500
+    walls = {"r/0": NOW + 10_000, "r/1": NOW + 1000}  # r/1 silent for 9.5 s of wall clock
+    now = NOW + 10_500
     assert watermark_ms(events, walls, now, MIN, idle_timeout_ms=5000) == 99 * MIN
     assert watermark_ms(events, walls, now, MIN, idle_timeout_ms=9500) == 89 * MIN  # exactly at the timeout: active
 
 
 def test_when_all_partitions_are_idle_time_still_advances() -> None:
     events = {"r/0": 100 * MIN, "r/1": 90 * MIN}
-    walls = {"r/0": 0, "r/1": 0}
-    assert watermark_ms(events, walls, now_ms=60_000, out_of_orderness_ms=MIN, idle_timeout_ms=5000) == 99 * MIN
+    walls = {"r/0": NOW - MIN, "r/1": NOW - MIN}
+    assert watermark_ms(events, walls, now_ms=NOW, out_of_orderness_ms=MIN, idle_timeout_ms=5000) == 99 * MIN
 
 
 def test_a_stream_gone_quiet_still_closes_its_last_window() -> None:
@@ -93,6 +96,14 @@ def test_watermark_refuses_negative_parameters() -> None:
 
 
 def test_run_state_watermark_method_matches_the_function() -> None:
-    state = RunState(max_event_ms={"r/0": 100 * MIN, "r/1": 90 * MIN}, last_data_wall_ms={"r/0": 9000, "r/1": 0})
-    assert state.watermark_ms(10_000, MIN, 5000) == watermark_ms(state.max_event_ms, state.last_data_wall_ms,
-                                                                  10_000, MIN, 5000) == 99 * MIN
+    state = RunState(max_event_ms={"r/0": 100 * MIN, "r/1": 90 * MIN},
+                     last_data_wall_ms={"r/0": NOW + 9000, "r/1": NOW})
+    assert state.watermark_ms(NOW + 10_000, MIN, 5000) == watermark_ms(
+        state.max_event_ms, state.last_data_wall_ms, NOW + 10_000, MIN, 5000) == 99 * MIN
+
+
+def test_the_watermark_never_runs_ahead_of_the_wall_clock() -> None:
+    """Event times ahead of the wall clock (fast device clocks, inside the skew bound) count as now."""
+    events = {"r/0": 100 * MIN, "r/1": 90 * MIN}
+    walls = {"r/0": 50 * MIN, "r/1": 50 * MIN}
+    assert watermark_ms(events, walls, 50 * MIN, MIN, idle_timeout_ms=5000) == 49 * MIN

@@ -19,6 +19,7 @@ import apache_beam as beam
 
 from pipelines.enrolment import enrol_simulated, registry_path
 from tests.beam_harness import PipelineRun, run_pipeline
+from transforms.device.wire import ShufflerKey
 from transforms.ingress import DEAD, TIMES, IngressFn, PriorRuns, TimePolicy
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
@@ -26,8 +27,20 @@ from transforms.records import encode_payload, row_channel
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.trust.devices import SimulatedFleet
-from transforms.trust.keys import load_analyzer_public, load_shuffler_signer
-from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, sign_message_set
+from transforms.trust.envelope import open_envelope, seal_envelope
+from transforms.trust.keys import (
+    load_analyzer_public,
+    load_shuffler_sealing_private,
+    load_shuffler_sealing_public,
+    load_shuffler_signer,
+)
+from transforms.trust.message_set import (
+    MessageSet,
+    SealedMessage,
+    decode_message_set,
+    encode_message_set,
+    sign_message_set,
+)
 from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 from transforms.trust.sealing import associated_data, seal
 
@@ -80,6 +93,17 @@ class Devices:
     def __post_init__(self) -> None:
         self.fleet = SimulatedFleet.from_keys_dir(self.keys_dir)
         self.analyzer_id, self.analyzer_public = load_analyzer_public(self.keys_dir)
+        self.shuffler_sealing = ShufflerKey(*load_shuffler_sealing_public(self.keys_dir))
+        self.shuffler_private = load_shuffler_sealing_private(self.keys_dir)
+        _SHUFFLER_KEYS.update(self.shuffler_private)
+
+    def envelope(self, encoded_set: bytes) -> bytes:
+        """What a device sends: the encoded set sealed whole to the shuffler."""
+        return seal_envelope(self.shuffler_sealing.public, self.shuffler_sealing.key_id, encoded_set)
+
+    def peel(self, value: bytes) -> bytes:
+        """The shuffler's first step: the encoded set inside a record's value."""
+        return open_envelope(self.shuffler_private, value)
 
     @property
     def registry(self) -> str:
@@ -105,7 +129,7 @@ class Devices:
         messages = self.sealed_messages(spec, rows, crowd, event_time_ms, channels)
         ms = MessageSet(spec_id or spec.spec_id, crowd, self.device_id(client), event_time_ms,
                         nonce or secrets.token_bytes(16), self.analyzer_id, messages)
-        return encode_message_set(sign_message_set(ms, self.fleet.signing_key(client)))
+        return self.envelope(encode_message_set(sign_message_set(ms, self.fleet.signing_key(client))))
 
     def record(self, value: bytes, partition: int = 0, offset: int | None = None) -> KafkaRecord:
         counter = self.offsets.setdefault(partition, itertools.count())
@@ -123,9 +147,17 @@ class Devices:
         return out
 
 
+_SHUFFLER_KEYS: dict = {}  # every Devices' shuffler sealing keys (random ids): ``decode_set`` opens any of them
+
+
+def decode_set(value: bytes) -> MessageSet:
+    """The MessageSet inside a value some ``Devices`` made (the outer layer peeled, as the shuffler does)."""
+    return decode_message_set(open_envelope(_SHUFFLER_KEYS, value))
+
+
 def ingress_fn(specs: Sequence[AnalysisSpec], devices: Devices, prior: PriorRuns | None = None,
                times: TimePolicy = TIMES_POLICY) -> IngressFn:
-    fn = IngressFn(list(specs), devices.registry, prior or PriorRuns(), times)
+    fn = IngressFn(list(specs), devices.registry, prior or PriorRuns(), times, keys_dir=str(devices.keys_dir))
     fn.setup()
     return fn
 
@@ -142,7 +174,7 @@ def shuffle_run(tmp_path: Path, specs: Sequence[AnalysisSpec], devices: Devices,
     def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
         ingress = (p | beam.Create(batches, reshuffle=False)
                    | beam.ParDo(IngressFn(list(specs), devices.registry, prior or PriorRuns(), times, spill=spill,
-                                          spill_bytes=spill_bytes))
+                                          spill_bytes=spill_bytes, keys_dir=str(devices.keys_dir)))
                    .with_outputs(DEAD, TIMES, main="sets"))
         released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | Shuffle(specs, key, clock or drain_clock(),
                                                                                    spill=spill)

@@ -70,9 +70,12 @@ def records(values: list[bytes], partition: int = 0) -> list[KafkaRecord]:
     return [KafkaRecord("shuffled", partition, next(OFFSETS), 0, None, v) for v in values]
 
 
-def decode(devices: Devices, values: list[bytes], prior: PriorRuns | None = None) -> tuple[list, dict[str, list]]:
+def decode(devices: Devices, values: list[bytes], prior: PriorRuns | None = None, verifiers: dict | None = None
+           ) -> tuple[list, dict[str, list]]:
     fn = DecodeReleaseFn([SPEC], str(devices.keys_dir), prior or PriorRuns())
     fn.setup()
+    if verifiers:  # a second shuffler's key the analyzer also trusts (its public file, as after a rotation)
+        fn._verifiers = {**fn._verifiers, **verifiers}
     return split_outputs(fn.process(records(values)))
 
 
@@ -152,15 +155,36 @@ def test_a_partial_release_is_held_at_its_earliest_batch(devices: Devices, batch
     assert pkey == "shuffled/0" and offset == next(OFFSETS) - 2  # the offset of batches[0]
 
 
-def test_inconsistent_headers_refuse_the_whole_release(devices: Devices, batches: list[bytes]) -> None:
-    odd = resign(devices, batches[2], n_sets=N - 1)
-    main, tagged = assemble(devices, [batches[0], batches[1], odd])
-    assert main == [] and len(tagged[DEAD]) == 3
+def test_inconsistent_batches_refuse_the_release(devices: Devices, batches: list[bytes]) -> None:
+    # A batch index twice, under one header and key, with different contents: no release to trust.
+    odd = resign(devices, batches[2], messages=decode_release_batch(batches[1]).messages)
+    main, tagged = assemble(devices, [batches[0], batches[1], batches[2], odd])
+    assert main == [] and len(tagged[DEAD]) == 4
     assert all("inconsistent release" in d["reason"] for d in tagged[DEAD])
+    # A batch under another header is another release of this window: while the first is incomplete, all wait.
+    main, tagged = assemble(devices, [batches[0], batches[1], resign(devices, batches[2], n_sets=N - 1)])
+    assert main == [] and DEAD not in tagged and {pkey for pkey, _ in tagged[HELD]} == {"shuffled/0"}
     # Every batch present and consistent, but the header claims one message more than they hold.
     short = [resign(devices, b, n_messages=N + 1) for b in batches]
     main, tagged = assemble(devices, short)
     assert main == [] and all("fewer messages than its header" in d["reason"] for d in tagged[DEAD])
+
+
+def test_two_valid_releases_of_a_window_keep_the_first_and_report_the_second(devices: Devices,
+                                                                             batches: list[bytes]) -> None:
+    """Issue 26, finding 5: a second shuffler (other state; or other keys the analyzer also trusts) publishes
+    its own valid release of the window. Refusing both lost the window; the first published is taken, the
+    other is dead-lettered as a conflict, whichever order the batches are grouped in."""
+    other_key_id, other = "20991231-0f0f0f0f", Ed25519PrivateKey.generate()
+    second = [encode_release_batch(sign_release_batch(replace(decode_release_batch(b), n_sets=N - 3), other_key_id,
+                                                      other)) for b in batches]
+    for first, later in ((batches, second), (second, batches)):
+        main, tagged = decode(devices, first + later[:2] + later[2:], verifiers={other_key_id: other.public_key()})
+        assert DEAD not in tagged
+        (opened,), tagged = open_and_assemble([SPEC], devices.keys_dir, list(reversed(main)))
+        assert opened.n_sets == (N if first is batches else N - 3)
+        assert len(tagged[DEAD]) == 3 and all("conflicting release" in d["reason"] for d in tagged[DEAD])
+        assert sorted(d["offset"] for d in tagged[DEAD]) == sorted(e.source.offset for _, e in main[3:])
 
 
 def test_a_release_below_the_minimum_crowd_is_refused(devices: Devices) -> None:
@@ -215,3 +239,26 @@ def test_decode_release_never_raises_and_gives_every_record_one_fate(data: st.Da
     assert all(o >= skipped_below for o in dead)
     assert all(o < skipped_below for o in set(range(len(values))) - set(admitted) - set(dead))
     assert {b.batch.release_id for _, b in main} <= {release_id_of(SPEC.spec_id, None, END)}
+
+
+def test_a_batch_of_a_key_not_distributed_yet_is_held_until_the_wait_ends(devices: Devices,
+                                                                          batches: list[bytes]) -> None:
+    """A rotation's new key id (dated no earlier than the analyzer's newest) is held while the record is younger
+    than the wait; an older unknown id, or one past the wait, is dead-lettered (issue 26, finding 4)."""
+    from transforms.analyze_release import KEY_WAIT_MS
+
+    now = 1_900_000_000_000
+    signer = Ed25519PrivateKey.generate()
+    batch = decode_release_batch(batches[0])
+    rotated = encode_release_batch(sign_release_batch(batch, "20991231-0a0b0c0d", signer))
+    forged_old = encode_release_batch(sign_release_batch(batch, "20200101-0a0b0c0d", signer))
+    fn = DecodeReleaseFn([SPEC], str(devices.keys_dir), PriorRuns(), now_ms=now)
+    fn.setup()
+    fresh = [KafkaRecord("shuffled", 0, 1, now - 60_000, None, rotated),
+             KafkaRecord("shuffled", 0, 2, now - KEY_WAIT_MS - 1, None, rotated),
+             KafkaRecord("shuffled", 0, 3, now - 60_000, None, forged_old)]
+    main, tagged = split_outputs(fn.process(fresh))
+    assert main == [] and tagged[HELD] == [("shuffled/0", 1)]
+    reasons = {d["offset"]: d["reason"] for d in tagged[DEAD]}
+    assert "not distributed within 86400 s" in reasons[2]
+    assert reasons[3] == "unauthenticated release batch: unknown shuffler key id"

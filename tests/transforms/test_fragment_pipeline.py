@@ -26,6 +26,7 @@ from pipelines.enrolment import enrol_simulated
 from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import PipelineRun, run_pipeline
 from tests.transforms.release_inputs import NOW_MS, Devices, open_and_assemble, shuffle_run, sign_release
+from tests.transforms.release_inputs import decode_set as decode_message_set
 from transforms.analyze import estimate_rows
 from transforms.analyze_release import DecodeReleaseFn, OpenedRelease
 from transforms.encode import EncodeEvents
@@ -35,7 +36,6 @@ from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.records import PRESENCE
 from transforms.seal import SealSetsFn
 from transforms.spec import AnalysisSpec, spec_from_dict
-from transforms.trust.message_set import decode_message_set
 from transforms.trust.release import release_id_of
 
 WINDOW_S = 3600

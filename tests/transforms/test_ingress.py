@@ -50,17 +50,20 @@ def ingress(devices: Devices) -> IngressFn:
 
 def altered(devices: Devices, value: bytes, **changes: object) -> bytes:
     """The set with fields changed after the device signed it (the signature no longer covers them)."""
-    return encode_message_set(replace(decode_message_set(value), **changes))
+    return devices.envelope(encode_message_set(replace(decode_message_set(devices.peel(value)), **changes)))
 
 
 def refusals(devices: Devices) -> dict[str, tuple[bytes | None, str]]:
     good = devices.message_set(SPEC, "c0", WIN_A + 5, [(1,)])
-    ms = decode_message_set(good)
+    ms = decode_message_set(devices.peel(good))
     flipped = bytes([ms.signature[0] ^ 1]) + ms.signature[1:]
     return {
         "empty": (None, "empty record"),
-        "malformed": (b"\xc3\x01not a message set", "malformed message set"),
-        "truncated": (good[:-10], "malformed message set"),
+        "malformed": (devices.envelope(b"\xc3\x01not a message set"), "malformed message set"),
+        "truncated": (devices.envelope(devices.peel(good)[:-10]), "malformed message set"),
+        "bare set, not sealed to the shuffler": (devices.peel(good), "not sealed to the shuffler"),
+        "truncated envelope": (good[:-10], "not sealed to the shuffler: authentication failed"),
+        "garbage": (b"\xc3\x01not a message set", "not sealed to the shuffler"),
         "unknown spec": (devices.message_set(SPEC, "c0", WIN_A, [(1,)], spec_id="other@000000000000"),
                          "unknown spec_id"),
         "crowd for an unpartitioned spec": (devices.message_set(SPEC, "c0", WIN_A, [(1,)], crowd="v1"),
@@ -161,9 +164,9 @@ def test_mutations_of_a_signed_set_are_never_admitted_as_another_set(devices: De
         candidate = value[:i] + bytes([value[i] ^ 0x40]) + value[i + 1:]
         admitted, _ = outcome_offsets(list(ingress.process([devices.record(candidate, partition=7)])))
         if admitted:
-            admitted_values.add(decode_message_set(candidate))
+            admitted_values.add(decode_message_set(devices.peel(candidate)))
     # A flipped byte the decoder normalizes away can only give back the very set that was signed.
-    assert all(ms == decode_message_set(value) for ms in admitted_values)
+    assert all(ms == decode_message_set(devices.peel(value)) for ms in admitted_values)
 
 
 def test_ingress_of_an_empty_batch_emits_nothing(ingress: IngressFn) -> None:
@@ -205,7 +208,8 @@ def test_verification_threads_change_nothing_but_speed(devices: Devices) -> None
     records = [devices.record(v, partition=2) for v in values]
 
     def outputs(threads: int) -> tuple[list, dict]:
-        fn = IngressFn([SPEC, CROWDED, RAPPOR], devices.registry, PriorRuns(), TIMES_POLICY, threads)
+        fn = IngressFn([SPEC, CROWDED, RAPPOR], devices.registry, PriorRuns(), TIMES_POLICY, threads,
+                       keys_dir=str(devices.keys_dir))
         fn.setup()
         main, tagged = split_outputs(fn.process(records))
         if VERIFIED in tagged:  # offsets arrive as int64 arrays
@@ -215,6 +219,7 @@ def test_verification_threads_change_nothing_but_speed(devices: Devices) -> None
     serial, threaded = outputs(1), outputs(3)
     assert threaded == serial
     assert len(serial[1][DEAD]) == 80 and sum(len(items) for _, items in serial[0]) == 40
+    assert any(d["reason"].startswith("not sealed to the shuffler") for d in serial[1][DEAD])
 
 
 def test_a_set_verified_by_an_earlier_run_is_not_verified_again_but_still_checked(devices: Devices) -> None:
@@ -227,13 +232,13 @@ def test_a_set_verified_by_an_earlier_run_is_not_verified_again_but_still_checke
     _, tagged = split_outputs(fn.process([good]))
     ((pkey, offsets, digests),) = tagged[VERIFIED]  # the first run reports what it verified
     cache = VerifiedSets().merged([(pkey, offsets, np.frombuffer(digests, dtype=np.uint8))], keep_from={})
-    again = IngressFn([SPEC], devices.registry, PriorRuns(verified=cache), TIMES_POLICY)
+    again = IngressFn([SPEC], devices.registry, PriorRuns(verified=cache), TIMES_POLICY,
+                      keys_dir=str(devices.keys_dir))
     again.setup()
     main, tagged = split_outputs(again.process([good]))
     assert len(main) == 1 and not tagged.get(VERIFIED) and not tagged.get(DEAD)
     # Other bytes at the same offset (a topic rewritten under us): verified, and a bad signature is refused.
-    ms = decode_message_set(good.value)
-    forged = good._replace(value=encode_message_set(replace(ms, signature=bytes(64))))
+    forged = good._replace(value=altered(devices, good.value, signature=bytes(64)))
     main, tagged = split_outputs(again.process([forged]))
     assert not main and "bad signature" in tagged[DEAD][0]["reason"]
     # The same bytes, but the device is no longer enrolled: refused without a signature check.
@@ -253,3 +258,22 @@ def test_the_registry_is_loaded_once_per_process_until_its_file_changes(tmp_path
     enrol_simulated(fleet.keys_dir, ["late-comer"])
     again = shared_registry(fleet.registry)
     assert again is not first._registry and len(again) == 4
+
+
+def test_the_shuffler_sealing_key_rotates_without_loss(tmp_path: Path) -> None:
+    """Sets sealed to the old and to the new sealing key both open; a running ingress picks the new key up."""
+    from transforms.trust.envelope import seal_envelope
+    from transforms.trust.keys import generate_shuffler_sealing_key, load_shuffler_sealing_public
+
+    devices = Devices.enrol(tmp_path / "keys", 2)
+    running = ingress_fn([SPEC], devices)
+    old = devices.record(devices.message_set(SPEC, "c0", WIN_A + 5, [(1,)]))
+    new_id = generate_shuffler_sealing_key(devices.keys_dir)
+    key_id, public = load_shuffler_sealing_public(devices.keys_dir)
+    assert key_id == new_id
+    new = devices.record(seal_envelope(public, key_id, devices.peel(devices.message_set(SPEC, "c1", WIN_A + 6,
+                                                                                         [(2,)]))))
+    running._sealing_loaded -= 60  # its last look at the keys directory was a minute ago
+    for fn in (running, ingress_fn([SPEC], devices)):
+        main, tagged = split_outputs(fn.process([old, new]))
+        assert not tagged.get(DEAD) and sum(len(pickle.loads(blob)) for _, blob in main) == 2

@@ -31,7 +31,7 @@ def mixed_records(devices: Devices) -> list[KafkaRecord]:
     good += [devices.message_set(CROWDED, "c1", WIN_A + 3, [(2,)], crowd="v1"),
              devices.message_set(RAPPOR, "c2", WIN_A + 4, [(-1,), (3,)])]
     values = [v for v, _ in refusals(devices).values()] + good + [good[0], good[0]]
-    values = [values[(7 * i) % len(values)] for i in range(len(values))]  # refusals and sets interleaved
+    values = [values[(11 * i) % len(values)] for i in range(len(values))]  # interleaved (11: coprime to 28)
     return [devices.record(v, partition=i % 2) for i, v in enumerate(values)]
 
 

@@ -92,19 +92,26 @@ def test_empty_topic_stops_after_idle(broker, topic_name: str, tmp_path: Path) -
 
 def test_watermark_follows_max_event_time_then_wall_clock_when_idle() -> None:
     clock = SourceClock(out_of_orderness_ms=600_000, idle_timeout_ms=300_000)
-    wm = PartitionWatermark((None, None, 1_000_000))
-    assert wm.advance(1_000_000, clock) is None  # nothing seen, not idle yet
-    wm.observe(5_000_000, 1_000_100)
-    assert wm.advance(1_000_200, clock) == 5_000_000 - 600_000
-    wm.observe(4_000_000, 1_000_300)  # an older event never moves it back
-    assert wm.advance(1_000_400, clock) == 4_400_000
+    wm = PartitionWatermark((None, None, 6_000_000))
+    assert wm.advance(6_000_000, clock) is None  # nothing seen, not idle yet
+    wm.observe(5_000_000, 6_000_100)
+    assert wm.advance(6_000_200, clock) == 5_000_000 - 600_000
+    wm.observe(4_000_000, 6_000_300)  # an older event never moves it back
+    assert wm.advance(6_000_400, clock) == 4_400_000
     # idle: 300 s after the last record, the wall clock (minus out-of-orderness) takes over if later
-    assert wm.advance(1_000_300 + 299_999, clock) == 4_400_000
-    later = 9_000_000
+    assert wm.advance(6_000_300 + 299_999, clock) == 4_400_000
+    later = 14_000_000
     assert wm.advance(later, clock) == later - 600_000
-    assert wm.get_estimator_state() == (later - 600_000, 5_000_000, 1_000_300)
+    assert wm.get_estimator_state() == (later - 600_000, 5_000_000, 6_000_300)
     restored = PartitionWatermark(wm.get_estimator_state())  # what a checkpointed residual resumes with
-    assert restored.watermark_ms() == later - 600_000 and restored.idle_ms(later) == later - 1_000_300
+    assert restored.watermark_ms() == later - 600_000 and restored.idle_ms(later) == later - 6_000_300
+
+
+def test_an_event_time_ahead_of_the_wall_clock_does_not_move_the_watermark_past_it() -> None:
+    clock = SourceClock(out_of_orderness_ms=600_000, idle_timeout_ms=300_000)
+    wm = PartitionWatermark((None, None, 6_000_000))
+    wm.observe(6_000_000 + 3_600_000, 6_000_100)  # a device clock an hour fast
+    assert wm.advance(6_000_200, clock) == 6_000_200 - 600_000
 
 
 def test_bad_settings_are_refused() -> None:

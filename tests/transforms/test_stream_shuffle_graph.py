@@ -61,7 +61,8 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
     runner, options = streaming_runner(runner_name)
     with beam.Pipeline(runner=runner, options=options) as pipeline:
         _ = (pipeline | stream
-             | StreamShuffle([SPEC], devices.registry, PriorRuns(), TIMES_POLICY, KEY, str(root), 86_400))
+             | StreamShuffle([SPEC], devices.registry, PriorRuns(), TIMES_POLICY, KEY, str(root), 86_400,
+                             keys_dir=str(devices.keys_dir)))
 
     released = _released(root)
     assert sorted(released) == [WIN_A + WINDOW_MS, WIN_B + WINDOW_MS]
@@ -90,14 +91,39 @@ def test_the_source_watermark_believes_only_authenticated_in_range_times(devices
     from transforms.trust.message_set import decode_message_set, encode_message_set
 
     now = wall_ms()
-    policy = SetEventTimes([SPEC], devices.registry, max_age_ms=86_400_000, max_skew_ms=3_600_000)
+    policy = SetEventTimes([SPEC], devices.registry, max_age_ms=86_400_000, max_skew_ms=3_600_000,
+                           keys_dir=str(devices.keys_dir))
     policy.setup()
     good = [devices.record(devices.message_set(SPEC, c, now - 60_000 * (i + 1), [(1,)]))
             for i, c in enumerate(devices.clients[:3])]
-    signed_later = decode_message_set(devices.message_set(SPEC, devices.clients[3], now - 1000, [(1,)]))
-    forged = devices.record(encode_message_set(replace(signed_later, event_time_ms=now + 1_800_000)))
+    signed_later = decode_message_set(devices.peel(devices.message_set(SPEC, devices.clients[3], now - 1000,
+                                                                       [(1,)])))
+    forged = devices.record(devices.envelope(encode_message_set(replace(signed_later, event_time_ms=now + 1_800_000))))
     too_far = devices.record(devices.message_set(SPEC, devices.clients[4], now + 2 * 3_600_000, [(1,)]))
     assert policy.max_event_ms(good) == now - 60_000
     # a forged time (signature no longer matches) and one beyond the skew bound move nothing
     assert policy.max_event_ms([*good, forged, too_far, devices.record(b"not a set")]) == now - 60_000
     assert policy.max_event_ms([forged, too_far]) is None
+    # a bare set (not sealed to the shuffler) is not believed either
+    bare = devices.record(devices.peel(devices.message_set(SPEC, devices.clients[3], now - 1000, [(1,)])))
+    assert policy.max_event_ms([*good, bare]) == now - 60_000
+
+
+def test_the_source_watermark_never_runs_ahead_of_the_wall_clock(devices: Devices) -> None:
+    """An authenticated set from a device whose clock runs 30 min fast (inside the skew bound) counts as now,
+    not as its own time: otherwise it would close the current window half an hour early (issue finding 3)."""
+    from transforms.kafka_sdf import PartitionWatermark, SourceClock, wall_ms
+    from transforms.stream_windows import SetEventTimes
+
+    policy = SetEventTimes([SPEC], devices.registry, max_age_ms=86_400_000, max_skew_ms=3_600_000,
+                           keys_dir=str(devices.keys_dir))
+    policy.setup()
+    before = wall_ms()
+    fast = devices.record(devices.message_set(SPEC, devices.clients[0], before + 1_800_000, [(1,)]))
+    believed = policy.max_event_ms([fast])
+    assert believed is not None and before <= believed <= wall_ms()
+    # and the partition's watermark, fed that time by a colluding source, stays at now - out-of-orderness
+    mark = PartitionWatermark((None, None, before))
+    mark.observe(before + 3_600_000, before)
+    clock = SourceClock(out_of_orderness_ms=600_000, idle_timeout_ms=60_000)
+    assert mark.advance(before, clock) == before - 600_000

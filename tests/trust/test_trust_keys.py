@@ -30,14 +30,15 @@ def mode_of(path: Path) -> int:
 
 def test_init_creates_the_layout_with_private_files_owner_only(tmp_path: Path) -> None:
     info = init_keys(tmp_path)
-    a, s = info["analyzer_key_id"], info["shuffler_key_id"]
-    private = [f"analyzer/{a}.x25519", f"shuffler/{s}.ed25519", "shuffler/prf.key", "encoder/prf.key",
-               "encoder/fleet.key", "registry/devices.parquet"]
-    public = [f"public/analyzer-{a}.x25519.pub", f"public/shuffler-{s}.ed25519.pub"]
+    a, s, x = info["analyzer_key_id"], info["shuffler_key_id"], info["shuffler_sealing_key_id"]
+    private = [f"analyzer/{a}.x25519", f"shuffler/{s}.ed25519", f"shuffler/{x}.x25519", "shuffler/prf.key",
+               "encoder/prf.key", "encoder/fleet.key", "registry/devices.parquet"]
+    public = [f"public/analyzer-{a}.x25519.pub", f"public/shuffler-{s}.ed25519.pub",
+              f"public/shuffler-{x}.x25519.pub"]
     assert sorted(info["created"]) == sorted(private)
     for rel in private:
         assert mode_of(tmp_path / rel) == 0o600, rel
-    for rel in [*private[:5], *public]:
+    for rel in [*private[:6], *public]:
         assert (tmp_path / rel).stat().st_size == 32, rel
     for rel in public:
         assert mode_of(tmp_path / rel) & 0o044 == 0o044, rel  # readable by anyone

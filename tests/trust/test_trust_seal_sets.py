@@ -12,7 +12,7 @@ from trust_helpers import make_trust
 
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
-from transforms.device.wire import signed_message_set
+from transforms.device.wire import ShufflerKey, signed_message_set
 from transforms.encoder_keys import EncoderKeys
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
@@ -20,7 +20,8 @@ from transforms.records import ReportElement, SourceRef, array_to_rows, client_m
 from transforms.seal import SealSetsFn, _prf
 from transforms.spec import load_spec
 from transforms.trust import DeviceRegistry, decode_message_set, open_sealed, verify_message_set
-from transforms.trust.keys import load_or_create_secret
+from transforms.trust.envelope import open_envelope
+from transforms.trust.keys import load_or_create_secret, load_shuffler_sealing_private, load_shuffler_sealing_public
 from transforms.trust.sealing import associated_data
 
 
@@ -60,10 +61,12 @@ def test_batched_sets_are_the_device_path_bytes(tmp_path: Path, spec_file: str, 
             spec, [r.payload for r in reports], event_time_ms=first.event_time_ms, crowd_id=first.crowd_id,
             device_id=trust.fleet.device_id(first.client_id), signer=trust.fleet.signing_key(first.client_id),
             analyzer=trust.analyzer_public, key_id=trust.analyzer_id,
+            shuffler=ShufflerKey(*load_shuffler_sealing_public(trust.keys_dir)),
             nonce=_prf(prf_key, b"nonce", position)[:16],
-            ephemerals=[_prf(prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))])
+            ephemerals=[_prf(prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))],
+            envelope_ephemeral=_prf(prf_key, b"envelope", position))
         assert data == want
-        ms = decode_message_set(data)
+        ms = decode_message_set(open_envelope(load_shuffler_sealing_private(trust.keys_dir), data))
         assert device_key == ms.device_id.encode()
         trust.fleet.enroll(registry, [first.client_id])
         verify_message_set(ms, registry)

@@ -1,21 +1,22 @@
 """The device-side client: what a phone or a laptop runs to report one telemetry value privately.
 
 ``Client(spec, state_dir, ...)`` randomizes a value with the spec's local randomizer, charges the device's
-privacy budget, seals every message to the analyzer and signs the message set with the device's key; the
-bytes it returns are what the shuffler's ingestion accepts. Nothing here imports Beam or Kafka.
+privacy budget, seals every message to the analyzer, signs the message set with the device's key and seals
+the whole set to the shuffler (nested encryption); the bytes it returns are what the shuffler's ingestion
+accepts. Nothing here imports Beam or Kafka.
 
-Usage (the key id and public key come from the analyzer's ``keys/public/`` directory)::
+Usage (key ids and public keys come from the ``keys/public/`` directory)::
 
     from transforms.device import Budget, BudgetExceeded, Client
     from transforms.spec import load_spec
-    from transforms.trust import load_analyzer_public
+    from transforms.trust import load_analyzer_public, load_shuffler_sealing_public
 
-    key_id, analyzer_key = load_analyzer_public("keys")
-    client = Client(load_spec("examples/app_language.toml"), "device-state", analyzer_public_key=analyzer_key,
-                    analyzer_key_id=key_id, budget=Budget(epsilon_per_epoch=8.0, epoch_seconds=86400))
+    (a_id, a_key), (s_id, s_key) = load_analyzer_public("keys"), load_shuffler_sealing_public("keys")
+    client = Client(load_spec("examples/app_language.toml"), "device-state", analyzer_public_key=a_key,
+                    analyzer_key_id=a_id, shuffler_public_key=s_key, shuffler_key_id=s_id, budget=Budget(8.0))
     print("enrol:", client.device_id, client.public_key.hex())  # once, into the shuffler's device registry
     try:
-        message_set = client.encode("fr")  # signed MessageSet bytes: produce them to the shuffler's topic
+        message_set = client.encode("fr")  # the sealed, signed set: produce it to the shuffler's topic
     except BudgetExceeded as refused:
         print(refused)                     # what it would cost, spent / limit, when the budget renews
     print(client.status())

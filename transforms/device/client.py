@@ -26,7 +26,7 @@ from transforms.device.budget import BUDGET_FILE, Budget, BudgetExceeded, Budget
 from transforms.device.memo import MemoStore, is_memoizing
 from transforms.device.policy import check_policy
 from transforms.device.state import load_device_key, locked, state_directory
-from transforms.device.wire import signed_message_set
+from transforms.device.wire import ShufflerKey, signed_message_set
 from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng
@@ -65,13 +65,15 @@ class Client:
     """
 
     def __init__(self, spec: AnalysisSpec, state_dir: Path | str, *, analyzer_public_key: X25519PublicKey,
-                 analyzer_key_id: str, budget: Budget | None = None, signing_key: Signer | None = None,
+                 analyzer_key_id: str, shuffler_public_key: X25519PublicKey, shuffler_key_id: str,
+                 budget: Budget | None = None, signing_key: Signer | None = None,
                  rng: np.random.Generator | None = None, clock: Callable[[], float] | None = None):
-        if not isinstance(analyzer_public_key, X25519PublicKey):
-            raise TypeError(f"analyzer_public_key must be an X25519PublicKey, got {type(analyzer_public_key).__name__}")
-        key_id_ok = isinstance(analyzer_key_id, str) and analyzer_key_id.isascii() and 1 <= len(analyzer_key_id) <= 200
-        if not key_id_ok:
-            raise ValueError(f"analyzer_key_id must be 1..200 ascii characters, got {analyzer_key_id!r}")
+        for name, key, key_id in (("analyzer", analyzer_public_key, analyzer_key_id),
+                                  ("shuffler", shuffler_public_key, shuffler_key_id)):
+            if not isinstance(key, X25519PublicKey):
+                raise TypeError(f"{name}_public_key must be an X25519PublicKey, got {type(key).__name__}")
+            if not (isinstance(key_id, str) and key_id.isascii() and 1 <= len(key_id) <= 200):
+                raise ValueError(f"{name}_key_id must be 1..200 ascii characters, got {key_id!r}")
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
         self.spec = spec
@@ -82,6 +84,7 @@ class Client:
         self.public_key: bytes = self._signer.public_key().public_bytes_raw()
         self.device_id: str = device_id_of(self.public_key)
         self._analyzer, self._key_id = analyzer_public_key, analyzer_key_id
+        self._shuffler = ShufflerKey(shuffler_key_id, shuffler_public_key)
         self._seeded = rng is not None
         self._rng = rng if rng is not None else os_entropy_rng()
         self._clock = clock if clock is not None else time.time
@@ -93,7 +96,7 @@ class Client:
     # -- public API ---------------------------------------------------------------------------------------
 
     def encode(self, value: Any, *, event_time_ms: int | None = None, crowd_id: str | None = None) -> bytes:
-        """The signed ``MessageSet`` bytes of one event, ready to send to the shuffler.
+        """The signed ``MessageSet`` of one event sealed to the shuffler, ready to send.
 
         Raises ``ValueError`` for a value outside the spec's domain (or a bad crowd id / event time),
         ``BudgetExceeded`` when the report would exceed the epoch's budget and ``BudgetConflict`` when the
@@ -212,4 +215,6 @@ class Client:
         ephemerals = [self._random_bytes(EPHEMERAL_BYTES) for _ in rows] if self._seeded else None
         return signed_message_set(self.spec, rows, event_time_ms=event_time_ms, crowd_id=crowd,
                                   device_id=self.device_id, signer=self._signer, analyzer=self._analyzer,
-                                  key_id=self._key_id, nonce=self._random_bytes(NONCE_BYTES), ephemerals=ephemerals)
+                                  key_id=self._key_id, shuffler=self._shuffler, nonce=self._random_bytes(NONCE_BYTES),
+                                  ephemerals=ephemerals,
+                                  envelope_ephemeral=self._random_bytes(EPHEMERAL_BYTES) if self._seeded else None)

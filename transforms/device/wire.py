@@ -4,7 +4,8 @@ Shared by the device client and the edge encoder (``transforms.seal``), so both 
 same format: every message's payload is padded (``records.encode_payload``) and sealed on its own with a
 fresh ephemeral key (so two messages of one device cannot be linked), with the routing fields that
 survive the shuffle (spec, crowd, window end, channel) as associated data; the set is signed with the
-device's Ed25519 key.
+device's Ed25519 key; the encoded set is then sealed whole to the shuffler (``trust.envelope``: nested
+encryption, so the reports topic never holds the blobs the shuffler releases).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from transforms.payload_codec import encode_payloads
 from transforms.records import CHANNEL, PayloadRow, encode_payload, rows_to_array, wire_dtype
 from transforms.spec import AnalysisSpec
 from transforms.trust.ed25519 import Signer, sign_many
+from transforms.trust.envelope import seal_envelopes
 from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, signing_bytes
 from transforms.trust.sealing import associated_data, seal_many
 
@@ -41,19 +43,28 @@ class EventRows(NamedTuple):
     signer: Signer
     nonce: bytes
     ephemerals: Sequence[bytes] | None = None  # one per row: reproducible sealing; None: OS entropy
+    envelope_ephemeral: bytes | None = None  # the outer layer's (to the shuffler); None: OS entropy
+
+
+class ShufflerKey(NamedTuple):
+    """The shuffler's sealing public key and its id: the outer layer of every set."""
+
+    key_id: str
+    public: X25519PublicKey
 
 
 def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_time_ms: int, crowd_id: str | None,
                        device_id: str, signer: Signer, analyzer: X25519PublicKey, key_id: str,
-                       nonce: bytes, ephemerals: Sequence[bytes | None] | None = None) -> bytes:
-    """The encoded, signed MessageSet of one event's payload rows.
+                       shuffler: ShufflerKey, nonce: bytes, ephemerals: Sequence[bytes | None] | None = None,
+                       envelope_ephemeral: bytes | None = None) -> bytes:
+    """The signed MessageSet of one event's payload rows, sealed whole to the shuffler.
 
-    ``ephemerals`` (one per row) make the sealing reproducible (a retried encoder resends the same bytes);
-    None draws fresh ephemeral keys from OS entropy.
+    ``ephemerals`` (one per row) and ``envelope_ephemeral`` make the sealing reproducible (a retried encoder
+    resends the same bytes); None draws fresh ephemeral keys from OS entropy.
     """
     fixed = None if ephemerals is None else [e if e is not None else os.urandom(32) for e in ephemerals]
-    event = EventRows(spec, rows, event_time_ms, crowd_id, device_id, signer, nonce, fixed)
-    return signed_message_sets([event], analyzer, key_id)[0]
+    event = EventRows(spec, rows, event_time_ms, crowd_id, device_id, signer, nonce, fixed, envelope_ephemeral)
+    return signed_message_sets([event], analyzer, key_id, shuffler)[0]
 
 
 _VECTOR_MIN = 16  # rows of one mechanism from which one vectorized call beats per-row fastavro (~6 us a row)
@@ -87,10 +98,10 @@ def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
     return out
 
 
-def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, threads: int = 1
-                        ) -> list[bytes]:
-    """``signed_message_set`` of each event, the same bytes; the native calls of the whole batch (X25519 pairs,
-    signatures) on ``threads`` (``transforms.parallel``), everything in Python on this thread."""
+def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, shuffler: ShufflerKey,
+                        threads: int = 1) -> list[bytes]:
+    """``signed_message_set`` of each event (sealed to the shuffler), the same bytes; the native calls of the
+    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.parallel``), the rest on this thread."""
     plaintexts, ads, ephemerals, channels = _plaintexts(events), [], [], []
     routing: dict[tuple, bytes] = {}  # associated data by (spec, crowd, window end, channel): few per batch
     for event in events:
@@ -112,9 +123,11 @@ def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, 
                            messages=tuple(SealedMessage(*next(sealed)) for _ in e.rows))
                 for e in events]
     signatures = sign_many([e.signer for e in events], [signing_bytes(ms) for ms in unsigned], threads)
-    return [encode_message_set(MessageSet(ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms, ms.nonce,
-                                          ms.key_id, ms.messages, signature))
-            for ms, signature in zip(unsigned, signatures, strict=True)]
+    encoded = [encode_message_set(MessageSet(ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms, ms.nonce,
+                                             ms.key_id, ms.messages, signature))
+               for ms, signature in zip(unsigned, signatures, strict=True)]
+    outer = [e.envelope_ephemeral if e.envelope_ephemeral is not None else os.urandom(32) for e in events]
+    return seal_envelopes(shuffler.public, shuffler.key_id, encoded, outer, threads)
 
 
 def _channel_index(mechanism: Mechanism) -> int | None:

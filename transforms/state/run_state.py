@@ -102,6 +102,11 @@ def watermark_ms(max_event_ms: Mapping[str, int], last_data_wall_ms: Mapping[str
     ``last_data_wall_ms`` counts as active; partitions that never had data (absent from ``max_event_ms``)
     hold nothing back. None when no partition has had data.
 
+    Never later than ``now - out_of_orderness``, whatever the event times say: ingress accepts times up to
+    ``max_skew`` ahead of the wall clock, so without this cap a handful of honest devices whose clocks run
+    fast (or one enrolled device that lies) would close the current window early and make every honest set
+    still on its way late. Sets from the future wait in their window until the wall clock reaches it.
+
     The result can move backwards (a partition waking up); callers keep ``max(previous, new)``.
     """
     if out_of_orderness_ms < 0 or idle_timeout_ms < 0:
@@ -111,10 +116,11 @@ def watermark_ms(max_event_ms: Mapping[str, int], last_data_wall_ms: Mapping[str
     marks = {source: int(event) - out_of_orderness_ms for source, event in max_event_ms.items()}
     active = [mark for source, mark in marks.items()
               if source not in last_data_wall_ms or now_ms - last_data_wall_ms[source] <= idle_timeout_ms]
+    cap = now_ms - out_of_orderness_ms
     if active:
-        return min(active)
+        return min(min(active), cap)
     # Every partition has been silent for the idle timeout: no device is sending, and whatever it still
     # sends will carry a time near the wall clock, so event time has moved on at least as far as
     # (now - idle timeout - out-of-orderness). Without this the last window of a stream that goes quiet
     # would never close.
-    return max(max(marks.values()), now_ms - idle_timeout_ms - out_of_orderness_ms)
+    return min(max(max(marks.values()), now_ms - idle_timeout_ms - out_of_orderness_ms), cap)

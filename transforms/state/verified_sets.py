@@ -4,12 +4,13 @@ Why: a window stays open for its length plus the out-of-orderness, and each boun
 earliest set it holds, so a following shuffler (``--follow``, a run every few seconds) reads an open
 window's sets again on every run. Verifying each again costs ~60 microseconds per set and run: a
 one-hour window polled every 5 s would verify each set some 700 times. Instead each run records, for
-every set it verified, ``(topic/partition, offset, SHA-256 of the record's bytes)``, and a later run that
-reads a record with the same digest at the same position skips the signature check (it still checks that
+every set it verified, ``(topic/partition, offset, SHA-256 of the set's signed bytes and signature)``, and a
+later run that reads a set with the same digest at the same position skips the signature check (it still checks that
 the device is enrolled: a revoked device's held sets are refused at once).
 
-Why this is sound: the digest covers every byte the signature covers, so a record with an equal digest
-*is* the record that was verified; a topic writer cannot make a different record hash the same (a
+Why this is sound: the digest covers every byte the signature check reads (the signed bytes and the
+signature, not the envelope or the Avro encoding around them), so a set with an equal digest passes the
+same check the verified one passed; a topic writer cannot make a different record hash the same (a
 second preimage of SHA-256). A missing, stale or partial file only means verifying again, so the file is
 written without ordering constraints, and entries below the partition's resume offset (never read again)
 are dropped at each save: the file holds what the open windows hold, ~40 bytes per set.

@@ -2,7 +2,9 @@
 
 Threat model: devices sign what they send to the shuffler with per-device Ed25519 keys enrolled once;
 payloads are sealed (X25519 + HKDF-SHA256 + ChaCha20-Poly1305) to the analyzer, so the shuffler handles
-them blind; the shuffler signs what it releases to the analyzer; every key has a key id, so keys rotate
+them blind, and the whole signed set is sealed again to the shuffler, so what the shuffler releases never
+appears on the reports topic; the shuffler signs what it releases to the analyzer; every key has a key id,
+so keys rotate
 (senders use the newest id, receivers keep every id they hold).
 
 Pure library (cryptography, pyarrow, Avro via ``schemas``; no Beam, no Kafka):
@@ -12,6 +14,7 @@ Pure library (cryptography, pyarrow, Avro via ``schemas``; no Beam, no Kafka):
 * ``devices`` — self-certifying device ids, the enrollment registry, a simulated fleet;
 * ``sealing`` — HPKE-style sealing of payloads to the analyzer, bound to the routing fields;
 * ``message_set`` — device-signed message sets (device -> shuffler);
+* ``envelope`` — the outer layer: each whole set sealed to the shuffler (nested encryption);
 * ``release`` — shuffler-signed release batches (shuffler -> analyzer).
 """
 
@@ -20,10 +23,13 @@ from .files import KeyFileError
 from .keys import (
     generate_analyzer_key,
     generate_shuffler_key,
+    generate_shuffler_sealing_key,
     init_keys,
     load_analyzer_private,
     load_analyzer_public,
     load_or_create_secret,
+    load_shuffler_sealing_private,
+    load_shuffler_sealing_public,
     load_shuffler_signer,
     load_shuffler_verifiers,
 )
@@ -65,11 +71,14 @@ __all__ = [
     "encode_release_batch",
     "generate_analyzer_key",
     "generate_shuffler_key",
+    "generate_shuffler_sealing_key",
     "init_keys",
     "key_id_of",
     "load_analyzer_private",
     "load_analyzer_public",
     "load_or_create_secret",
+    "load_shuffler_sealing_private",
+    "load_shuffler_sealing_public",
     "load_shuffler_signer",
     "load_shuffler_verifiers",
     "open_sealed",

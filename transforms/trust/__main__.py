@@ -1,7 +1,7 @@
 """Operate a keys directory: ``python -m transforms.trust {init,rotate,enroll,show} KEYS_DIR``.
 
 * ``init`` creates whatever is missing (idempotent);
-* ``rotate analyzer|shuffler`` adds a new key that senders and signers use from now on; old ids stay
+* ``rotate analyzer|shuffler|shuffler-seal`` adds a new key that senders and signers use from now on; old ids stay
   so that what was sealed or signed before keeps opening and verifying (delete retired files by hand);
 * ``enroll`` adds devices from a file of hex-encoded Ed25519 public keys, one per line (``-`` = stdin);
 * ``show`` lists key ids and the number of enrolled devices, never key material.
@@ -20,6 +20,7 @@ from .files import KeyFileError
 from .keys import (
     generate_analyzer_key,
     generate_shuffler_key,
+    generate_shuffler_sealing_key,
     init_keys,
     load_analyzer_private,
     load_analyzer_public,
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("init").add_argument("keys_dir", type=Path)
     rotate = sub.add_parser("rotate")
-    rotate.add_argument("domain", choices=["analyzer", "shuffler"])
+    rotate.add_argument("domain", choices=["analyzer", "shuffler", "shuffler-seal"])
     rotate.add_argument("keys_dir", type=Path)
     enroll = sub.add_parser("enroll")
     enroll.add_argument("keys_dir", type=Path)
@@ -74,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "init":
             result: object = init_keys(args.keys_dir)
         elif args.command == "rotate":
-            make = generate_analyzer_key if args.domain == "analyzer" else generate_shuffler_key
+            make = {"analyzer": generate_analyzer_key, "shuffler": generate_shuffler_key,
+                    "shuffler-seal": generate_shuffler_sealing_key}[args.domain]
             result = {"domain": args.domain, "key_id": make(args.keys_dir)}
         elif args.command == "enroll":
             result = _enroll(args.keys_dir, args.public_keys)

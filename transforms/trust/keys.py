@@ -4,15 +4,18 @@ Layout (each trust domain reads only its own subdirectory plus ``public/``)::
 
     analyzer/<key_id>.x25519              analyzer private keys (raw 32 bytes)
     shuffler/<key_id>.ed25519             shuffler signing seeds (raw 32 bytes)
+    shuffler/<key_id>.x25519              shuffler sealing keys: devices seal whole message sets to them
     shuffler/prf.key                      the shuffler's PRF key (kept so a rerun reproduces a release)
     encoder/prf.key                       the edge encoder's PRF key
     encoder/fleet.key                     master secret of *simulated* devices (simulation and demos only)
     public/analyzer-<key_id>.x25519.pub   raw 32-byte public keys, readable by anyone
     public/shuffler-<key_id>.ed25519.pub
+    public/shuffler-<key_id>.x25519.pub   what devices seal their message sets to (``trust.envelope``)
     registry/devices.parquet              enrolled devices (shuffler domain)
 
-Key ids are ``YYYYMMDD-`` + 8 random hex digits, so the newest key sorts last: senders always use the
-newest key while receivers keep every id they hold, which lets keys rotate without a flag day.
+Key ids are ``YYYYMMDD-`` + 8 random hex digits, so keys sort by creation day (two keys of one day by the
+time their files were written): senders always use the newest key while receivers keep every id they hold,
+which lets keys rotate without a flag day.
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ __all__ = [
     "KeyFileError",
     "generate_analyzer_key",
     "generate_shuffler_key",
+    "generate_shuffler_sealing_key",
     "init_keys",
     "load_analyzer_private",
     "load_analyzer_public",
     "load_or_create_secret",
+    "load_shuffler_sealing_private",
+    "load_shuffler_sealing_public",
     "load_shuffler_signer",
     "load_shuffler_verifiers",
     "new_key_id",
@@ -78,6 +84,19 @@ def generate_shuffler_key(keys_dir: Path) -> str:
     return key_id
 
 
+def generate_shuffler_sealing_key(keys_dir: Path) -> str:
+    """Create a new shuffler X25519 sealing key pair (the outer layer of nested encryption); returns its id.
+
+    Rotation is lossless by construction: devices can seal to a key only once its public file exists, which
+    is after its private file, and the shuffler keeps opening envelopes sealed to every id it holds."""
+    key = X25519PrivateKey.generate()
+    key_id = new_key_id()
+    atomic_write(ensure_dir(Path(keys_dir) / "shuffler") / f"{key_id}.x25519", key.private_bytes_raw())
+    atomic_write(_public_dir(keys_dir) / f"shuffler-{key_id}.x25519.pub", key.public_key().public_bytes_raw(),
+                 mode=0o644)
+    return key_id
+
+
 def _keyed_files(directory: Path, prefix: str, suffix: str, what: str) -> dict[str, Path]:
     """``key_id -> path`` of the files ``<prefix><key_id><suffix>`` in ``directory``, sorted by id."""
     if not directory.is_dir():
@@ -94,6 +113,12 @@ def _keyed_files(directory: Path, prefix: str, suffix: str, what: str) -> dict[s
     return dict(sorted(found.items()))
 
 
+def _newest(files: dict[str, Path]) -> tuple[str, Path]:
+    """The newest key: latest creation date in its id, then (two keys of one day, whose random parts sort in
+    no particular order) the file written last, then the id."""
+    return max(files.items(), key=lambda item: (item[0][:8], item[1].stat().st_mtime_ns, item[0]))
+
+
 def load_analyzer_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
     """Every analyzer private key by id, so blobs sealed to a retired key still open during rotation."""
     files = _keyed_files(Path(keys_dir) / "analyzer", "", ".x25519", "analyzer private")
@@ -103,14 +128,27 @@ def load_analyzer_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
 def load_analyzer_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
     """The newest analyzer public key (what encoders seal to) and its id, read from ``public/``."""
     files = _keyed_files(Path(keys_dir) / "public", "analyzer-", ".x25519.pub", "analyzer public")
-    key_id, path = next(reversed(files.items()))
+    key_id, path = _newest(files)
+    return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
+
+
+def load_shuffler_sealing_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
+    """Every shuffler sealing private key by id: envelopes sealed to a retired key still open."""
+    files = _keyed_files(Path(keys_dir) / "shuffler", "", ".x25519", "shuffler sealing")
+    return {key_id: X25519PrivateKey.from_private_bytes(read_key_file(path)) for key_id, path in files.items()}
+
+
+def load_shuffler_sealing_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
+    """The newest shuffler sealing public key (what devices seal their message sets to) and its id."""
+    files = _keyed_files(Path(keys_dir) / "public", "shuffler-", ".x25519.pub", "shuffler sealing public")
+    key_id, path = _newest(files)
     return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
 
 
 def load_shuffler_signer(keys_dir: Path) -> tuple[str, Ed25519PrivateKey]:
     """The newest shuffler signing key and its id."""
     files = _keyed_files(Path(keys_dir) / "shuffler", "", ".ed25519", "shuffler signing")
-    key_id, path = next(reversed(files.items()))
+    key_id, path = _newest(files)
     return key_id, Ed25519PrivateKey.from_private_bytes(read_key_file(path))
 
 
@@ -143,7 +181,8 @@ def load_or_create_secret(path: Path) -> bytes:
 
 
 def init_keys(keys_dir: Path) -> dict[str, object]:
-    """Create whatever is missing (one analyzer key, one shuffler key, PRF keys, fleet key, empty registry).
+    """Create whatever is missing (one analyzer key, one shuffler signing and one sealing key, PRF keys, fleet
+    key, empty registry).
 
     Idempotent: existing keys are kept. Returns the current analyzer and shuffler key ids and the paths
     created by this call.
@@ -162,6 +201,8 @@ def init_keys(keys_dir: Path) -> dict[str, object]:
         created.append(f"analyzer/{generate_analyzer_key(keys_dir)}.x25519")
     if not has("shuffler", ".ed25519"):
         created.append(f"shuffler/{generate_shuffler_key(keys_dir)}.ed25519")
+    if not has("shuffler", ".x25519"):
+        created.append(f"shuffler/{generate_shuffler_sealing_key(keys_dir)}.x25519")
     for rel in ("shuffler/prf.key", "encoder/prf.key", "encoder/fleet.key"):
         existed = (keys_dir / rel).exists()
         load_or_create_secret(keys_dir / rel)
@@ -173,4 +214,6 @@ def init_keys(keys_dir: Path) -> dict[str, object]:
         created.append("registry/devices.parquet")
     analyzer_id, _ = load_analyzer_public(keys_dir)
     shuffler_id, _ = load_shuffler_signer(keys_dir)
-    return {"analyzer_key_id": analyzer_id, "shuffler_key_id": shuffler_id, "created": created}
+    sealing_id, _ = load_shuffler_sealing_public(keys_dir)
+    return {"analyzer_key_id": analyzer_id, "shuffler_key_id": shuffler_id, "shuffler_sealing_key_id": sealing_id,
+            "created": created}

@@ -1,0 +1,86 @@
+"""The shuffler publishes each release in one Kafka transaction under its stream's transactional id.
+
+Issue 26, finding 5 (and issue 21's transactional release publishing), on the real broker: a release whose
+write fails half-way is invisible to the project's readers (read committed), and a second shuffler on the same
+stream fences the first before it can publish again (a zombie cannot add a second release of a window).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines import shuffle as shuffle_job
+from pipelines.broker import LocalBroker
+from pipelines.job import JobConfig
+from pipelines.release_files import FRAME, iter_batches
+from pipelines.release_publish import ShufflerFencedError, TransactionalPublisher, forget_publishers
+from pipelines.shuffle import publish
+from transforms.kafkaio import ensure_topics, read_topic
+
+pytestmark = pytest.mark.slow
+
+
+def release_file(path: Path, batches: list[bytes], truncated: bool = False) -> Path:
+    """A release file of ``batches``; ``truncated``: its last frame cut short (a damaged or failing read)."""
+    data = b"".join(FRAME.pack(len(b)) + b for b in batches)
+    path.write_bytes(data[:-3] if truncated else data)
+    return path
+
+
+def in_log(bootstrap: str, topic: str) -> list[bytes]:
+    """Every record in the log, uncommitted and aborted ones included (isolation.level=read_uncommitted)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "esa-uncommitted-probe",
+                       "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+    try:
+        reader.assign([TopicPartition(topic, 0, 0)])
+        return [m.value() for m in reader.consume(100, timeout=0.5) if m.error() is None]
+    finally:
+        reader.close()
+
+
+def test_a_release_that_fails_half_way_is_invisible_to_readers(broker: LocalBroker, topic_name: str,
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    ensure_topics(broker.bootstrap, [topic_name])
+    config = JobConfig(bootstrap=broker.bootstrap, specs=(), out_dir=tmp_path, shuffled_topic=topic_name)
+    broken = release_file(tmp_path / "broken", [b"batch-0", b"batch-1", b"batch-2"], truncated=True)
+
+    def slow_batches(path: Path):  # the release file read: two batches, then (once both are in the log, as
+        for i, batch in enumerate(iter_batches(path)):  # uncommitted records) the damaged frame
+            yield batch
+            if i == 1:
+                deadline = time.monotonic() + 20
+                while len(in_log(broker.bootstrap, topic_name)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+    monkeypatch.setattr(shuffle_job, "iter_batches", slow_batches)
+    try:
+        with pytest.raises(ValueError, match="ends inside a batch"):
+            publish(config, "r1", broken)  # batches 0 and 1 were produced before the read failed
+        assert in_log(broker.bootstrap, topic_name) == [b"batch-0", b"batch-1"]  # written, then aborted:
+        assert read_topic(broker.bootstrap, topic_name) == []  # nothing of it is visible to the project's readers
+        whole = release_file(tmp_path / "whole", [b"batch-0", b"batch-1", b"batch-2"])
+        assert publish(config, "r1", whole) == 3
+        assert [(r.key, r.value) for r in read_topic(broker.bootstrap, topic_name)] == [
+            (b"r1:0", b"batch-0"), (b"r1:1", b"batch-1"), (b"r1:2", b"batch-2")]
+    finally:
+        forget_publishers()
+
+
+def test_a_second_shuffler_on_the_stream_fences_the_first(broker: LocalBroker, topic_name: str) -> None:
+    ensure_topics(broker.bootstrap, [topic_name])
+    first = TransactionalPublisher(broker.bootstrap, topic_name)
+    assert first.publish([(b"w1:0", b"first's release of w1")]) == 1
+    second = TransactionalPublisher(broker.bootstrap, topic_name)  # other keys, other state: same stream id
+    with pytest.raises(ShufflerFencedError, match="fenced"):
+        first.publish([(b"w2:0", b"the zombie's release of w2")])
+    with pytest.raises(ShufflerFencedError):  # and it stays fenced
+        first.publish([(b"w2:0", b"again")])
+    assert second.publish([(b"w2:0", b"second's release of w2")]) == 1
+    assert [r.value for r in read_topic(broker.bootstrap, topic_name)] == [b"first's release of w1",
+                                                                            b"second's release of w2"]
