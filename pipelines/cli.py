@@ -257,11 +257,14 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.demo.run import progress_printer
     from pipelines.demo.simulate import produce_population
     from pipelines.options import load_kafka_config
+    from pipelines.preflight import existing_topics
     from pipelines.query import parse_time_ms
     from transforms.spec import load_spec
 
     kafka_config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
     spec = load_spec(args.spec)
+    # the broker answers, or one line and exit 4 before any key or topic is made
+    existing_topics(args.bootstrap, client=args.kafka_client, kafka_config=kafka_config)
     start_ms = None if args.start_time is None else parse_time_ms(args.start_time, "--start_time")
     population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
                             windows=args.windows, start_ms=start_ms, seed=args.seed)

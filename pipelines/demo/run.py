@@ -37,6 +37,7 @@ from pipelines.examples import EXAMPLES_DIR
 from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, default_keys_dir, default_state_dir
 from pipelines.paths import OutputLocation, output_location
+from pipelines.preflight import existing_topics
 from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.mechanisms.base import Mechanism
 from transforms.spec import AnalysisSpec, SpecError, load_spec
@@ -290,6 +291,8 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     run_id = secrets.token_hex(4)
     raw_topic, reports_topic = f"telemetry-{run_id}", f"reports-{run_id}"
     population = synthesize(spec, clients, distribution=distribution, zipf_s=zipf_s, seed=seed)
+    if bootstrap is not None:  # the broker answers, or one line and exit 4 before keys or topics are made
+        existing_topics(bootstrap, client=kafka_client, kafka_config=kafka_config)
     with LocalBroker() if bootstrap is None else _External(bootstrap) as broker:
         print(f"broker on {broker.bootstrap}; producing {clients:,} clients of {spec.spec_id}", file=sys.stderr)
         t0 = time.perf_counter()

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pipelines.demo.population import Population, avro_value
-from pipelines.preflight import existing_topics
 from schemas import SCHEMA_VERSION, encode_record
 from transforms.event_values import client_inputs, event_value
 from transforms.kafka_config import DEFAULT_CLIENT
@@ -125,7 +124,6 @@ def produce_population(bootstrap: str, spec: AnalysisSpec, population: Populatio
     ``client_config``: settings (kafka-python names, as ``--kafka_config`` holds them: TLS, SASL) for the
     admin client and every producer, so a secured broker takes the simulation as it takes the jobs."""
     config = dict(client_config or {})
-    existing_topics(bootstrap, client=client, kafka_config=config)  # unreachable: one line and exit 4, not a trace
     ensure_topics(bootstrap, [raw_topic, reports_topic], partitions=partitions, client_config=config, client=client)
     n = produce_records(bootstrap, raw_topic, telemetry_messages(spec, population), producer_config=config,
                         client=client, progress=(lambda done: progress(done, len(population))) if progress else None)
