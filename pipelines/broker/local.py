@@ -52,6 +52,14 @@ def port_free(port: int) -> bool:
     return True
 
 
+def _terminate_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the process that started it dies."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _cluster_id() -> str:
     """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's `Uuid` text form)."""
     while True:
@@ -178,9 +186,10 @@ class LocalBroker:
                "-cp", classpath, "kafka.Kafka", str(config)]
         self._logfile = self.log_path.open("ab") if self.log_path else None
         _log.debug("starting %s", " ".join(cmd))
-        # Own session: a Ctrl-C in the terminal reaches only us, and we stop the broker in order.
+        # Own session: a Ctrl-C in the terminal reaches only us, and we stop the broker in order. If we die
+        # without stopping it (SIGKILL, a SIGTERM that skips atexit), the kernel sends it SIGTERM: no JVM is left.
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._logfile, stderr=subprocess.STDOUT,
-                                      cwd=self.dir, start_new_session=True)
+                                      cwd=self.dir, start_new_session=True, preexec_fn=_terminate_with_parent)
 
     def _format(self, classpath: str, config: Path) -> None:
         assert self._java is not None

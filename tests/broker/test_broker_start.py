@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,23 @@ def test_later_starts_do_not_fetch(broker: LocalBroker, tmp_path: Path, monkeypa
     monkeypatch.setenv("PATH", _path_without("mvn", tmp_path=tmp_path))
     with LocalBroker() as local, socket.create_connection(("127.0.0.1", local.port), timeout=5):
         assert local.running
+
+
+def test_the_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A demo or test killed with SIGKILL (no atexit, no finally) leaves no Kafka JVM behind."""
+    code = ("import sys; from pipelines.broker import LocalBroker; b = LocalBroker().start(); "
+            "print(b.pid, flush=True); sys.stdin.read()")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    broker_pid = int(parent.stdout.readline())
+    os.kill(parent.pid, 9)
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(broker_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(broker_pid, 9)
+    pytest.fail("the broker outlived the process that started it")
