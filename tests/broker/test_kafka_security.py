@@ -5,7 +5,8 @@ A broker with only a SASL_SSL listener and ``allow.everyone.if.no.acl.found=fals
 the shuffler, the analyzer) on both Kafka clients, and every refusal an operator can meet is one line and
 exit 4: a principal reading a topic its domain must not read, a wrong password, a client that does not
 trust the broker's CA, plaintext on the TLS port. A device writing the shuffled topic is refused by the
-broker with a write error naming the authorization failure.
+broker with a write error naming the authorization failure, and so is a device writing the raw topic (which
+only the edge collector may write: an event there is signed by the edge encoder in any enrolled device's name).
 """
 
 from __future__ import annotations
@@ -143,11 +144,14 @@ def test_plaintext_to_the_tls_port_is_refused(secured: Secured, refusals: Chain)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_device_cannot_write_the_shuffled_topic(secured: Secured, refusals: Chain, client: str) -> None:
+def test_a_device_cannot_write_the_shuffled_or_the_raw_topic(secured: Secured, refusals: Chain, client: str) -> None:
     device = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
               "sasl_plain_username": "device", "sasl_plain_password": secured.passwords["device"],
               "ssl_cafile": str(secured.broker.security.truststore_pem)}
     produce_records(refusals.bootstrap, refusals.reports, [b"a report"], producer_config=device, client=client)
     with pytest.raises(KafkaWriteError, match=r"(?i)authoriz"):
         produce_records(refusals.bootstrap, refusals.shuffled, [b"forged release"], producer_config=device,
+                        client=client)
+    with pytest.raises(KafkaWriteError, match=r"(?i)authoriz"):  # the raw topic is edge-only: no impersonation
+        produce_records(refusals.bootstrap, refusals.raw, [b"an event in a victim's name"], producer_config=device,
                         client=client)
