@@ -29,7 +29,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from pipelines.exit_codes import JobUsageError
+from pipelines.exit_codes import JobUsageError, KafkaUnavailableError
 from pipelines.options import (
     EsaKafkaOptions,
     EsaOptions,
@@ -37,7 +37,7 @@ from pipelines.options import (
     load_kafka_config,
     local_runner_requested,
 )
-from pipelines.preflight import domain_dead_letter_topic, publishable, require_topics
+from pipelines.preflight import domain_dead_letter_topic, existing_topics, publishable, require_topics
 from pipelines.runners import prepare_runner
 from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import (
@@ -522,7 +522,16 @@ def require_outputs(config: JobConfig, stage: str, topics: Sequence[str | None])
     if not wanted:
         return
     if config.create_topics:
-        ensure_topics(config.bootstrap, wanted, partitions=3, client_config=config.kafka_config,
-                      client=config.kafka_client)
+        # Only the missing ones: a principal with ACLs may write a topic but not create it (CreateTopics is
+        # refused for an existing topic too), and a deployment creates its topics beforehand.
+        have = existing_topics(config.bootstrap, client=config.kafka_client, kafka_config=config.kafka_config)
+        missing = [t for t in wanted if t not in have]
+        if missing:
+            try:
+                ensure_topics(config.bootstrap, missing, partitions=3, client_config=config.kafka_config,
+                              client=config.kafka_client)
+            except RuntimeError as err:
+                raise KafkaUnavailableError(f"--create_topics: cannot create {', '.join(missing)} on "
+                                            f"{config.bootstrap}: {err}") from None
     else:
         require_topics(config.bootstrap, wanted, client=config.kafka_client, kafka_config=config.kafka_config)
