@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -131,17 +132,22 @@ def _confluent_lister(bootstrap: str, config: dict[str, Any], timeout_s: float) 
             admin = AdminClient({**settings, "error_cb": causes.append})
         except KafkaException as err:  # librdkafka checks every value here: the message names the property
             raise ConfigError(f"--kafka_config: {_reason(err)}") from None
-        try:
-            return list(admin.list_topics(timeout=timeout_s).topics)
-        except KafkaException as err:
-            code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
-            if code == KafkaError._INVALID_ARG:
-                raise ConfigError(f"--kafka_config: {_reason(err)}") from None
-            admin.poll(0)  # serves the error callback
-            telling = [c for c in causes if c.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
-            reason = telling[0].str() if telling else _reason(err)
-            raise KafkaUnavailableError(f"cannot reach Kafka at {bootstrap} (confluent, security.protocol "
-                                        f"{settings.get('security.protocol', 'plaintext')}): {reason}") from None
+        deadline = time.monotonic() + timeout_s
+        while True:  # short asks, so that a refused connection or handshake ends the wait at once
+            try:
+                return list(admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic()))).topics)
+            except KafkaException as err:
+                code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
+                if code == KafkaError._INVALID_ARG:
+                    raise ConfigError(f"--kafka_config: {_reason(err)}") from None
+                admin.poll(0)  # serves the error callback
+                telling = [c for c in causes if c.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL)]
+                down = any(c.code() == KafkaError._ALL_BROKERS_DOWN for c in causes)
+                if telling or down or time.monotonic() >= deadline:
+                    reason = telling[0].str() if telling else _reason(err)
+                    raise KafkaUnavailableError(
+                        f"cannot reach Kafka at {bootstrap} (confluent, security.protocol "
+                        f"{settings.get('security.protocol', 'plaintext')}): {reason}") from None
 
     return names
 
