@@ -18,6 +18,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pipelines.broker.jars import cache_root
+
 FETCH_TIMEOUT_S = 900  # a 300 MB wheel or a Go build on a slow machine
 
 
@@ -26,11 +28,8 @@ class ArtifactUnavailableError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """``$ESA_CACHE_DIR``, else ``$XDG_CACHE_HOME/esa-telemetry``, else ``~/.cache/esa-telemetry`` (the broker's
-    jar cache, ``pipelines.broker.jars``, is the same directory)."""
-    if os.environ.get("ESA_CACHE_DIR"):
-        return Path(os.environ["ESA_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "esa-telemetry"
+    """The broker's cache directory (`pipelines.broker.jars.cache_root`): one place for every fetched artifact."""
+    return cache_root()
 
 
 def _last_error(output: str) -> str:

@@ -365,8 +365,8 @@ def nothing_to_do(run: BoundedRun, windowed: bool) -> bool:
     if (windowed and c.drain) or any(r.stop > state.processed_until.get(f"{r.topic}/{r.partition}", 0)
                                      for r in run.plan):
         return False
-    if not windowed:
-        return True
+    if not windowed:  # what it holds (batches waiting for the rest of their release, or for their shuffler
+        return all(r.start >= r.stop for r in run.plan)  # key to be distributed) is retried every run
     ooo, idle = c.out_of_orderness_seconds * 1000, c.idle_timeout_seconds * 1000
     before = state.watermark_ms(max(state.last_data_wall_ms.values(), default=0), ooo, idle)
     now = state.watermark_ms(run.now_ms, ooo, idle)

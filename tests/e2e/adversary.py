@@ -49,7 +49,9 @@ def histogram_spec(name: str, *, d: int = 8, crowd: str | None = None, min_clien
     """A small GRR histogram with hourly windows (optionally split into crowds by ``crowd``)."""
     crowd_table: dict[str, Any] = {"epsilon": 1.0, "delta": 1e-6, "min_clients": min_clients}
     if crowd:
-        crowd_table["partition"] = crowd
+        # a partition charges the crowd count for a year of hourly windows; 30 (the most a spec allows) keeps
+        # its threshold near 195 deletions (sigma ~31), so a test's honest crowd of a few hundred releases
+        crowd_table.update(partition=crowd, epsilon_year=30.0)
     return spec_from_dict({"analysis": {"name": name, "metric": name}, "domain": {"size": d},
                            "mechanism": {"name": "grr", "epsilon": 2.0}, "window": {"size_seconds": 3600},
                            "crowd": crowd_table}, source="test")

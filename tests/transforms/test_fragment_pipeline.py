@@ -41,7 +41,9 @@ from transforms.trust.release import release_id_of
 WINDOW_S = 3600
 T0 = NOW_MS - 5 * WINDOW_S * 1000  # a recent window: ingress refuses event times older than max_age
 D = 12
-CROWDS = {"v1": 400, "v2": 250}
+# A partition charges the crowd count, sized for a year of hourly windows: epsilon_year = 30 (the most a spec
+# allows) keeps the threshold at ~195 deletions (sigma ~31), so both crowds release.
+CROWDS = {"v1": 600, "v2": 450}
 
 
 def fragment_spec() -> AnalysisSpec:
@@ -50,7 +52,7 @@ def fragment_spec() -> AnalysisSpec:
         "domain": {"size": D},
         "mechanism": {"name": "rappor", "epsilon": 3.0},
         "window": {"size_seconds": WINDOW_S, "allowed_lateness_seconds": 0},
-        "crowd": {"epsilon": 1.0, "delta": 1e-6, "subkeys": 4, "partition": "app_version"},
+        "crowd": {"epsilon": 1.0, "delta": 1e-6, "subkeys": 4, "partition": "app_version", "epsilon_year": 30.0},
     })
 
 
@@ -122,7 +124,8 @@ def test_each_crowd_is_released_and_estimated_on_its_own(fragment_run: FragmentR
         mine = sorted((r for r in rows if r["crowd_id"] == crowd), key=lambda r: r["item_index"])
         assert len(mine) == D
         n_clients = mine[0]["n_clients"]
-        assert n - 60 < n_clients < n  # the threshold deletes about T = 29 clients (30 +- 25, see shuffle tests)
+        sigma, threshold = fragment_run.spec.crowd.count_design(WINDOW_S)
+        assert abs(n - n_clients - threshold) < 5 * sigma  # the threshold deletes about T clients (T +- sigma)
         assert mine[0]["n_reports"] > n_clients  # markers + set bits
         est = np.array([r["estimate"] for r in mine])
         se = np.array([r["stderr"] for r in mine])
