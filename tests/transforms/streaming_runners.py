@@ -17,7 +17,10 @@ def streaming_runner(name: str) -> tuple[object, PipelineOptions]:
     else:
         from pipelines.runners import prism_binary
 
+        # A job server of this pipeline's own: Beam otherwise shares one Prism server per process, built from the
+        # options of whichever pipeline came first (in a whole suite, one without --prism_location: a download).
         runner, options = None, PipelineOptions(["--runner=PrismRunner", f"--prism_location={prism_binary()}",
-                                                 "--environment_type=LOOPBACK"])
+                                                 "--environment_type=LOOPBACK",
+                                                 "--experiments=disable_prism_server_singleton"])
     options.view_as(StandardOptions).streaming = True
     return runner, options
