@@ -121,7 +121,7 @@ def _create(path: str, barrier: mp.synchronize.Barrier, out: mp.Queue) -> None:
 
 
 def test_concurrent_creation_agrees_on_one_secret(tmp_path: Path) -> None:
-    ctx = mp.get_context("spawn" if os.name != "posix" else "fork")
+    ctx = mp.get_context("spawn")  # never fork: the test process may hold Beam's threads (a forked child can hang)
     for attempt in range(3):
         path = tmp_path / f"race{attempt}" / "prf.key"
         barrier, out = ctx.Barrier(4), ctx.Queue()
