@@ -81,7 +81,8 @@ def test_a_follow_job_is_observable_while_it_runs(broker, tmp_path) -> None:
                                 text=True, timeout=120)
         assert second.returncode == 5 and "holds" in second.stderr and "--follow" in second.stderr
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        out, rest = proc.communicate(timeout=60)  # communicate reads stderr too: keep what the reader missed
+        lines.append(rest)
     finally:
         if proc.poll() is None:
             proc.kill()
