@@ -22,7 +22,7 @@ class EsaKafkaOptions(PipelineOptions):
                             help="topic of signed message sets: written by devices (or `esa encode`), read by "
                                  "`esa shuffle`")
         parser.add_argument("--shuffled_topic", default="shuffled",
-                            help="topic of ShuffledReport records between the shuffle and analyze jobs")
+                            help="topic of signed release batches between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",
                             help="consumer group whose committed offsets bound the read")
         parser.add_argument("--dead_letter_topic", default="",

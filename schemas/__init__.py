@@ -26,7 +26,7 @@ from fastavro.validation import ValidationError, validate
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
 
-SCHEMA_NAMES = ("TelemetryEvent", "Report", "ShuffledReport", "Estimate", "DeadLetter", "MessageSet", "ReleaseBatch")
+SCHEMA_NAMES = ("TelemetryEvent", "Report", "Estimate", "DeadLetter", "MessageSet", "ReleaseBatch")
 _MAGIC = b"\xc3\x01"
 _HEADER_LEN = len(_MAGIC) + 8
 

@@ -1,8 +1,7 @@
-"""Analyze stage: shuffled batches -> Estimate rows with standard errors and a privacy ledger.
+"""Estimate rows of one opened release: per-item estimates with standard errors and a privacy ledger.
 
-One CombineFn per (window, spec, crowd) folds ``ShuffledBatch`` arrays into the mechanism's count
-accumulator (memory O(state), never O(n)); the finished accumulator is decoded once into per-item
-estimates (``transforms.readout`` names the items of each analysis kind), each row carrying the
+The analyzer folds a release's payload arrays into the mechanism's count accumulator (memory O(state),
+never O(n)); the finished accumulator is decoded once into per-item estimates (``transforms.readout`` names the items of each analysis kind), each row carrying the
 closed-form standard error, the raw unbiased estimate next to the post-processed one, the numbers of
 messages and clients released, the local epsilon and the central epsilon for exactly that many clients.
 Multi-message mechanisms are counted by their presence markers (``records.count_clients``).
@@ -17,26 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import apache_beam as beam
-from apache_beam.metrics import Metrics
-from apache_beam.pvalue import TaggedOutput
-from apache_beam.transforms import window
-from apache_beam.utils.timestamp import Timestamp
-
-from schemas import SCHEMA_VERSION, WireFormatError, decode_record
-from transforms.kafkaio import KafkaRecord
+from schemas import SCHEMA_VERSION
 from transforms.mechanisms.base import Accumulator, Mechanism
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.readout import readout, readout_parameters
-from transforms.records import ShuffledBatch, SourceRef, count_clients, dead_letter, payload_from_avro, rows_to_array
 from transforms.spec import AnalysisSpec
-
-NAMESPACE = "esa"
-DEAD = "dead_letters"
 
 
 @dataclass
@@ -50,40 +37,6 @@ class CrowdAccumulator:
     @property
     def n(self) -> int:
         return self.counts.n
-
-
-def _add_deleted(a: int | None, b: int | None) -> int | None:
-    return None if a is None or b is None else a + b
-
-
-class FrequencyCombineFn(beam.CombineFn):
-    """ShuffledBatch* -> CrowdAccumulator (count arrays), mergeable in any order."""
-
-    def __init__(self, mechanism: Mechanism):
-        self._mechanism = mechanism
-
-    def create_accumulator(self) -> CrowdAccumulator:
-        return CrowdAccumulator(self._mechanism.new_accumulator(), deleted=0)
-
-    def add_input(self, accumulator: CrowdAccumulator, batch: ShuffledBatch) -> CrowdAccumulator:
-        if len(batch.reports):
-            messages, clients = count_clients(self._mechanism, batch.reports)
-            accumulator.counts.add(messages, clients)
-            accumulator.messages += len(batch.reports)
-        accumulator.deleted = _add_deleted(accumulator.deleted, batch.deleted)
-        return accumulator
-
-    def merge_accumulators(self, accumulators: Iterable[CrowdAccumulator]) -> CrowdAccumulator:
-        it = iter(accumulators)
-        merged = next(it)
-        for other in it:
-            merged.counts.merge(other.counts)
-            merged.messages += other.messages
-            merged.deleted = _add_deleted(merged.deleted, other.deleted)
-        return merged
-
-    def extract_output(self, accumulator: CrowdAccumulator) -> CrowdAccumulator:
-        return accumulator
 
 
 def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1) -> float:
@@ -183,85 +136,3 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
     if extra:
         out["readout"] = extra
     return out
-
-
-class EstimateRowsFn(beam.DoFn):
-    """((spec_id, crowd), accumulator) -> Estimate records of that window."""
-
-    def __init__(self, spec: AnalysisSpec):
-        self._spec = spec
-        self._analyzed = Metrics.counter(NAMESPACE, "reports_analyzed")
-        self._windows = Metrics.counter(NAMESPACE, "windows_estimated")
-
-    def process(self, keyed: tuple[tuple[str, str | None], CrowdAccumulator],
-                win: window.BoundedWindow = beam.DoFn.WindowParam) -> Iterator[dict[str, Any]]:
-        (_, crowd), accumulator = keyed
-        if accumulator.n == 0:
-            return
-        self._analyzed.inc(accumulator.messages)
-        self._windows.inc()
-        yield from estimate_rows(self._spec, crowd, accumulator, win.start.micros // 1000,
-                                 win.end.micros // 1000)
-
-
-def _key_by_crowd(batch: ShuffledBatch, spec_id: str) -> tuple[tuple[str, str | None], ShuffledBatch]:
-    """Key a batch by its crowd, refusing batches of another spec (they would be decoded with wrong params)."""
-    if batch.spec_id != spec_id:
-        raise ValueError(f"a batch of spec {batch.spec_id} reached the analyzer of {spec_id}")
-    return (batch.spec_id, batch.crowd_id), batch
-
-
-class Analyze(beam.PTransform):
-    """ShuffledBatches of one spec -> Estimate records, per window and crowd."""
-
-    def __init__(self, spec: AnalysisSpec):
-        super().__init__()
-        self._spec = spec
-
-    def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        return (
-            batches
-            | "KeyByCrowd" >> beam.Map(_key_by_crowd, self._spec.spec_id)
-            | "Accumulate" >> beam.CombinePerKey(FrequencyCombineFn(self._spec.randomizer))
-            | "Estimates" >> beam.ParDo(EstimateRowsFn(self._spec))
-        )
-
-
-class DecodeShuffledFn(beam.DoFn):
-    """KafkaRecords of ShuffledReports -> one ShuffledBatch per (spec, crowd, window) of each input batch.
-
-    For the standalone analyze job, which reads what the shuffle job released. Each batch is stamped
-    just inside its window, so re-windowing puts it back in the crowd it was released from; a record of
-    an unknown spec, a window end that is not a window boundary of its spec, or a payload outside the
-    mechanism's domain is dead-lettered.
-    """
-
-    def __init__(self, specs: Sequence[AnalysisSpec]):
-        self._specs = {s.spec_id: s for s in specs}
-        self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
-
-    def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
-        groups: dict[tuple[str, str | None, int], list[tuple]] = {}
-        for record in element if isinstance(element, list) else [element]:
-            spec_id = None
-            try:
-                shuffled = decode_record("ShuffledReport", record.value)
-                spec_id, crowd, end = shuffled["spec_id"], shuffled.get("crowd_id"), shuffled["window_end"]
-                spec = self._specs.get(spec_id)
-                if spec is None:
-                    raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
-                if end % (spec.window_seconds * 1000):
-                    raise ValueError(f"window_end {end} is not the end of a {spec.window_seconds} s window")
-                if (crowd is None) != (spec.crowd.partition is None):
-                    raise ValueError(f"crowd_id {crowd!r} does not fit {spec.name}'s crowd partition "
-                                     f"{spec.crowd.partition!r}")
-                row = payload_from_avro(spec.randomizer, shuffled["payload"], shuffled["channel"])
-            except (WireFormatError, ValueError) as err:
-                self._dead.inc()
-                yield TaggedOutput(DEAD, dead_letter("analyze", str(err), original=record.value, spec_id=spec_id,
-                                                     source=SourceRef(record.topic, record.partition, record.offset)))
-                continue
-            groups.setdefault((spec_id, crowd, end), []).append(row)
-        for (spec_id, crowd, end), rows in groups.items():
-            batch = ShuffledBatch(spec_id, crowd, end, rows_to_array(self._specs[spec_id].randomizer, rows))
-            yield window.TimestampedValue(batch, Timestamp(micros=end * 1000 - 1))

@@ -36,7 +36,6 @@ from transforms.records import (
     array_to_rows,
     client_messages,
     dead_letter,
-    payload_from_avro,
 )
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 from transforms.state.dead_letters import bounded_letter
@@ -209,51 +208,3 @@ class EncodeEvents(beam.PTransform):
             )
         reports = batches | "Randomize" >> beam.ParDo(EncodeBatchFn(self._specs, self._keys))
         return reports, decoded[DEAD]
-
-
-class DecodeReportsFn(beam.DoFn):
-    """KafkaRecord of a device-encoded Report -> ReportElement, validating spec, version and domain."""
-
-    def __init__(self, specs: Sequence[AnalysisSpec]):
-        self._specs = {s.spec_id: s for s in specs}
-        self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
-        self._decoded = Metrics.counter(NAMESPACE, "reports_decoded")
-
-    def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
-        reports: list[ReportElement] = []
-        for record in element if isinstance(element, list) else [element]:
-            source = SourceRef(record.topic, record.partition, record.offset)
-            spec_id = None
-            try:
-                report = decode_record("Report", record.value)
-                spec_id = report["spec_id"]
-                spec = self._specs.get(spec_id)
-                if spec is None:
-                    raise ValueError(f"unknown spec_id {spec_id!r} (known: {', '.join(sorted(self._specs))})")
-                if not report["client_id"]:
-                    raise ValueError("report without client_id: the shuffler cannot authenticate it")
-                row = payload_from_avro(spec.randomizer, report["payload"], report["channel"])
-                crowd = crowd_of(spec, report.get("crowd_id"))
-            except (WireFormatError, ValueError) as err:
-                self._dead.inc()
-                yield TaggedOutput(DEAD, dead_letter("shuffle", str(err), original=record.value, source=source,
-                                                     spec_id=spec_id))
-                continue
-            reports.append(ReportElement(spec_id, report["channel"], report["client_id"], report["event_time"], row,
-                                         source, record.value, crowd))
-        self._decoded.inc(len(reports))
-        if reports:
-            yield reports
-
-
-class DecodeReports(beam.PTransform):
-    """KafkaRecords (single or batched lists) of Reports -> (lists of ReportElements, dead letters)."""
-
-    def __init__(self, specs: Sequence[AnalysisSpec]):
-        super().__init__()
-        self._specs = list(specs)
-
-    def expand(self, records: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
-        decoded = records | "DecodeReports" >> beam.ParDo(DecodeReportsFn(self._specs)).with_outputs(
-            DEAD, main="reports")
-        return decoded.reports, decoded[DEAD]

@@ -1,8 +1,8 @@
 """Elements that flow between the Beam stages, and conversions between Avro payloads and numpy rows.
 
 Inside a pipeline a report is a ``ReportElement`` until the shuffler has deduplicated and counted its
-client; from then on reports travel as ``ShuffledBatch`` elements: a numpy structured array of payloads
-with no client id, no Kafka coordinates and no exact time -- only the window end and the public crowd id.
+client; from then on reports travel as numpy structured arrays of payloads with no client id, no Kafka
+coordinates and no exact time -- only the window end and the public crowd id.
 
 Rows use the *wire dtype* of a mechanism: its report dtype, plus an int64 ``channel`` field for
 mechanisms whose clients send several messages (base.py). Such a client also sends one **presence
@@ -64,19 +64,6 @@ class ReportElement(NamedTuple):
     source: SourceRef | None = None
     original: bytes | None = None
     crowd_id: str | None = None
-
-
-class ShuffledBatch(NamedTuple):
-    """Released messages of one crowd, in random order: the only thing the analyzer ever sees.
-
-    ``reports`` has the mechanism's wire dtype (presence markers included for multi-message mechanisms).
-    """
-
-    spec_id: str
-    crowd_id: str | None
-    window_end_ms: int
-    reports: np.ndarray
-    deleted: int | None = None  # message sets the threshold deleted from this sub-crowd, if the spec publishes it
 
 
 def wire_dtype(mechanism: Mechanism) -> np.dtype:
@@ -272,14 +259,6 @@ def report_record(mechanism: Mechanism, report: ReportElement) -> dict[str, Any]
     return {"schema_version": SCHEMA_VERSION, "spec_id": report.spec_id, "crowd_id": report.crowd_id,
             "channel": row_channel(mechanism, report.payload), "client_id": report.client_id,
             "event_time": report.event_time_ms, "payload": payload_to_avro(mechanism, report.payload)}
-
-
-def shuffled_records(mechanism: Mechanism, batch: ShuffledBatch) -> list[dict[str, Any]]:
-    """ShuffledReport records of a released batch, in its (random) order: no client, no key, no time."""
-    common = {"schema_version": SCHEMA_VERSION, "spec_id": batch.spec_id, "crowd_id": batch.crowd_id,
-              "window_end": batch.window_end_ms}
-    return [{**common, "channel": row_channel(mechanism, row), "payload": payload_to_avro(mechanism, row)}
-            for row in array_to_rows(batch.reports)]
 
 
 def client_messages(mechanism: Mechanism, reports: np.ndarray, owner: np.ndarray,

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 from fastavro.schema import to_parsing_canonical_form
-from fastavro.validation import validate
 
 from schemas import (
     SCHEMA_NAMES,
@@ -48,11 +47,6 @@ def telemetry_event(value: Any, crowd_id: str | None = None) -> dict[str, Any]:
 def report(payload: Any, client_id: str | None = "client-7", crowd_id: str | None = None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "crowd_id": crowd_id,
             "channel": 0, "client_id": client_id, "event_time": 1_700_000_123_456, "payload": payload}
-
-
-def shuffled_report(payload: Any, crowd_id: str | None = None) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "spec_id": "app_language@0123456789ab", "crowd_id": crowd_id,
-            "channel": 2, "window_end": 1_700_002_800_000, "payload": payload}
 
 
 def estimate(n_deleted: int | None) -> dict[str, Any]:
@@ -116,10 +110,6 @@ ROUND_TRIPS: list[tuple[str, str, dict[str, Any]]] = [
     ("Report", "vector", report(VECTOR)),
     ("Report", "integers", report(INTEGERS)),
     ("TelemetryEvent", "crowd", telemetry_event("en", crowd_id="v1.2")),
-    ("ShuffledReport", "category", shuffled_report(CATEGORY)),
-    ("ShuffledReport", "bits", shuffled_report(BITS)),
-    ("ShuffledReport", "hashed", shuffled_report(HASHED)),
-    ("ShuffledReport", "mark-crowd", shuffled_report(MARK, crowd_id="v1.2")),
     ("Estimate", "n_deleted-null", estimate(None)),
     ("Estimate", "n_deleted-set", estimate(31)),
     ("DeadLetter", "minimal", dead_letter(False)),
@@ -251,7 +241,6 @@ def test_refuses_trailing_bytes(extra: bytes) -> None:
 
 
 @pytest.mark.parametrize(("writer", "record"), [("TelemetryEvent", telemetry_event("en")),
-                                                ("ShuffledReport", shuffled_report(CATEGORY)),
                                                 ("Estimate", estimate(None)),
                                                 ("DeadLetter", dead_letter(True))])
 def test_refuses_a_record_of_another_schema(writer: str, record: dict[str, Any]) -> None:
@@ -261,7 +250,7 @@ def test_refuses_a_record_of_another_schema(writer: str, record: dict[str, Any])
 
 def test_refuses_a_body_of_another_schema_behind_a_forged_header() -> None:
     body = encode_record("TelemetryEvent", telemetry_event("en"))[HEADER_LEN:]
-    for name in ("Report", "ShuffledReport", "Estimate", "DeadLetter"):
+    for name in ("Report", "Estimate", "DeadLetter"):
         reason_of(name, load_schema(name).header + body)
 
 
@@ -287,7 +276,6 @@ def test_refuses_an_unknown_schema_version(name: str, version: int) -> None:
     ("Report", report(CATEGORY), "spec_id"),
     ("Report", report(CATEGORY), "payload"),
     ("TelemetryEvent", telemetry_event("en"), "client_id"),
-    ("ShuffledReport", shuffled_report(HASHED), "window_end"),
     ("Estimate", estimate(None), "eps_central"),
     ("DeadLetter", dead_letter(False), "reason"),
 ])
@@ -301,27 +289,3 @@ def test_encode_refuses_a_record_missing_a_field(name: str, record: dict[str, An
 def test_encode_refuses_a_value_of_the_wrong_type() -> None:
     with pytest.raises(ValueError, match="schema Report"):
         encode_record("Report", {**report(CATEGORY), "channel": "zero"})
-
-
-# --- what the shuffler's output may carry ----------------------------------------------------------------------
-
-def field_names(name: str) -> set[str]:
-    return {f["name"] for f in load_schema(name).parsed["fields"]}
-
-
-def test_shuffled_report_has_no_identity_key_or_event_time() -> None:
-    assert field_names("ShuffledReport") == {"schema_version", "spec_id", "crowd_id", "channel", "window_end",
-                                             "payload"}
-    assert not field_names("ShuffledReport") & {"client_id", "key", "event_time", "timestamp", "offset",
-                                                 "partition", "topic"}
-
-
-def test_shuffled_report_carries_every_report_payload_kind() -> None:
-    def branches(name: str) -> list[str]:
-        (payload,) = [f for f in load_schema(name).parsed["fields"] if f["name"] == "payload"]
-        return [b["name"] for b in payload["type"]]
-
-    assert branches("ShuffledReport") == branches("Report")
-    for _, _, record in ROUND_TRIPS:
-        if "payload" in record:
-            validate(shuffled_report(record["payload"]), load_schema("ShuffledReport").parsed, raise_errors=True)
