@@ -1,10 +1,11 @@
 """Estimate rows of one opened release: per-item estimates with standard errors and a privacy ledger.
 
-The analyzer folds a release's payload arrays into the mechanism's count accumulator (memory O(state),
-never O(n)); the finished accumulator is decoded once into per-item estimates (``readout`` names the
-items of each analysis kind), each row carrying the closed-form standard error, the raw unbiased estimate next to the post-processed one, the numbers of
-messages and clients released, the local epsilon and the central epsilon for exactly that many clients.
-Multi-message mechanisms are counted by their presence markers (``records.count_clients``).
+The analyzer folds a release's payload arrays into the mechanism's count accumulator (memory O(state), never
+O(n)); the finished accumulator is decoded once into per-item estimates (``readout`` names the items of each
+analysis kind), each row carrying the closed-form standard error, the raw unbiased estimate next to the post-
+processed one, the numbers of messages and clients released, the local epsilon and the central epsilon for
+exactly that many clients. Multi-message mechanisms are counted by their presence markers
+(``records.count_clients``).
 
 The analyzer does not learn how many reports the shuffler deleted: ``n_deleted`` is null, because
 publishing it next to ``n_reports`` would reveal the exact crowd size that the randomized deletion hides
