@@ -10,7 +10,7 @@ epsilon, prints:
 * ``B/cl pay``: Avro content bytes per client: the channel varint, the payload's union branch and record
   (what varies between messages; a "mark" message is all channel), measured on real messages;
 * ``B/cl avro``: bytes per client on the wire, each message a single-object Avro ``Report``
-  (``schemas.encode_record("Report", transforms.records.report_record(...))``) with a 36-character client
+  (``schemas.encode_record("Report", transforms.wire.avro_payload.report_record(...))``) with a 36-character client
   id, an 18-character spec id and no crowd, presence marker included. The fixed envelope of one message is
   printed first: it dominates whenever a client sends many small messages.
 
@@ -44,14 +44,9 @@ from transforms.mechanisms.heavy_hitters.prefix_tree import PrefixHeavyHitters, 
 from transforms.mechanisms.multimessage.protocols import CountMinMultiRR, MultiMessageHadamard
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.ranges.dyadic import DyadicRange
-from transforms.records import (
-    PRESENCE,
-    ReportElement,
-    array_to_rows,
-    client_messages,
-    presence_row,
-    report_record,
-)
+from transforms.wire.avro_payload import report_record
+from transforms.wire.elements import ReportElement
+from transforms.wire.rows import PRESENCE, array_to_rows, client_messages, presence_row
 
 DELTA = 1e-6
 SPEC_ID = "bench@0123456789ab"  # name@ + 12 hex digits, as transforms.spec makes them

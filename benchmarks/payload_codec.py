@@ -29,20 +29,15 @@ import numpy as np
 
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
-from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
 from transforms.mechanisms.randomness import seeded_rng
-from transforms.payload_batch import decode_payload_array, domain_problems
-from transforms.payload_codec import encode_payloads
-from transforms.records import (
-    array_to_rows,
-    client_messages,
-    decode_payload,
-    encode_payload,
-    row_channel,
-    rows_to_array,
-)
 from transforms.spec import AnalysisSpec, load_spec, spec_from_dict
+from transforms.wire.avro_payload import decode_payload, encode_payload
+from transforms.wire.domain import domain_problems
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.payload_batch import decode_payload_array
+from transforms.wire.payload_codec import encode_payloads
+from transforms.wire.rows import array_to_rows, client_messages, row_channel, rows_to_array
 
 CASES = {"olh": "app_language", "grr": "app_language", "rappor": "grid", "mm_hadamard": "app_language_multimessage"}
 

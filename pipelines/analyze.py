@@ -42,15 +42,7 @@ from pipelines.job import (
 )
 from schemas import encode_record
 from transforms.analyze import estimate_rows
-from transforms.analyze_release import (
-    DEAD,
-    HELD,
-    AssembleReleaseFn,
-    DecodeReleaseFn,
-    OpenBatchFn,
-    OpenedRelease,
-    prior_runs,
-)
+from transforms.analyze_release import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenBatchFn, OpenedRelease
 from transforms.estimate_columns import neighbouring_notion
 from transforms.kafkaio import produce_records
 from transforms.privacy_ledger import Odometers, accounting_of, metric_of, with_cumulative_epsilon
@@ -59,6 +51,7 @@ from transforms.staging import StageFn, load_staged
 from transforms.state.estimates_store import write_release_estimates
 from transforms.state.files import atomic_write_json
 from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger
+from transforms.state.prior_runs import prior_runs
 
 LOG = logging.getLogger(__name__)
 STAGE = "analyze"

@@ -43,7 +43,6 @@ from pipelines.job import (
 )
 from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
 from pipelines.release_publish import publisher_for
-from transforms.analyze_release import prior_runs
 from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
 from transforms.shuffle import PartHeader, ReleasePart, ScaleOut, Shuffle, WindowClock, part_header
 from transforms.sinks import StageAvroRecords
@@ -57,6 +56,7 @@ from transforms.staging import (
     stable_name,
 )
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
+from transforms.state.prior_runs import prior_runs
 from transforms.state.verified_sets import VerifiedSets
 
 LOG = logging.getLogger(__name__)

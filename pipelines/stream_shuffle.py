@@ -54,11 +54,11 @@ from pipelines.preflight import require_topics
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle import STAGE, republish_unpublished, shuffler_prf_key
-from transforms.analyze_release import prior_runs
 from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.staging import is_url, join, write_staged
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger
+from transforms.state.prior_runs import prior_runs
 from transforms.state.run_state import RunState
 from transforms.state.verified_sets import VerifiedSets
 from transforms.stream_windows import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy

@@ -119,8 +119,9 @@ def avro_file_schema(name: str) -> Any:
 
 
 def zigzag_varint(value: int) -> bytes:
-    """Avro's encoding of an int or long: zig-zag, then 7 bits a byte, low bits first (for hand-written layouts
-    that must match fastavro byte for byte: ``transforms.payload_codec``, ``transforms.trust.message_set_writer``)."""
+    """Avro's encoding of an int or long: zig-zag, then 7 bits a byte, low bits first (for hand-written
+    layouts that must match fastavro byte for byte: ``transforms.wire.payload_codec``,
+    ``transforms.trust.message_set_writer``)."""
     u = (value << 1) ^ (value >> 63)
     out = bytearray()
     while u >= 0x80:

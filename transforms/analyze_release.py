@@ -15,7 +15,7 @@ domain; a message that fails is dead-lettered on its own (counts only: no bytes 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,11 +24,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
 from transforms.analyze import CrowdAccumulator
-from transforms.ingress import PriorRuns, partition_key
+from transforms.dead_letters import dead_letter
 from transforms.kafkaio import KafkaRecord
-from transforms.payload_batch import decode_payload_array
-from transforms.records import SourceRef, count_clients, dead_letter
 from transforms.spec import AnalysisSpec
+from transforms.state.prior_runs import PriorRuns, partition_key
+from transforms.wire.elements import SourceRef
+from transforms.wire.payload_batch import decode_payload_array
+from transforms.wire.rows import count_clients
 
 LOG = logging.getLogger(__name__)
 NAMESPACE = "esa"
@@ -216,7 +218,7 @@ class OpenBatchFn(beam.DoFn):
 
 def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads: int) -> OpenedBatch:
     """Open every message of one batch (its X25519 work on ``threads``), decode the payloads and check their
-    domain over the whole batch at once (``transforms.payload_batch``), and fold the usable ones into counts.
+    domain over the whole batch at once (``transforms.wire.payload_batch``), and fold the usable ones into counts.
     A message that fails is counted with its reason, on its own."""
     from transforms.trust.sealing import associated_data, open_many
 
@@ -352,24 +354,3 @@ class AssembleReleaseFn(beam.DoFn):
 def _header(batch: Any) -> tuple:
     return (batch.release_id, batch.spec_id, batch.crowd_id, batch.window_end_ms, batch.batch_count, batch.n_sets,
             batch.n_messages, batch.deleted)
-
-
-def released_lookup(entries: Iterable[Any]) -> Mapping[tuple[str, str | None, int], Mapping[str, int]]:
-    """Ledger entries -> the (spec, crowd, window) -> source ends map the ingress steps consult."""
-    return {(e.key.spec_id, e.key.crowd_id, e.key.window_end_ms): dict(e.source_ends) for e in entries}
-
-
-def prior_runs(state: Any, entries: Iterable[Any], run_key: str) -> PriorRuns:
-    """What the ingress steps must know of earlier runs (``state``: the job's saved RunState).
-
-    An entry sealed under this ``run_key`` *after* the state was last saved is a crashed attempt of this
-    very run (same input range, state never saved): its window is redone rather than skipped as re-read,
-    so the rerun reproduces the identical release, publishes it if need be and counts its records once.
-    """
-    entries = list(entries)
-    redo = frozenset((e.key.spec_id, e.key.crowd_id, e.key.window_end_ms) for e in entries
-                     if e.run_key == run_key and e.sealed_at_ms >= state.updated_at_ms)
-    clocks = {pkey: tuple((int(end), int(clock)) for end, clock in entries_)
-              for pkey, entries_ in getattr(state, "read_clock", {}).items()}
-    return PriorRuns(processed_until=dict(state.processed_until), released=released_lookup(entries), redo=redo,
-                     read_clock=clocks)

@@ -24,21 +24,17 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
 from schemas import WireFormatError, decode_record
+from transforms.dead_letters import dead_letter
 from transforms.device.backstop import is_memoizing, prf_backstops
 from transforms.encoder_keys import EncoderKeys
-from transforms.event_values import client_inputs, event_value
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import encode_messages
 from transforms.mechanisms.randomness import KeyedRandom, element_id, topic_hash
-from transforms.records import (
-    ReportElement,
-    SourceRef,
-    array_to_rows,
-    client_messages,
-    dead_letter,
-)
-from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
+from transforms.spec import AnalysisSpec
 from transforms.state.dead_letters import bounded_letter
+from transforms.wire.elements import ReportElement, SourceRef
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.rows import array_to_rows, client_messages
 
 LOG = logging.getLogger(__name__)
 DEAD = "dead_letters"
@@ -70,21 +66,6 @@ def specs_by_metric(specs: Sequence[AnalysisSpec]) -> dict[str, AnalysisSpec]:
     return out
 
 
-def crowd_of(spec: AnalysisSpec, crowd_id: str | None) -> str | None:
-    """The crowd a record belongs to: its crowd id if the spec partitions crowds, else None (one crowd).
-
-    A crowd id the spec does not ask for is dropped rather than passed on: an attribute the spec does not
-    name must not reach the shuffler's output.
-    """
-    if spec.crowd.partition is None:
-        return None
-    if not crowd_id:
-        raise ValueError(f"no crowd_id: {spec.name} splits crowds by {spec.crowd.partition}")
-    if len(crowd_id) > MAX_CROWD_ID_LENGTH:
-        raise ValueError(f"crowd_id of {len(crowd_id)} characters (at most {MAX_CROWD_ID_LENGTH})")
-    return crowd_id
-
-
 class DecodeEventsFn(beam.DoFn):
     """KafkaRecord -> EventElement; anything unusable goes to the dead-letter output with the reason."""
 
@@ -111,7 +92,7 @@ class DecodeEventsFn(beam.DoFn):
                 if not 0 <= event["event_time"] < MAX_EVENT_TIME_MS:
                     raise ValueError("event_time out of range [0, 2^53) ms")
                 value = event_value(spec, event["value"])
-                crowd = crowd_of(spec, event.get("crowd_id"))
+                crowd = spec.crowd_of(event.get("crowd_id"))
             except (WireFormatError, ValueError) as err:
                 self._dead.inc()
                 yield TaggedOutput(DEAD, bounded_letter(dead_letter("decode", str(err), original=record.value,

@@ -31,8 +31,8 @@ import os
 import pickle
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -43,20 +43,20 @@ from apache_beam.transforms.window import GlobalWindows
 
 from schemas import WireFormatError
 from transforms.dead_letters import record_dead_letter
-from transforms.encode import crowd_of
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import channel_count, is_single_message
 from transforms.packed_sets import PackedSets
 from transforms.parallel import map_ordered
-from transforms.records import PRESENCE, SourceRef
 from transforms.spec import AnalysisSpec
 from transforms.spill import SpillBuffer
 from transforms.staging import Location
-from transforms.state.verified_sets import VerifiedSets
+from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
 from transforms.trust.keys import load_shuffler_sealing_private
 from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
+from transforms.wire.elements import SourceRef
+from transforms.wire.rows import PRESENCE
 from transforms.worker_gc import tune_worker_gc
 
 LOG = logging.getLogger(__name__)
@@ -81,33 +81,6 @@ class SetElement(NamedTuple):
 
 
 @dataclass(frozen=True)
-class PriorRuns:
-    """What earlier runs decided, passed to the workers as constants (small: one entry per window)."""
-
-    processed_until: Mapping[str, int] = field(default_factory=dict)  # "topic/partition" -> end of last run
-    released: Mapping[tuple[str, str | None, int], Mapping[str, int]] = field(default_factory=dict)
-    # (spec_id, crowd_id, window_end_ms) -> "topic/partition" -> end offset of the read that sealed it
-    redo: frozenset[tuple[str, str | None, int]] = frozenset()
-    read_clock: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
-    verified: VerifiedSets = field(default_factory=VerifiedSets)  # signatures earlier runs checked
-    # "topic/partition" -> ((end offset, run clock), ...): the clock a re-read record was first judged by, so
-    # a set held in an open window cannot turn stale (and vanish) while it waits
-    # windows sealed by a crashed attempt of *this* run (same run key): their records below the source ends
-    # are processed again, so the rerun reproduces, publishes and counts the release the crash interrupted
-
-    def first_clock(self, pkey: str, offset: int) -> int | None:
-        for end, clock in self.read_clock.get(pkey, ()):
-            if offset < end:
-                return clock
-        return None
-
-    def replayed(self, key: tuple[str, str | None, int], pkey: str, offset: int) -> bool:
-        """Whether a record of window ``key`` at ``offset`` was already released (False: process it)."""
-        ends = self.released.get(key)
-        return ends is not None and not (key in self.redo and offset < ends.get(pkey, 0))
-
-
-@dataclass(frozen=True)
 class TimePolicy:
     """Event-time bounds at ingress, fixed once per run so every worker (and a retry) agrees."""
 
@@ -122,10 +95,6 @@ class TimePolicy:
         if event_time_ms > now + self.max_skew_ms:
             return f"from the future: event time more than {self.max_skew_ms // 1000} s after the run started"
         return None
-
-
-def partition_key(topic: str, partition: int) -> str:
-    return f"{topic}/{partition}"
 
 
 def window_end_of(event_time_ms: int, window_ms: int) -> int:
@@ -376,7 +345,7 @@ class IngressFn(beam.DoFn):
         if spec is None:
             return "unknown spec_id (not served by this shuffler)"
         try:
-            crowd = crowd_of(spec, message_set.crowd_id)
+            crowd = spec.crowd_of(message_set.crowd_id)
         except ValueError as err:
             return str(err)
         if crowd != message_set.crowd_id:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from transforms.packed import PackedMessages
-from transforms.records import SourceRef
+from transforms.wire.elements import SourceRef
 
 VERSION = 1
 ID_BYTES = 16  # a device id is 32 lowercase hex digits (checked by the message-set decoder)

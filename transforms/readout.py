@@ -51,7 +51,7 @@ def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     """Per key: non-missing frequency, mean (normalised units, a missing key counting as the range middle)
     and conditional mean (value units). ``[postprocess] method = "simplex"`` projects f/s onto the simplex
     of the 2d items and multiplies back by s (docs/mathematics.md §2.9) before the per-key quantities are formed."""
-    from transforms.event_values import kv_encoder
+    from transforms.wire.event_values import kv_encoder
 
     s = spec.domain["s"]
     freq = np.asarray(result.frequency, dtype=np.float64)
@@ -72,7 +72,7 @@ def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
 
 def vector_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     """Per coordinate: the mean in value units (a mechanism's own input range is mapped back)."""
-    from transforms.event_values import from_input_range
+    from transforms.wire.event_values import from_input_range
 
     mean, stderr = from_input_range(spec, np.asarray(result.mean, dtype=np.float64),
                                     np.asarray(result.stderr, dtype=np.float64))

@@ -20,8 +20,8 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from transforms.records import ReportElement
 from transforms.spec import AnalysisSpec
+from transforms.wire.elements import ReportElement
 
 NAMESPACE = "esa"
 

@@ -21,16 +21,17 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.dead_letters import dead_letter
 from transforms.ingress import DEAD, NAMESPACE
 from transforms.mechanisms.base import is_single_message, messages_per_channel
 from transforms.mechanisms.randomness import keyed_index
 from transforms.packed import Message, PackedUnits
 from transforms.packed_sets import PackedSets
-from transforms.records import PRESENCE, dead_letter
 from transforms.shuffle_plan import WindowClock
 from transforms.spec import AnalysisSpec
 from transforms.spill import SpillBuffer, load
 from transforms.staging import Location
+from transforms.wire.rows import PRESENCE
 
 HELD = "held"
 Unit = tuple[int, tuple[Message, ...]]  # one device's kept sets in a window: (set count, their messages)

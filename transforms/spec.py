@@ -147,6 +147,20 @@ class AnalysisSpec:
         """The frozen mechanism object shared by encoder and analyzer."""
         return build_mechanism(self.mechanism, self.kind, self.domain, self.epsilon, dict(self.mechanism_params))
 
+    def crowd_of(self, crowd_id: str | None) -> str | None:
+        """The crowd a record belongs to: its crowd id if the spec partitions crowds, else None (one crowd).
+
+        A crowd id the spec does not ask for is dropped rather than passed on: an attribute the spec does not
+        name must not reach the shuffler's output. Encoder and shuffler both apply this one rule.
+        """
+        if self.crowd.partition is None:
+            return None
+        if not crowd_id:
+            raise ValueError(f"no crowd_id: {self.name} splits crowds by {self.crowd.partition}")
+        if len(crowd_id) > MAX_CROWD_ID_LENGTH:
+            raise ValueError(f"crowd_id of {len(crowd_id)} characters (at most {MAX_CROWD_ID_LENGTH})")
+        return crowd_id
+
     def with_mechanism(self, mechanism: str | None = None, epsilon: float | None = None) -> AnalysisSpec:
         """A copy with another randomizer or budget (a new spec_id); used by the demo's flags."""
         changes: dict[str, Any] = {}

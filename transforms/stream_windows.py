@@ -37,13 +37,14 @@ from apache_beam.transforms import window
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from transforms.ingress import DEAD, NAMESPACE, IngressFn, PriorRuns, SetElement, TimePolicy
+from transforms.dead_letters import dead_letter
+from transforms.ingress import DEAD, NAMESPACE, IngressFn, SetElement, TimePolicy
 from transforms.kafka_clients import KafkaRecord
 from transforms.kafka_sdf import wall_ms
-from transforms.records import dead_letter
 from transforms.shuffle import ReleasePart, part_header
 from transforms.spec import AnalysisSpec
 from transforms.staging import StagingDoFn, is_url, join, stable_name, write_batch
+from transforms.state.prior_runs import PriorRuns
 
 LOG = logging.getLogger(__name__)
 ENDS = "source_ends"

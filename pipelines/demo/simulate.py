@@ -12,13 +12,14 @@ from typing import Any
 
 from pipelines.demo.population import Population, avro_value
 from schemas import SCHEMA_VERSION, encode_record
-from transforms.event_values import client_inputs, event_value
 from transforms.kafka_config import DEFAULT_CLIENT
 from transforms.kafkaio import ensure_topics, produce_records
 from transforms.mechanisms.base import channel_count, encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng, seeded_rng
-from transforms.records import PRESENCE, array_to_rows, client_messages, payload_to_avro, row_channel
 from transforms.spec import AnalysisSpec
+from transforms.wire.avro_payload import payload_to_avro
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.rows import PRESENCE, array_to_rows, client_messages, row_channel
 
 LOG = logging.getLogger(__name__)
 

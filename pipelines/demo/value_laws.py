@@ -132,7 +132,7 @@ def latency_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: An
 
 
 def leaves_of(spec: AnalysisSpec, values: np.ndarray) -> np.ndarray:
-    """Leaf of every value, exactly as ``transforms.event_values.ordered_value`` buckets one event."""
+    """Leaf of every value, exactly as ``transforms.wire.event_values.ordered_value`` buckets one event."""
     size = 2 ** spec.domain["bits"]
     x = np.asarray(values, dtype=np.float64)
     value_range = spec.domain.get("value_range")

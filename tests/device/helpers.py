@@ -7,12 +7,13 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from transforms.records import PayloadRow, decode_payload
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.trust.envelope import open_envelope
 from transforms.trust.files import atomic_write, ensure_dir
 from transforms.trust.message_set import MessageSet, decode_message_set
 from transforms.trust.sealing import associated_data, open_sealed
+from transforms.wire.avro_payload import decode_payload
+from transforms.wire.rows import PayloadRow
 
 KEY_ID = "20260101-0badcafe"
 ANALYZER = X25519PrivateKey.from_private_bytes(bytes(range(32)))

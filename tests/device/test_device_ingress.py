@@ -11,10 +11,11 @@ from apache_beam.pvalue import TaggedOutput
 
 from tests.device.helpers import T0, client_kwargs, histogram_spec, shuffler_keys_dir
 from transforms.device import Client
-from transforms.ingress import IngressFn, PriorRuns, TimePolicy
+from transforms.ingress import IngressFn, TimePolicy
 from transforms.kafkaio import KafkaRecord
-from transforms.records import PRESENCE
+from transforms.state.prior_runs import PriorRuns
 from transforms.trust.devices import DeviceRegistry
+from transforms.wire.rows import PRESENCE
 
 
 @pytest.mark.parametrize(("mechanism", "eps", "params"), [("grr", 1.0, {}), ("olh", 2.0, {}), ("rappor", 4.0, {}),

@@ -17,11 +17,11 @@ from tests.device.helpers import KEY_ID, T0, client_kwargs, histogram_spec, open
 from transforms.device import Client
 from transforms.mechanisms.base import is_single_message
 from transforms.mechanisms.frequency.oracles import GRR
-from transforms.records import PRESENCE
 from transforms.spec import load_spec
 from transforms.trust.devices import DeviceRegistry, device_id_of
 from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
 from transforms.trust.sealing import SealError, associated_data, open_sealed
+from transforms.wire.rows import PRESENCE
 
 ROOT = Path(__file__).resolve().parents[2]
 

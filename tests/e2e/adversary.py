@@ -23,10 +23,8 @@ from pipelines.demo.population import avro_value
 from pipelines.job import JobConfig
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.device.wire import window_end_ms
-from transforms.event_values import client_inputs, event_value
 from transforms.kafkaio import KafkaRecord, produce_records, read_topic
 from transforms.mechanisms.base import encode_messages
-from transforms.records import array_to_rows, client_messages, encode_payload, row_channel
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.estimates_store import read_estimates
 from transforms.trust.devices import device_id_of
@@ -41,6 +39,9 @@ from transforms.trust.message_set import (
 )
 from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 from transforms.trust.sealing import associated_data, seal
+from transforms.wire.avro_payload import encode_payload
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.rows import array_to_rows, client_messages, row_channel
 
 HOUR_MS = 3_600_000
 

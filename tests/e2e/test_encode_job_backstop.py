@@ -19,8 +19,8 @@ from schemas import SCHEMA_VERSION, encode_record
 from tests.e2e.adversary import opened
 from tests.e2e.chain_harness import recent_start
 from transforms.kafkaio import ensure_topics, produce_records, read_topic
-from transforms.records import PRESENCE
 from transforms.spec import spec_from_dict
+from transforms.wire.rows import PRESENCE
 
 D, TAU, HOUR_MS = 8, 2, 3_600_000
 SPEC = spec_from_dict({"analysis": {"name": "frag_job", "metric": "frag_job"}, "domain": {"size": D},

@@ -18,9 +18,9 @@ from pipelines.cli import main
 from pipelines.query_items import grr_sum_variance, hadamard_sum_variance, hash_candidates, item_answers, sum_of
 from pipelines.readers import load_estimates
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
-from transforms.event_values import hashed_item
 from transforms.mechanisms.frequency.oracles import GRR
 from transforms.state.estimates_store import write_release_estimates
+from transforms.wire.event_values import hashed_item
 
 WINDOW_MS = 3_600_000
 START = 1_700_000_000_000 // WINDOW_MS * WINDOW_MS

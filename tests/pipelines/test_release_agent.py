@@ -17,14 +17,15 @@ import pytest
 from pipelines.job import JobConfig
 from pipelines.release_agent import ReleaseAgent
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
+from transforms.dead_letters import dead_letter
 from transforms.packed import PackedMessages
-from transforms.records import SourceRef, dead_letter
 from transforms.shuffle import ReleasePart
 from transforms.spec import load_spec
 from transforms.staging import StagingError, write_batch
 from transforms.state.ledger import PUBLISHED, WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.stream_windows import DEAD_DIR, MARKER, PART, StagedRelease, letter_name, release_dir
 from transforms.trust.keys import init_keys
+from transforms.wire.elements import SourceRef
 
 SPEC = load_spec(Path(__file__).resolve().parents[2] / "examples" / "app_language.toml")
 END = 1_800_000_000_000 // 3_600_000 * 3_600_000

@@ -9,13 +9,12 @@ from pathlib import Path
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import BoundedRun, JobConfig
 from pipelines.shuffle import seal_and_publish
-from transforms.analyze_release import released_lookup
-from transforms.ingress import PriorRuns
 from transforms.kafkaio import PartitionRange
 from transforms.shuffle import ReleasePart
 from transforms.spec import load_spec
 from transforms.staging import stable_name, write_batch
 from transforms.state.ledger import WITHHELD, ReleaseKey, ReleaseLedger
+from transforms.state.prior_runs import PriorRuns, released_lookup
 from transforms.state.run_state import RunState
 
 SPEC = load_spec(Path(__file__).resolve().parents[2] / "examples" / "app_language.toml")

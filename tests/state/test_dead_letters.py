@@ -11,7 +11,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from transforms.records import SourceRef, dead_letter
+from transforms.dead_letters import dead_letter
 from transforms.state.dead_letters import (
     MAX_ORIGINAL_BYTES,
     DeadLetterStore,
@@ -21,6 +21,7 @@ from transforms.state.dead_letters import (
     truncate_original,
     write_counts,
 )
+from transforms.wire.elements import SourceRef
 
 
 def test_truncate_original() -> None:

@@ -7,8 +7,8 @@ but not written its estimates, skipped it for good (a window released zero times
 
 from __future__ import annotations
 
-from transforms.analyze_release import prior_runs
 from transforms.state.ledger import ReleaseEntry, ReleaseKey
+from transforms.state.prior_runs import prior_runs
 from transforms.state.run_state import RunState
 
 WINDOW = ("spec@1", None, 3_600_000)

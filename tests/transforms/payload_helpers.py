@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transforms.records import decode_payload
+from transforms.wire.avro_payload import decode_payload
 
 
 def one_by_one(mechanism: Any, plaintexts: list[bytes], channels: list[int]) -> list[Any]:

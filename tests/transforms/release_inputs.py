@@ -20,12 +20,12 @@ import apache_beam as beam
 from pipelines.enrolment import enrol_simulated, registry_path
 from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.device.wire import ShufflerKey
-from transforms.ingress import DEAD, TIMES, IngressFn, PriorRuns, TimePolicy
+from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.records import encode_payload, row_channel
 from transforms.shuffle import ReleasePart, Shuffle, WindowClock
 from transforms.spec import AnalysisSpec, spec_from_dict
+from transforms.state.prior_runs import PriorRuns
 from transforms.trust.devices import SimulatedFleet
 from transforms.trust.envelope import open_envelope, seal_envelope
 from transforms.trust.keys import (
@@ -43,6 +43,8 @@ from transforms.trust.message_set import (
 )
 from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
 from transforms.trust.sealing import associated_data, seal
+from transforms.wire.avro_payload import encode_payload
+from transforms.wire.rows import row_channel
 
 WINDOW_MS = 3_600_000
 NOW_MS = 1_800_000 * WINDOW_MS  # the pinned clock of every run: event times must be within max_age of it

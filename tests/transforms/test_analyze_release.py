@@ -27,9 +27,9 @@ from tests.transforms.release_inputs import (
 )
 from transforms.analyze import estimate_rows
 from transforms.analyze_release import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
-from transforms.ingress import PriorRuns
 from transforms.kafkaio import KafkaRecord
 from transforms.shuffle import ReleasePart
+from transforms.state.prior_runs import PriorRuns
 from transforms.trust.keys import load_shuffler_signer
 from transforms.trust.release import (
     decode_release_batch,

@@ -30,14 +30,16 @@ from tests.transforms.release_inputs import Devices, open_and_assemble, shuffle_
 from tests.transforms.release_inputs import make_spec as make_shuffle_spec
 from transforms.analyze import CrowdAccumulator, central_epsilon, estimate_rows
 from transforms.analyze_release import DecodeReleaseFn
-from transforms.ingress import PriorRuns
+from transforms.dead_letters import dead_letter
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.frequency.oracles import GRR
 from transforms.privacy.composition import chain_composition
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.records import SourceRef, count_clients, dead_letter
 from transforms.sinks import WriteAvroFile, WriteEstimatesParquet
 from transforms.spec import AnalysisSpec, spec_from_dict
+from transforms.state.prior_runs import PriorRuns
+from transforms.wire.elements import SourceRef
+from transforms.wire.rows import count_clients
 
 # --- specs, truth, accumulators ---------------------------------------------------------------------------------
 

@@ -22,8 +22,9 @@ from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.encode import DecodeEventsFn, EncodeBatchFn, EncodeEvents
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.records import PRESENCE, ReportElement, SourceRef, client_messages, rows_to_array, wire_dtype
 from transforms.spec import AnalysisSpec, spec_from_dict
+from transforms.wire.elements import ReportElement, SourceRef
+from transforms.wire.rows import PRESENCE, client_messages, rows_to_array, wire_dtype
 
 # --- specs and records ------------------------------------------------------------------------------------
 

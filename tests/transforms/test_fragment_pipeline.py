@@ -30,13 +30,13 @@ from tests.transforms.release_inputs import decode_set as decode_message_set
 from transforms.analyze import estimate_rows
 from transforms.analyze_release import DecodeReleaseFn, OpenedRelease
 from transforms.encode import EncodeEvents
-from transforms.ingress import PriorRuns
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.records import PRESENCE
 from transforms.seal import SealSetsFn
 from transforms.spec import AnalysisSpec, spec_from_dict
+from transforms.state.prior_runs import PriorRuns
 from transforms.trust.release import release_id_of
+from transforms.wire.rows import PRESENCE
 
 WINDOW_S = 3600
 T0 = NOW_MS - 5 * WINDOW_S * 1000  # a recent window: ingress refuses event times older than max_age

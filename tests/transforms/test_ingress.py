@@ -27,10 +27,11 @@ from tests.transforms.release_inputs import (
     make_spec,
     split_outputs,
 )
-from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, PriorRuns
+from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn
 from transforms.kafkaio import KafkaRecord
-from transforms.records import PRESENCE
+from transforms.state.prior_runs import PriorRuns
 from transforms.trust.message_set import decode_message_set, encode_message_set
+from transforms.wire.rows import PRESENCE
 
 SPEC = make_spec()
 CROWDED = make_spec(partition="app_version", name="crowded")

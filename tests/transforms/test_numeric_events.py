@@ -15,8 +15,8 @@ from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.encode import EncodeEvents
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.records import ReportElement
 from transforms.spec import AnalysisSpec, spec_from_dict
+from transforms.wire.elements import ReportElement
 
 T0 = 500_000 * 3_600_000
 KV = spec_from_dict({
@@ -99,7 +99,7 @@ def test_bad_events_are_dead_lettered_with_the_reason(encoded: PipelineRun) -> N
 
 
 def test_range_values_land_in_their_bucket() -> None:
-    from transforms.event_values import event_value
+    from transforms.wire.event_values import event_value
 
     assert [event_value(RANGE, v) for v in (0.0, 99.9, 100.0, 50.0)] == [0, 255, 255, 128]
     assert np.all(np.diff([event_value(RANGE, v) for v in np.linspace(0, 100, 50)]) >= 0)

@@ -15,7 +15,7 @@ import pytest
 from transforms.ingress import SetElement
 from transforms.packed import PackedMessages
 from transforms.packed_sets import DIGEST_BYTES, PackedSets
-from transforms.records import SourceRef
+from transforms.wire.elements import SourceRef
 
 SPEC_ID, WINDOW_END = "spec@0123456789ab", 7_200_000
 

@@ -11,19 +11,12 @@ import pytest
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
 from tests.transforms.payload_helpers import one_by_one
-from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
-from transforms.payload_batch import decode_payload_array, decode_payloads
-from transforms.records import (
-    PRESENCE,
-    array_to_rows,
-    client_messages,
-    encode_payload,
-    row_channel,
-    rows_to_array,
-    wire_dtype,
-)
 from transforms.spec import load_spec
+from transforms.wire.avro_payload import encode_payload
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.payload_batch import decode_payload_array, decode_payloads
+from transforms.wire.rows import PRESENCE, array_to_rows, client_messages, row_channel, rows_to_array, wire_dtype
 
 SPECS = ["app_language.toml", "app_language_multimessage.toml", "feature_usage.toml", "grid.toml",
          "latency_range.toml", "latency_range_multimessage.toml", "sensor_vector.toml", "url_heavy_hitters.toml"]

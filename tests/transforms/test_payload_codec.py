@@ -14,30 +14,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import transforms.payload_batch as payload_batch
-import transforms.payload_codec as payload_codec
+import transforms.wire.payload_batch as payload_batch
+import transforms.wire.payload_codec as payload_codec
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_names, example_path
 from tests.transforms.payload_helpers import one_by_one
 from transforms.device.wire import EventRows, _plaintexts
-from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import channel_count, encode_messages, is_single_message
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.registry import MECHANISMS
-from transforms.payload_batch import decode_payloads
-from transforms.payload_codec import decode_canonical, encode_payloads, is_vectorized
-from transforms.records import (
-    CHANNEL,
-    PRESENCE,
-    array_to_rows,
-    client_messages,
-    decode_payload,
-    encode_payload,
-    payload_pad_length,
-    row_channel,
-    wire_dtype,
-)
 from transforms.spec import AnalysisSpec, load_spec, spec_from_dict
+from transforms.wire.avro_payload import decode_payload, encode_payload, payload_pad_length
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.payload_batch import decode_payloads
+from transforms.wire.payload_codec import decode_canonical, encode_payloads, is_vectorized
+from transforms.wire.rows import CHANNEL, PRESENCE, array_to_rows, client_messages, row_channel, wire_dtype
 
 BASE = {"histogram": "app_language", "kv_mean": "feature_usage", "vector_mean": "sensor_vector",
         "range": "latency_range", "heavy_hitters": "url_heavy_hitters"}

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from schemas import SCHEMA_VERSION, decode_record, encode_record
 from transforms.mechanisms.frequency.oracles import make_frequency_mechanism
-from transforms.records import array_to_rows, payload_from_avro, payload_to_avro, rows_to_array
+from transforms.wire.avro_payload import payload_from_avro, payload_to_avro
+from transforms.wire.rows import array_to_rows, rows_to_array
 
 MECHANISMS = st.sampled_from(["grr", "oue", "olh"])
 

@@ -29,11 +29,10 @@ from tests.transforms.release_inputs import (
     shuffle_run,
     split_outputs,
 )
-from transforms.ingress import DEAD, TIMES, PriorRuns
+from transforms.ingress import DEAD, TIMES
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import keyed_generator
 from transforms.privacy.crowd import crowd_threshold
-from transforms.records import PRESENCE
 from transforms.shuffle import (
     WITHHELD,
     CrowdThresholdFn,
@@ -44,6 +43,8 @@ from transforms.shuffle import (
     noisy_crowd_target,
 )
 from transforms.spec import AnalysisSpec
+from transforms.state.prior_runs import PriorRuns
+from transforms.wire.rows import PRESENCE
 
 SPEC = make_spec()
 RAPPOR = make_spec("rappor", size=6, name="frag_steps")

@@ -19,8 +19,8 @@ from apache_beam.transforms.window import TimestampedValue
 
 from tests.transforms.release_inputs import KEY, TIMES_POLICY, WIN_A, WIN_B, WINDOW_MS, Devices, make_spec, shuffle_run
 from tests.transforms.streaming_runners import STREAMING_RUNNERS, streaming_runner
-from transforms.ingress import PriorRuns
 from transforms.staging import load_staged, staged_entries, staged_files
+from transforms.state.prior_runs import PriorRuns
 from transforms.stream_windows import DEAD_DIR, LATE_REASON, MARKER, PART, RELEASES, StreamShuffle
 
 SPEC = make_spec(subkeys=4, min_clients=5)

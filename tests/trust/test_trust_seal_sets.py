@@ -14,15 +14,16 @@ from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
 from transforms.device.wire import ShufflerKey, signed_message_set
 from transforms.encoder_keys import EncoderKeys
-from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages
-from transforms.records import ReportElement, SourceRef, array_to_rows, client_messages, row_channel
 from transforms.seal import SealSetsFn, _prf
 from transforms.spec import load_spec
 from transforms.trust import DeviceRegistry, decode_message_set, open_sealed, verify_message_set
 from transforms.trust.envelope import open_envelope
 from transforms.trust.keys import load_or_create_secret, load_shuffler_sealing_private, load_shuffler_sealing_public
 from transforms.trust.sealing import associated_data
+from transforms.wire.elements import ReportElement, SourceRef
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.rows import array_to_rows, client_messages, row_channel
 
 
 def _report_batch(spec, n: int) -> list[ReportElement]:

@@ -27,19 +27,13 @@ from transforms.device.memo import MemoStore, is_memoizing
 from transforms.device.policy import check_policy
 from transforms.device.state import load_device_key, locked, state_directory
 from transforms.device.wire import ShufflerKey, signed_message_set
-from transforms.event_values import client_inputs, event_value
 from transforms.mechanisms.base import encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng
-from transforms.records import (
-    CHANNEL,
-    PRESENCE,
-    PayloadRow,
-    array_to_rows,
-    wire_dtype,
-)
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 from transforms.trust.devices import device_id_of
 from transforms.trust.ed25519 import Signer
+from transforms.wire.event_values import client_inputs, event_value
+from transforms.wire.rows import CHANNEL, PRESENCE, PayloadRow, array_to_rows, wire_dtype
 
 __all__ = ["Client"]
 
@@ -169,7 +163,7 @@ class Client:
         return event_value(self.spec, value)
 
     def _crowd(self, crowd_id: str | None) -> str | None:
-        """The crowd id the spec asks for (``transforms.encode.crowd_of``'s rule), else None."""
+        """The crowd id the spec asks for (``AnalysisSpec.crowd_of``'s rule, stricter), else None."""
         partition = self.spec.crowd.partition
         if partition is None:
             if crowd_id is not None:

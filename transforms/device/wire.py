@@ -18,13 +18,14 @@ from typing import NamedTuple
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from transforms.mechanisms.base import Mechanism
-from transforms.payload_codec import encode_payloads
-from transforms.records import CHANNEL, PayloadRow, encode_payload, rows_to_array, wire_dtype
 from transforms.spec import AnalysisSpec
 from transforms.trust.ed25519 import Signer, sign_many
 from transforms.trust.envelope import seal_envelopes
 from transforms.trust.message_set import MessageSet, SealedMessage, encode_message_set, signing_bytes
 from transforms.trust.sealing import associated_data, seal_many
+from transforms.wire.avro_payload import encode_payload
+from transforms.wire.payload_codec import encode_payloads
+from transforms.wire.rows import CHANNEL, PayloadRow, rows_to_array, wire_dtype
 
 
 def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:

@@ -45,7 +45,7 @@ NONCE_BYTES = 16
 SIGNATURE_BYTES = 64
 MAX_TIME_MS = 2**53
 MAX_CHANNEL = 2**31 - 1
-MIN_CHANNEL = -1  # the presence marker of multi-message mechanisms (transforms.records.PRESENCE)
+MIN_CHANNEL = -1  # the presence marker of multi-message mechanisms (transforms.wire.rows.PRESENCE)
 #: Largest well-formed encoding (every message at its maximum size, plus the header fields).
 MAX_ENCODED_BYTES = MAX_MESSAGES * (MAX_SEALED_BYTES + 8) + 4 * MAX_ID_CHARS * 4 + 256
 _DEVICE_ID = re.compile(r"[0-9a-f]{32}")

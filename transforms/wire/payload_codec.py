@@ -28,16 +28,8 @@ import numpy as np
 
 from schemas import load_schema, zigzag_varint
 from transforms.mechanisms.base import Mechanism, channel_count, is_single_message
-from transforms.records import (
-    CHANNEL,
-    PAYLOAD_RECORDS,
-    PRESENCE,
-    array_to_rows,
-    bit_length,
-    encode_payload,
-    payload_pad_length,
-    wire_dtype,
-)
+from transforms.wire.avro_payload import encode_payload, payload_pad_length
+from transforms.wire.rows import CHANNEL, PAYLOAD_RECORDS, PRESENCE, array_to_rows, bit_length, wire_dtype
 
 __all__ = ["decode_canonical", "encode_payloads", "is_vectorized"]
 

@@ -6,7 +6,7 @@ channel, field widths) is a few dictionary lookups, but the mechanism's ``valida
 rows it costs well under one. Every report still gets its own verdict: a row that fails is reported with its
 reason, and the others are kept.
 
-The payloads themselves are decoded per field over the whole batch (``transforms.payload_codec``): it vouches
+The payloads themselves are decoded per field over the whole batch (``transforms.wire.payload_codec``): it vouches
 only for the plaintexts that are exactly the canonical encoding of their decoded row (every honest one);
 anything else goes through ``decode_payload`` on its own and gets its verdict and reason.
 """
@@ -18,52 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from transforms.mechanisms.base import Mechanism, is_single_message
-from transforms.payload_codec import decode_canonical
-from transforms.records import CHANNEL, PRESENCE, PayloadRow, array_to_rows, decode_payload, rows_to_array
+from transforms.wire.avro_payload import decode_payload
+from transforms.wire.domain import domain_problems, invalid_mask, outside_reason
+from transforms.wire.payload_codec import decode_canonical
+from transforms.wire.rows import CHANNEL, PRESENCE, PayloadRow, array_to_rows, rows_to_array
 
 __all__ = ["decode_payload_array", "decode_payloads", "domain_problems"]
-
-
-def _needs_domain_check(mechanism: Mechanism, channel: int, single: bool) -> bool:
-    return single or channel != PRESENCE  # a presence marker's row is fixed (``presence_row``)
-
-
-def _invalid(mechanism: Mechanism, rows: list[PayloadRow]) -> np.ndarray:
-    """Boolean mask of the rows outside the mechanism's output domain; raises if the rows do not stack."""
-    return _invalid_array(mechanism, rows_to_array(mechanism, rows))
-
-
-def _invalid_array(mechanism: Mechanism, array: np.ndarray) -> np.ndarray:
-    """Boolean mask of the wire rows outside the mechanism's output domain."""
-    names = mechanism.report_dtype.names
-    view = array if CHANNEL in names or is_single_message(mechanism) else array[list(names)]
-    return ~np.asarray(mechanism.validate(view), dtype=bool)
-
-
-def domain_problems(mechanism: Mechanism, rows: Sequence[PayloadRow], channels: Sequence[int]) -> list[str | None]:
-    """Per row: None if inside the mechanism's output domain, else why not. Rows must have passed the
-    structural checks of ``payload_from_avro`` (``check_domain=False``)."""
-    single = is_single_message(mechanism)
-    problems: list[str | None] = [None] * len(rows)
-    todo = [i for i, ch in enumerate(channels) if _needs_domain_check(mechanism, ch, single)]
-    if not todo:
-        return problems
-    try:
-        bad = _invalid(mechanism, [rows[i] for i in todo])
-    except (ValueError, OverflowError, TypeError):
-        bad = None  # one out-of-range value spoils the stack: find it row by row (only under attack)
-    for j, i in enumerate(todo):
-        if bad is None:
-            try:
-                row_bad = bool(_invalid(mechanism, [rows[i]])[0])
-            except (ValueError, OverflowError, TypeError) as err:
-                problems[i] = f"payload outside the output domain of {mechanism.name}: {err}"
-                continue
-        else:
-            row_bad = bool(bad[j])
-        if row_bad:
-            problems[i] = _outside(mechanism, rows[i])
-    return problems
 
 
 def decode_payloads(mechanism: Mechanism, plaintexts: Sequence[bytes], channels: Sequence[int]
@@ -82,7 +42,7 @@ def decode_payload_array(mechanism: Mechanism, plaintexts: Sequence[bytes], chan
     vouched = np.zeros(len(plaintexts), dtype=bool)
     try:
         vouched[fast_index] = True  # decoded: each is kept, or refused as outside the domain
-        fast, fast_index = _drop_outside(mechanism, fast, fast_index, failures)
+        fast, fast_index = _dropoutside_reason(mechanism, fast, fast_index, failures)
     except (ValueError, OverflowError, TypeError):  # a value ``validate`` cannot take: the per-row check words it
         vouched[:] = False
         fast_index, fast = fast_index[:0], fast[:0]
@@ -106,14 +66,14 @@ def decode_payload_array(mechanism: Mechanism, plaintexts: Sequence[bytes], chan
     return np.concatenate([fast, slow])[order], index[order].tolist(), failures
 
 
-def _drop_outside(mechanism: Mechanism, rows: np.ndarray, index: np.ndarray, failures: list[tuple[int, str]]
+def _dropoutside_reason(mechanism: Mechanism, rows: np.ndarray, index: np.ndarray, failures: list[tuple[int, str]]
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(rows, index) without the rows outside the output domain, whose (index, reason) join ``failures``."""
     check = np.flatnonzero(_needs_check(mechanism, rows))
-    bad = check[_invalid_array(mechanism, rows[check])] if len(check) else check
+    bad = check[invalid_mask(mechanism, rows[check])] if len(check) else check
     if not len(bad):
         return rows, index
-    failures += [(int(index[j]), _outside(mechanism, row))
+    failures += [(int(index[j]), outside_reason(mechanism, row))
                  for j, row in zip(bad.tolist(), array_to_rows(rows[bad]), strict=True)]
     good = np.ones(len(rows), dtype=bool)
     good[bad] = False
@@ -125,7 +85,3 @@ def _needs_check(mechanism: Mechanism, rows: np.ndarray) -> np.ndarray:
     if is_single_message(mechanism) or CHANNEL not in (rows.dtype.names or ()):
         return np.ones(len(rows), dtype=bool)
     return np.asarray(rows[CHANNEL] != PRESENCE)
-
-
-def _outside(mechanism: Mechanism, row: PayloadRow) -> str:
-    return f"payload {row} outside the output domain of {mechanism.name}(d={mechanism.d})"
