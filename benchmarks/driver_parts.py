@@ -62,8 +62,8 @@ def measure(sets: int, subkeys: int, payload: int, keys: Path | None) -> dict[st
     from pipelines.examples import example_path
     from pipelines.job import BoundedRun, JobConfig
     from transforms.kafkaio import PartitionRange
-    from transforms.packed import PackedMessages
-    from transforms.shuffle import ReleasePart
+    from transforms.shuffler.graph import ReleasePart
+    from transforms.shuffler.packed import PackedMessages
     from transforms.spec import load_spec
     from transforms.state.ledger import ReleaseLedger
     from transforms.state.run_state import RunState

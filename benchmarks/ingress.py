@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 from pipelines.enrolment import enrol_simulated, registry_path
 from transforms.device.wire import EventRows, ShufflerKey, signed_message_sets
-from transforms.ingress import VERIFIED, IngressFn, TimePolicy
 from transforms.kafkaio import KafkaRecord
+from transforms.shuffler.elements import VERIFIED, TimePolicy
+from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.prior_runs import PriorRuns
 from transforms.state.verified_sets import VerifiedSets

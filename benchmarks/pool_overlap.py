@@ -2,7 +2,7 @@
 
 A shuffler-like loop: per set, ~30 microseconds of pure Python (standing in for decoding and checks) and one
 libsodium Ed25519 verification. Sequential: all the Python first, then every verification on a 2-thread pool
-(what ``transforms.ingress`` does). Overlapped: the pool verifies each chunk while the loop runs the Python of
+(what ``transforms.shuffler.ingress`` does). Overlapped: the pool verifies each chunk while the loop runs the Python of
 the next. Printed per interpreter switch interval: microseconds per set of each (lower is better), and the
 ideal (all the CPU work spread over 2 cores).
 

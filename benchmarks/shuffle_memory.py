@@ -13,7 +13,7 @@ fresh state directory and consumer group, so it reads the whole topic and drains
 Printed per size: wall time and sets/s of the job, peak RSS in the pipeline and overall; then the growth
 of the peak between the smallest and the largest size, in bytes per report (fixed costs cancel out).
 Take sizes of 300,000 and more: below that the Kafka client's prefetch (capped at 32 MiB per partition) and
-the sub-crowd size (capped by ``transforms.shuffle_plan.RECORDS_PER_SUBKEY``) still grow with n.
+the sub-crowd size (capped by ``transforms.shuffler.plan.RECORDS_PER_SUBKEY``) still grow with n.
 
 Measured on this 2-core machine (OLH, one window, n devices = n reports, shared with other jobs): peak RSS
 345 / 460 / 539 / 791 MB at 100k / 300k / 1M / 3M, i.e. 118-132 B per report above 300k, at 8.1k / 9.2k /

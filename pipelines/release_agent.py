@@ -4,7 +4,7 @@ staged, one release at a time, while the pipeline keeps running.
 Why in the driver and not in the pipeline: the ledger's create-if-absent and its ``flock`` need one POSIX
 filesystem (docs/deployment.md), which a cluster's workers do not share; the driver keeps the ledger, the
 release files and the keys on its own disk, as the bounded jobs do. The workers write each release's parts,
-then a completion marker (``transforms.stream_windows``); the agent acts on a release only once its marker is
+then a completion marker (``transforms.shuffler.streaming``); the agent acts on a release only once its marker is
 there, through the same ``seal_written`` step as the bounded path: write the signed release file (fsync),
 seal it (a window sealed before with another digest is refused: at most one release per window, ever),
 publish it, mark it published, and only then delete its staged files. A driver killed anywhere in between
@@ -29,8 +29,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.job import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
-from pipelines.release_files import write_release
 from pipelines.shuffle import StagedParts, seal_written, withheld_entry
+from transforms.shuffler.release_files import write_release
+from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 from transforms.sinks import avro_bytes
 from transforms.staging import (
     StagingError,
@@ -44,7 +45,6 @@ from transforms.staging import (
 )
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
-from transforms.stream_windows import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 
 LOG = logging.getLogger("esa.release_agent")
 

@@ -2,7 +2,7 @@
 
 The shuffler's trust domain: it holds the device registry, its signing key and its PRF key, never the
 analyzer's private key. One run: read from the resume offsets, authenticate, window, hold open windows,
-dedupe/threshold/permute closed ones (``transforms.shuffle``), stage the release parts; then, in the
+dedupe/threshold/permute closed ones (``transforms.shuffler.graph``), stage the release parts; then, in the
 driver, for every staged release: number and sign its batches, write them to ``state/releases/`` (fsync),
 **seal** the release in the ledger (create-if-absent), publish the batches keyed by
 ``release_id:index`` (a replay is a no-op for a compacted consumer), mark it published; finally save the
@@ -41,10 +41,11 @@ from pipelines.job import (
     run_pipeline,
     skipped_summary,
 )
-from pipelines.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
-from pipelines.release_publish import publisher_for
-from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn, TimePolicy
-from transforms.shuffle import PartHeader, ReleasePart, ScaleOut, Shuffle, WindowClock, part_header
+from transforms.shuffler.elements import DEAD, TIMES, VERIFIED, TimePolicy
+from transforms.shuffler.graph import PartHeader, ReleasePart, ScaleOut, Shuffle, WindowClock, part_header
+from transforms.shuffler.ingress import IngressFn
+from transforms.shuffler.publish import publisher_for
+from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
 from transforms.sinks import StageAvroRecords
 from transforms.staging import (
     Location,
@@ -153,7 +154,7 @@ def staged_releases(staging: Location) -> Iterator[StagedParts]:
 
 def publish(config: JobConfig, release_id: str, path: Path) -> int:
     """Produce a release's batches from its file, keyed ``release_id:index``, in one Kafka transaction under the
-    stream's transactional id (``pipelines.release_publish``: all batches visible or none; a second shuffler
+    stream's transactional id (``transforms.shuffler.publish``: all batches visible or none; a second shuffler
     on this topic fences this one). Raises unless the transaction committed."""
     publisher = publisher_for(config.bootstrap, config.shuffled_topic, config.kafka_config)
     return publisher.publish((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path)))

@@ -4,7 +4,7 @@ runner's watermark, each release sealed and published by the driver's release ag
 The pipeline (on the workers): the unbounded source (``transforms.kafka_sdf``: commit on finalize, a
 per-partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged; its device
 registry reloaded when re-enrolled) -> each set in its crowd's event-time window
-(``transforms.stream_windows.CrowdWindows``: on time at window end + allowed lateness, as the bounded
+(``transforms.shuffler.streaming.CrowdWindows``: on time at window end + allowed lateness, as the bounded
 ``WindowClock``) -> late panes dead-lettered -> the unchanged ``Shuffle`` (dedupe, threshold, delete, permute)
 with every fired window treated as closed -> release parts staged, then each release's completion marker. The
 driver (this module): holds the state lock, starts the pipeline without blocking (a thread around the local
@@ -55,13 +55,13 @@ from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
+from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 from transforms.staging import is_url, join, write_staged
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.prior_runs import prior_runs
 from transforms.state.run_state import RunState
 from transforms.state.verified_sets import VerifiedSets
-from transforms.stream_windows import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 
 LOG = logging.getLogger("esa.stream_shuffle")
 AGENT_POLL_SECONDS = 0.5  # between two looks at a local staging directory

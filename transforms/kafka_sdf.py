@@ -21,7 +21,7 @@ Semantics, those of KafkaIO's ``commitOffsetsInFinalize``:
   ``idle_timeout`` advances with the wall clock minus ``out_of_orderness`` instead, so a quiet partition does
   not hold every window open (as the bounded jobs' ``WindowClock``). Which event times are trusted is the
   caller's ``EventTimes`` policy: Kafka record timestamps by default; the shuffler passes one that only
-  believes authenticated sets (``transforms.stream_windows.SetEventTimes``);
+  believes authenticated sets (``transforms.shuffler.streaming.SetEventTimes``);
 * ``SourceClock.stop_after_idle_ms`` (``--stop_after_idle_seconds``; None: never) finishes a partition once no
   record arrived for that long and it has read up to the partition's end offset: the local runners run a
   source to completion before the stages after it, so a test or a one-off catch-up needs an end. On Flink or

@@ -15,10 +15,10 @@ import pytest
 from pipelines import shuffle as shuffle_job
 from pipelines.broker import LocalBroker
 from pipelines.job import JobConfig
-from pipelines.release_files import FRAME, iter_batches
-from pipelines.release_publish import ShufflerFencedError, TransactionalPublisher, forget_publishers
 from pipelines.shuffle import publish
 from transforms.kafkaio import ensure_topics, read_topic
+from transforms.shuffler.publish import ShufflerFencedError, TransactionalPublisher, forget_publishers
+from transforms.shuffler.release_files import FRAME, iter_batches
 
 pytestmark = pytest.mark.slow
 

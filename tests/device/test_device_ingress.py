@@ -11,8 +11,9 @@ from apache_beam.pvalue import TaggedOutput
 
 from tests.device.helpers import T0, client_kwargs, histogram_spec, shuffler_keys_dir
 from transforms.device import Client
-from transforms.ingress import IngressFn, TimePolicy
 from transforms.kafkaio import KafkaRecord
+from transforms.shuffler.elements import TimePolicy
+from transforms.shuffler.ingress import IngressFn
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.devices import DeviceRegistry
 from transforms.wire.rows import PRESENCE

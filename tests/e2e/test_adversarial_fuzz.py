@@ -20,9 +20,10 @@ from schemas import SCHEMA_VERSION, encode_record, load_schema
 from tests.e2e.adversary import HOUR_MS, histogram_spec, opened
 from transforms.analyze_release import DecodeReleaseFn
 from transforms.encode import DecodeEventsFn, EncodeBatchFn
-from transforms.ingress import IngressFn, TimePolicy
 from transforms.kafkaio import KafkaRecord
 from transforms.seal import SealSetsFn
+from transforms.shuffler.elements import TimePolicy
+from transforms.shuffler.ingress import IngressFn
 from transforms.state.dead_letters import MAX_ORIGINAL_BYTES, MAX_REASON_CHARS, bounded_letter
 from transforms.state.prior_runs import PriorRuns
 

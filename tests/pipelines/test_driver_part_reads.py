@@ -22,20 +22,20 @@ import numpy as np
 import pytest
 
 import pipelines.shuffle as driver
-import transforms.packed as packed
+import transforms.shuffler.packed as packed
 import transforms.staging as staging
 from pipelines.job import BoundedRun, JobConfig
 from pipelines.release_agent import ReleaseAgent
-from pipelines.release_files import batch_bounds_of, message_bytes, uniform_batch_bounds, write_release
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.kafkaio import PartitionRange
-from transforms.packed import PackedMessages
-from transforms.shuffle import PartHeader, ReleasePart, part_header
+from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
+from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.release_files import batch_bounds_of, message_bytes, uniform_batch_bounds, write_release
+from transforms.shuffler.streaming import MARKER, StagedRelease, StagePartFn, release_dir
 from transforms.spec import load_spec
 from transforms.staging import write_batch
 from transforms.state.ledger import ReleaseKey, ReleaseLedger
 from transforms.state.run_state import RunState
-from transforms.stream_windows import MARKER, StagedRelease, StagePartFn, release_dir
 from transforms.trust.keys import init_keys, load_shuffler_signer
 
 SPEC = load_spec(Path(__file__).resolve().parents[2] / "examples" / "app_language.toml")

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.release_files import batch_bounds, file_digest, iter_batches, write_release
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
-from transforms.packed import PackedMessages
-from transforms.shuffle import ReleasePart
+from transforms.shuffler.graph import ReleasePart
+from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.release_files import batch_bounds, file_digest, iter_batches, write_release
 from transforms.trust.keys import init_keys, load_shuffler_signer, load_shuffler_verifiers
 from transforms.trust.message_set import SealedMessage
 from transforms.trust.release import decode_release_batch, release_id_of, split_into_batches, verify_release_batch

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipelines.job import BoundedRun, JobConfig, nothing_to_do
 from transforms.kafkaio import PartitionRange
-from transforms.shuffle_plan import WindowClock
+from transforms.shuffler.plan import WindowClock
 from transforms.spec import spec_from_dict
 from transforms.state.run_state import RunState
 

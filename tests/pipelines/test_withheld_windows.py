@@ -10,7 +10,7 @@ from pipelines.enrolment import enrol_simulated
 from pipelines.job import BoundedRun, JobConfig
 from pipelines.shuffle import seal_and_publish
 from transforms.kafkaio import PartitionRange
-from transforms.shuffle import ReleasePart
+from transforms.shuffler.graph import ReleasePart
 from transforms.spec import load_spec
 from transforms.staging import stable_name, write_batch
 from transforms.state.ledger import WITHHELD, ReleaseKey, ReleaseLedger

@@ -3,7 +3,8 @@
 A ``Devices`` object owns a fresh keys directory with enrolled simulated devices; it builds signed
 ``MessageSet``s whose payloads are sealed to the analyzer (as a device does), wraps them in
 ``KafkaRecord``s, runs ``IngressFn`` + ``Shuffle`` on the FnApiRunner, and numbers and signs the released
-parts into ``ReleaseBatch`` records like the shuffler's driver does (``pipelines.release_files.write_release``).
+parts into ``ReleaseBatch`` records
+like the shuffler's driver does (``transforms.shuffler.release_files.write_release``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import apache_beam as beam
 from pipelines.enrolment import enrol_simulated, registry_path
 from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.device.wire import ShufflerKey
-from transforms.ingress import DEAD, TIMES, IngressFn, TimePolicy
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.shuffle import ReleasePart, Shuffle, WindowClock
+from transforms.shuffler.elements import DEAD, TIMES, TimePolicy
+from transforms.shuffler.graph import ReleasePart, Shuffle, WindowClock
+from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.devices import SimulatedFleet

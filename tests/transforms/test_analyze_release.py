@@ -28,7 +28,7 @@ from tests.transforms.release_inputs import (
 from transforms.analyze import estimate_rows
 from transforms.analyze_release import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
 from transforms.kafkaio import KafkaRecord
-from transforms.shuffle import ReleasePart
+from transforms.shuffler.graph import ReleasePart
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.keys import load_shuffler_signer
 from transforms.trust.release import (

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.transforms.release_inputs import NOW_MS, WINDOW_MS, Devices, make_spec, shuffle_run
-from transforms.ingress import TimePolicy
-from transforms.shuffle_plan import WindowClock
+from transforms.shuffler.elements import TimePolicy
+from transforms.shuffler.plan import WindowClock
 from transforms.state.run_state import watermark_ms
 
 MINUTE = 60_000

@@ -1,4 +1,4 @@
-"""Shuffler ingress (transforms/ingress.py): what it refuses, and that no byte string can make it raise.
+"""Shuffler ingress (transforms/shuffler/ingress.py): what it refuses, and that no byte string can make it raise.
 
 Every refusal is a dead letter whose reason names no device; only authenticated, in-range sets move the
 watermark. The property tests feed arbitrary bytes and mutations of valid sets: every record ends as
@@ -27,8 +27,9 @@ from tests.transforms.release_inputs import (
     make_spec,
     split_outputs,
 )
-from transforms.ingress import DEAD, TIMES, VERIFIED, IngressFn
 from transforms.kafkaio import KafkaRecord
+from transforms.shuffler.elements import DEAD, TIMES, VERIFIED
+from transforms.shuffler.ingress import IngressFn
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.message_set import decode_message_set, encode_message_set
 from transforms.wire.rows import PRESENCE
@@ -251,7 +252,7 @@ def test_a_set_verified_by_an_earlier_run_is_not_verified_again_but_still_checke
 def test_the_registry_is_loaded_once_per_process_until_its_file_changes(tmp_path: Path) -> None:
     """Several IngressFn instances in one worker share one registry; an enrolment (a new file) is seen."""
     from pipelines.enrolment import enrol_simulated
-    from transforms.ingress import shared_registry
+    from transforms.shuffler.ingress import shared_registry
 
     fleet = Devices.enrol(tmp_path / "keys", 3)
     first, second = ingress_fn([SPEC], fleet), ingress_fn([SPEC], fleet)

@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from transforms.packed import PackedMessages, PackedUnits
-from transforms.shuffle import ReleaseFn, ScaleOut
+from transforms.shuffler.graph import ReleaseFn, ScaleOut
+from transforms.shuffler.packed import PackedMessages, PackedUnits
 from transforms.spec import spec_from_dict
 
 RNG_SEED = 21

@@ -1,4 +1,4 @@
-"""PackedSets (transforms/packed_sets.py): the shuffler's columnar batch of authenticated message sets.
+"""PackedSets (transforms/shuffler/packed_sets.py): the shuffler's columnar batch of authenticated message sets.
 
 What must hold: packing loses nothing the shuffler uses (iterating gives the sets back, digest cut to its
 16-byte prefix), pickling is compact and versioned, joining batches remaps their Kafka sources, and the
@@ -12,9 +12,9 @@ import pickle
 import numpy as np
 import pytest
 
-from transforms.ingress import SetElement
-from transforms.packed import PackedMessages
-from transforms.packed_sets import DIGEST_BYTES, PackedSets
+from transforms.shuffler.elements import SetElement
+from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.packed_sets import DIGEST_BYTES, PackedSets
 from transforms.wire.elements import SourceRef
 
 SPEC_ID, WINDOW_END = "spec@0123456789ab", 7_200_000

@@ -1,4 +1,4 @@
-"""The shuffler (transforms/shuffle.py) on signed, sealed message sets: anonymity, dedupe, threshold, PRF.
+"""The shuffler (transforms/shuffler/graph.py) on signed, sealed message sets: anonymity, dedupe, threshold, PRF.
 
 Inputs are real ``MessageSet`` records of enrolled simulated devices (tests/transforms/release_inputs.py)
 run through ``IngressFn`` + ``Shuffle`` on the FnApiRunner with ``drain=True``; DoFns are called directly
@@ -33,7 +33,7 @@ from tests.transforms.release_inputs import (
 from tests.transforms.release_inputs import decode_set as decode_message_set
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.privacy.crowd import crowd_threshold, discrete_laplace_scale, discrete_laplace_variance
-from transforms.shuffle import ReleasePart, discrete_laplace, noisy_crowd_target
+from transforms.shuffler.graph import ReleasePart, discrete_laplace, noisy_crowd_target
 from transforms.trust.release import ReleaseBatch, decode_release_batch
 
 EPS_CR, DELTA_CR = 1.0, 1e-6

@@ -29,11 +29,11 @@ from tests.transforms.release_inputs import (
     shuffle_run,
     split_outputs,
 )
-from transforms.ingress import DEAD, TIMES
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.randomness import keyed_generator
 from transforms.privacy.crowd import crowd_threshold
-from transforms.shuffle import (
+from transforms.shuffler.elements import DEAD, TIMES
+from transforms.shuffler.graph import (
     WITHHELD,
     CrowdThresholdFn,
     DedupeAndStripFn,

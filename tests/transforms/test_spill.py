@@ -1,4 +1,4 @@
-"""Spill files (transforms/spill.py): the shuffler's bulk data beside Beam, references through it.
+"""Spill files (transforms/shuffler/spill.py): the shuffler's bulk data beside Beam, references through it.
 
 What must hold: a reference reads back exactly what was buffered under its key (joined, when a key was
 added several times); a buffer flushes by itself past its size and writes one file per flush, named by
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transforms.packed import PackedUnits
-from transforms.spill import SpillBuffer, SpillError, SpillRef, count_of, load
+from transforms.shuffler.packed import PackedUnits
+from transforms.shuffler.spill import SpillBuffer, SpillError, SpillRef, count_of, load
 
 
 def units(rng: np.random.Generator, n: int) -> PackedUnits:

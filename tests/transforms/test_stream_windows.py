@@ -13,9 +13,9 @@ from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 
 from tests.transforms.streaming_runners import STREAMING_RUNNERS, streaming_runner
-from transforms.ingress import DEAD, SetElement
+from transforms.shuffler.elements import DEAD, SetElement
+from transforms.shuffler.streaming import ENDS, LATE_REASON, CrowdWindows, GateWindows
 from transforms.spec import spec_from_dict
-from transforms.stream_windows import ENDS, LATE_REASON, CrowdWindows, GateWindows
 from transforms.wire.elements import SourceRef
 
 SIZE_S, LATENESS_S = 600, 120

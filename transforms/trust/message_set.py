@@ -128,7 +128,7 @@ def sign_message_set(ms: MessageSet, signer: Signer) -> MessageSet:
 def signature_inputs(ms: MessageSet, registry: DeviceRegistry) -> tuple[bytes, bytes, bytes]:
     """(enrolled public key, signature, signed bytes) of ``ms``, for ``verify_detached``; AuthError if its device
     is not enrolled or its fields cannot have been signed. Split from the verification itself so a caller can
-    run the GIL-free part on a thread pool and everything else on one thread (``transforms.ingress``)."""
+    run the GIL-free part on a thread pool and everything else on one thread (``transforms.shuffler.ingress``)."""
     try:
         public = registry.public_key(ms.device_id)
     except Exception:  # an unhashable or odd device id from a malformed object

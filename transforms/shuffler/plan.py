@@ -41,7 +41,7 @@ class ScaleOut:
 
     @property
     def buckets(self) -> int:
-        from transforms.ingress import DEDUPE_BUCKETS
+        from transforms.shuffler.elements import DEDUPE_BUCKETS
 
         return min(max(_pow2_at_least(self.records / RECORDS_PER_BUCKET), DEDUPE_BUCKETS), MAX_BUCKETS)
 

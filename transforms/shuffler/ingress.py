@@ -14,9 +14,9 @@ The first thing the shuffler does with a record, before it is allowed to influen
 5. place it: a window already in the release ledger either contains it (its offset is below the read
    that sealed the release: a re-read, skipped) or it is late (dead-lettered, never released again).
 
-Admitted sets leave packed per (spec, crowd, window, dedupe bucket) (``transforms.packed_sets``): pickled
+Admitted sets leave packed per (spec, crowd, window, dedupe bucket) (``transforms.shuffler.packed_sets``): pickled
 ``PackedSets`` per input batch, or, given a spill location, ``SpillRef``s to files holding a bundle's sets
-(``transforms.spill``), so that the group-by-key behind carries references, not the sets.
+(``transforms.shuffler.spill``), so that the group-by-key behind carries references, not the sets.
 
 Records a previous run already dead-lettered (offset below that run's end) are skipped, not dead-lettered
 twice. Payloads stay sealed: the shuffler never holds the analyzer's key. Every outcome is a counter, so a
@@ -30,10 +30,8 @@ import logging
 import os
 import pickle
 import time
-import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -45,10 +43,21 @@ from schemas import WireFormatError
 from transforms.dead_letters import record_dead_letter
 from transforms.kafkaio import KafkaRecord
 from transforms.mechanisms.base import channel_count, is_single_message
-from transforms.packed_sets import PackedSets
 from transforms.parallel import map_ordered
+from transforms.shuffler.elements import (
+    DEAD,
+    DEDUPE_BUCKETS,
+    NAMESPACE,
+    TIMES,
+    VERIFIED,
+    SetElement,
+    TimePolicy,
+    device_bucket,
+    window_end_of,
+)
+from transforms.shuffler.packed_sets import PackedSets
+from transforms.shuffler.spill import SpillBuffer
 from transforms.spec import AnalysisSpec
-from transforms.spill import SpillBuffer
 from transforms.staging import Location
 from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.trust.ed25519 import verify_detached
@@ -60,50 +69,6 @@ from transforms.wire.rows import PRESENCE
 from transforms.worker_gc import tune_worker_gc
 
 LOG = logging.getLogger(__name__)
-NAMESPACE = "esa"
-DEAD = "dead_letters"
-TIMES = "event_times"
-VERIFIED = "verified_sets"
-DEDUPE_BUCKETS = 64  # device-hash buckets per (crowd, window): duplicates of one device always meet
-
-
-class SetElement(NamedTuple):
-    """An authenticated message set inside the shuffler: routing fields, sealed messages, where it was read."""
-
-    spec_id: str
-    crowd_id: str | None
-    device_id: str
-    event_time_ms: int
-    window_end_ms: int
-    digest: bytes  # SHA-256 of what the device signed: every copy (replay, resend, re-encoding) shares it
-    messages: tuple[tuple[int, bytes], ...]  # (channel, sealed payload)
-    source: SourceRef
-
-
-@dataclass(frozen=True)
-class TimePolicy:
-    """Event-time bounds at ingress, fixed once per run so every worker (and a retry) agrees."""
-
-    now_ms: int
-    max_age_ms: int
-    max_skew_ms: int
-
-    def problem(self, event_time_ms: int, now_ms: int | None = None) -> str | None:
-        now = self.now_ms if now_ms is None else now_ms
-        if event_time_ms < now - self.max_age_ms:
-            return f"stale: event time more than {self.max_age_ms // 1000} s before the run started"
-        if event_time_ms > now + self.max_skew_ms:
-            return f"from the future: event time more than {self.max_skew_ms // 1000} s after the run started"
-        return None
-
-
-def window_end_of(event_time_ms: int, window_ms: int) -> int:
-    return (event_time_ms // window_ms + 1) * window_ms
-
-
-def device_bucket(device_id: str, buckets: int = DEDUPE_BUCKETS) -> int:
-    """Stable bucket of a device (CRC-32: identical on every worker, unlike Python's salted ``hash``)."""
-    return zlib.crc32(device_id.encode("ascii", "replace")) % buckets
 
 
 def channel_problem(spec: AnalysisSpec, messages: Sequence[tuple[int, bytes]]) -> str | None:
@@ -151,7 +116,7 @@ class IngressFn(beam.DoFn):
     """Batches of KafkaRecords -> ((spec, crowd, window_end, bucket), packed sets) + dead letters.
 
     The packed sets are a pickled ``PackedSets`` per input batch and key, or, with ``spill`` (a directory
-    or URL), a ``SpillRef`` per key and spilled file (``transforms.spill``: a bundle's sets are buffered and
+    or URL), a ``SpillRef`` per key and spilled file (``transforms.shuffler.spill``: a bundle's sets are buffered and
     written in files of ``spill_bytes``). Also emits, on ``TIMES``, (partition key, max authenticated event
     time) per input batch: the watermark is computed from authenticated, in-range records only, read for
     the first time.
@@ -167,7 +132,7 @@ class IngressFn(beam.DoFn):
         self._python_gc = python_gc  # transforms.worker_gc
         self._spill, self._spill_bytes = (str(spill) if spill else None), spill_bytes
         self._buffer: SpillBuffer | None = None
-        self._buckets = buckets  # dedupe groups per (crowd, window): transforms.shuffle.ScaleOut
+        self._buckets = buckets  # dedupe groups per (crowd, window): transforms.shuffler.graph.ScaleOut
         self._registry_path, self._prior, self._times = registry_path, prior, times
         self._threads = threads  # signature checks of a batch run on this many threads (0: one per core)
         self._registry: Any = None

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from transforms.packed import PackedMessages
-from transforms.shuffle import PartHeader, ReleasePart, part_header
+from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
+from transforms.shuffler.packed import PackedMessages
 from transforms.state.files import ensure_dir
 from transforms.state.ledger import ReleaseKey
 

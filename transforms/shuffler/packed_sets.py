@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.packed import PackedMessages
+from transforms.shuffler.packed import PackedMessages
 from transforms.wire.elements import SourceRef
 
 VERSION = 1
@@ -145,7 +145,7 @@ class PackedSets:
 
     def __iter__(self) -> Iterator[Any]:
         """Each set as a ``SetElement`` (digest: its 16-byte prefix): the unpacked view, for inspection."""
-        from transforms.ingress import SetElement
+        from transforms.shuffler.elements import SetElement
 
         messages = iter(self.messages)
         for row in range(len(self)):

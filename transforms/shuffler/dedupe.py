@@ -22,14 +22,14 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.dead_letters import dead_letter
-from transforms.ingress import DEAD, NAMESPACE
 from transforms.mechanisms.base import is_single_message, messages_per_channel
 from transforms.mechanisms.randomness import keyed_index
-from transforms.packed import Message, PackedUnits
-from transforms.packed_sets import PackedSets
-from transforms.shuffle_plan import WindowClock
+from transforms.shuffler.elements import DEAD, NAMESPACE
+from transforms.shuffler.packed import Message, PackedUnits
+from transforms.shuffler.packed_sets import PackedSets
+from transforms.shuffler.plan import WindowClock
+from transforms.shuffler.spill import SpillBuffer, load
 from transforms.spec import AnalysisSpec
-from transforms.spill import SpillBuffer, load
 from transforms.staging import Location
 from transforms.wire.rows import PRESENCE
 

@@ -18,13 +18,13 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from transforms.ingress import NAMESPACE
 from transforms.mechanisms.randomness import keyed_generator
-from transforms.packed import Message, PackedMessages, PackedUnits
 from transforms.privacy.crowd import crowd_threshold
 from transforms.privacy.crowd_count import discrete_gaussian
+from transforms.shuffler.elements import NAMESPACE
+from transforms.shuffler.packed import Message, PackedMessages, PackedUnits
+from transforms.shuffler.spill import load
 from transforms.spec import AnalysisSpec
-from transforms.spill import load
 
 LOG = logging.getLogger(__name__)
 WITHHELD = -1  # decision for a crowd that releases nothing
@@ -74,7 +74,7 @@ class PartHeader(NamedTuple):
     """A release part without its messages: which release and sub-key, its counts, and the shape of its
     messages (one payload length for all, the range of their channels). Staged beside the part
     (``transforms.staging``) so the driver groups parts into releases, finds withheld windows and lays out a
-    release's batches without reading any part's messages (``pipelines.release_files.write_release``)."""
+    release's batches without reading any part's messages (``transforms.shuffler.release_files.write_release``)."""
 
     spec_id: str
     crowd_id: str | None

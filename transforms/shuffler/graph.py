@@ -25,8 +25,8 @@ permutations) is a keyed PRF of the crowd under the shuffler's persisted key, so
 sets reproduces the same release. ``beam.Reshuffle`` is not used: it keeps timestamps and draws keys
 from ``random``.
 
-The steps live in ``transforms.shuffle_plan`` (scale-out, window clock), ``transforms.shuffle_dedupe`` (hold,
-dedupe, strip) and ``transforms.shuffle_release`` (threshold, delete and permute); their public names are
+The steps live in ``transforms.shuffler.plan`` (scale-out, window clock), ``transforms.shuffler.dedupe`` (hold,
+dedupe, strip) and ``transforms.shuffler.threshold`` (threshold, delete and permute); their public names are
 importable from here.
 """
 
@@ -38,10 +38,10 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.pvalue import AsDict
 
-from transforms.ingress import DEAD
-from transforms.packed import Message
-from transforms.shuffle_dedupe import HELD, DedupeAndStripFn, Unit, set_problem
-from transforms.shuffle_plan import (
+from transforms.shuffler.dedupe import HELD, DedupeAndStripFn, Unit, set_problem
+from transforms.shuffler.elements import DEAD
+from transforms.shuffler.packed import Message
+from transforms.shuffler.plan import (
     MAX_BUCKETS,
     MAX_SUBKEYS,
     RECORDS_PER_BUCKET,
@@ -49,7 +49,8 @@ from transforms.shuffle_plan import (
     ScaleOut,
     WindowClock,
 )
-from transforms.shuffle_release import (
+from transforms.shuffler.spill import count_of
+from transforms.shuffler.threshold import (
     WITHHELD,
     CrowdKey,
     CrowdThresholdFn,
@@ -61,7 +62,6 @@ from transforms.shuffle_release import (
     part_header,
 )
 from transforms.spec import AnalysisSpec
-from transforms.spill import count_of
 from transforms.staging import Location
 
 __all__ = ["HELD", "MAX_BUCKETS", "MAX_SUBKEYS", "RECORDS_PER_BUCKET", "RECORDS_PER_SUBKEY", "WITHHELD", "CrowdKey",
@@ -74,7 +74,7 @@ class Shuffle(beam.PTransform):
 
     ``held`` carries (partition key, earliest offset) of sets in windows that are still open. With ``spill``
     (a directory or URL every worker can write, e.g. under the run's staging location), the stripped units
-    are spilled there and only references are grouped (``transforms.spill``).
+    are spilled there and only references are grouped (``transforms.shuffler.spill``).
     """
 
     def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock,

@@ -1,7 +1,7 @@
 """The shuffler's streaming stages: event-time windows in the runner, late panes dead-lettered, releases
 staged with a completion marker for the driver's release agent.
 
-The bounded jobs decide which windows are closed themselves (``transforms.shuffle.WindowClock``). A streaming
+The bounded jobs decide which windows are closed themselves (``transforms.shuffler.graph.WindowClock``). A streaming
 pipeline leaves it to the runner: every authenticated set is put in the Beam window of its crowd,
 ``CrowdWindows``: ``[end - size + lateness, end + lateness)`` for the spec's window ``[end - size, end)``, so
 the runner's on-time pane fires once the watermark passes *window end + allowed lateness*, exactly when the
@@ -10,7 +10,7 @@ after that the runner still keeps a window's (tiny, DISCARDING) trigger state so
 as a LATE pane and are dead-lettered as late (``LateGateFn``) instead of being dropped silently. It is the
 ingress's ``max_age`` (older sets are refused at ingress anyway).
 
-After the gate the unchanged ``transforms.shuffle.Shuffle`` runs with a clock that treats every window it
+After the gate the unchanged ``transforms.shuffler.graph.Shuffle`` runs with a clock that treats every window it
 sees as closed (``drain``): only on-time panes reach it, one per window. Its parts are staged one file per
 part under ``releases/<release id>/``; when all parts of a release are staged (one on-time pane, grouped per
 crowd) a marker ``done-*.pkl`` is written, last, with the part list and, per partition, the end offset of
@@ -38,10 +38,11 @@ from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from transforms.dead_letters import dead_letter
-from transforms.ingress import DEAD, NAMESPACE, IngressFn, SetElement, TimePolicy
 from transforms.kafka_clients import KafkaRecord
 from transforms.kafka_sdf import wall_ms
-from transforms.shuffle import ReleasePart, part_header
+from transforms.shuffler.elements import DEAD, NAMESPACE, SetElement, TimePolicy
+from transforms.shuffler.graph import ReleasePart, part_header
+from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec
 from transforms.staging import StagingDoFn, is_url, join, stable_name, write_batch
 from transforms.state.prior_runs import PriorRuns
@@ -327,8 +328,8 @@ class StreamShuffle(beam.PTransform):
     def expand(self, records: beam.PCollection) -> beam.pvalue.PDone:
         from apache_beam.transforms import trigger
 
-        from transforms.ingress import TIMES, VERIFIED
-        from transforms.shuffle import Shuffle, WindowClock
+        from transforms.shuffler.elements import TIMES, VERIFIED
+        from transforms.shuffler.graph import Shuffle, WindowClock
         from transforms.staging import StageFn
 
         specs, pipeline = self._specs, records.pipeline
