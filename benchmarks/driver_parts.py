@@ -2,7 +2,7 @@
 
 Why: the driver reads every part of a release from the staging location (a local disk, or an object store
 where every byte read is a request); a part is a sub-crowd's messages. Here the parts of one window are
-staged as the pipeline stages them (``pipelines.shuffle.part_stager``, one bundle) and ``seal_and_publish``
+staged as the pipeline stages them (``pipelines.shuffle_publish.part_stager``, one bundle) and ``seal_and_publish``
 runs on them with publishing replaced by a no-op, so only the driver's own work is timed: grouping, the
 withheld check, signing and writing the release file. Bytes read are counted on every open of a staged part
 file.
@@ -57,7 +57,7 @@ class _Counted:
 
 
 def measure(sets: int, subkeys: int, payload: int, keys: Path | None) -> dict[str, Any]:
-    from pipelines import shuffle as driver
+    from pipelines import shuffle_publish as driver
     from pipelines.enrolment import enrol_simulated
     from pipelines.examples import example_path
     from pipelines.job import BoundedRun, JobConfig

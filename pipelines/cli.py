@@ -258,7 +258,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.demo.simulate import produce_population
     from pipelines.options import load_kafka_config
     from pipelines.preflight import existing_topics
-    from pipelines.query import parse_time_ms
+    from pipelines.query.readers import parse_time_ms
     from transforms.spec import load_spec
 
     kafka_config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
@@ -521,13 +521,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan":
         return _plan(args)
     if args.command == "report":
-        from pipelines.report import write_reports
+        from pipelines.reports.html import write_reports
 
         for path in write_reports(args.output_dir, args.out, args.top):
             _print(str(path))
         return 0
     if args.command == "query":
-        from pipelines.query import query_command
+        from pipelines.query.ranges import query_command
 
         return query_command(args)
     from pipelines.demo.run import run_demo

@@ -29,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.job import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
-from pipelines.shuffle import StagedParts, seal_written, withheld_entry
+from pipelines.shuffle_publish import StagedParts, seal_written, withheld_entry
 from transforms.shuffler.release_files import write_release
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 from transforms.sinks import avro_bytes

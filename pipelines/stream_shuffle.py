@@ -53,7 +53,7 @@ from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
-from pipelines.shuffle import STAGE, republish_unpublished, shuffler_prf_key
+from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 from transforms.staging import is_url, join, write_staged

@@ -2,7 +2,7 @@
 
 A range tree has ~2^(bits+1) node rows: a summary of their z-statistics says little that a user asks, so
 range and quantile runs are judged on what they are for: ``RANDOM_RANGES`` random ranges answered by the
-tree rebuilt from the STORED rows (``pipelines.query``, as ``esa query`` would) against the exact counts,
+tree rebuilt from the STORED rows (``pipelines.query.ranges``, as ``esa query`` would) against the exact counts,
 and each quantile's stated interval against the true quantile. Heavy hitters are judged on precision and
 recall of the reported top-k against the true top-k. Each check returns (facts to merge, evidence for the
 kind's plot); ``facts["details"]`` lists the extra summary lines.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipelines.query import StoredTree, answer_quantile, trees_of
+from pipelines.query.ranges import StoredTree, answer_quantile, trees_of
 from transforms.spec import AnalysisSpec
 
 RANDOM_RANGES = 1000

@@ -15,7 +15,7 @@ import pytest
 from pipelines import shuffle as shuffle_job
 from pipelines.broker import LocalBroker
 from pipelines.job import JobConfig
-from pipelines.shuffle import publish
+from pipelines.shuffle_publish import publish
 from transforms.kafkaio import ensure_topics, read_topic
 from transforms.shuffler.publish import ShufflerFencedError, TransactionalPublisher, forget_publishers
 from transforms.shuffler.release_files import FRAME, iter_batches

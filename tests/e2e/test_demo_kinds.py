@@ -17,7 +17,7 @@ import pytest
 from pipelines.demo.plots import plot_file_name
 from pipelines.demo.run import DEMO_SPECS, run_demo
 from pipelines.examples import example_path
-from pipelines.query import answer_quantile, trees_of
+from pipelines.query.ranges import answer_quantile, trees_of
 from transforms.spec import load_spec
 from transforms.state.estimates_store import read_estimates
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pipelines.shuffle as driver
+import pipelines.shuffle_publish as driver
 import transforms.shuffler.packed as packed
 import transforms.staging as staging
 from pipelines.job import BoundedRun, JobConfig

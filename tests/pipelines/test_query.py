@@ -44,7 +44,7 @@ def demo_dir(broker: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def direct_tree(out: Path) -> RangeTree:
-    """The tree from the Parquet rows and the readout constants, without pipelines.query."""
+    """The tree from the Parquet rows and the readout constants, without pipelines.query.ranges."""
     table = read_estimates(out)
     levels = json.loads(table["parameters"][0].as_py())["readout"]["levels"]
     items = table["item"].to_pylist()

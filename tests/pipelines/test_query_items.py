@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
-from pipelines.query_items import grr_sum_variance, hadamard_sum_variance, hash_candidates, item_answers, sum_of
-from pipelines.readers import load_estimates
+from pipelines.query.items import grr_sum_variance, hadamard_sum_variance, hash_candidates, item_answers, sum_of
+from pipelines.query.readers import load_estimates
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
 from transforms.mechanisms.frequency.oracles import GRR
 from transforms.state.estimates_store import write_release_estimates

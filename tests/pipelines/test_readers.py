@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.readers import estimates_frame
+from pipelines.query.readers import estimates_frame
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
 from transforms.state.estimates_store import write_release_estimates
 

@@ -80,7 +80,7 @@ def console_lines(stderr: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_page_renders_in_headless_chromium(output_dir: Path, tmp_path: Path) -> None:
-    from pipelines.report import write_reports
+    from pipelines.reports.html import write_reports
 
     (page,) = write_reports(output_dir)
     dom = chromium(page, tmp_path / "profile-dom", "--dump-dom")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import BoundedRun, JobConfig
-from pipelines.shuffle import seal_and_publish
+from pipelines.shuffle_publish import seal_and_publish
 from transforms.kafkaio import PartitionRange
 from transforms.shuffler.graph import ReleasePart
 from transforms.spec import load_spec

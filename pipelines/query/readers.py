@@ -9,6 +9,7 @@ pipelines never need it, so it is not a runtime dependency.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,6 @@ def filter_estimates(table: pa.Table, spec: str | None = None, window: str | int
                      crowd: str | None = None) -> pa.Table:
     """Rows of one spec (its id ``name@hash`` or its name: every version), window (start, epoch ms or ISO
     8601) and crowd id; None keeps all."""
-    from pipelines.query import parse_time_ms
 
     mask = None
 
@@ -86,3 +86,18 @@ def estimates_frame(out_dir: str | Path, spec: str | None = None, window: str | 
     if parse_parameters:
         frame["parameters"] = [json.loads(p) if p else {} for p in frame["parameters"]]
     return frame
+
+
+def parse_time_ms(text: str, flag: str = "--window") -> int:
+    """A time given as milliseconds since the epoch or an ISO 8601 time (UTC unless it says)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{flag} must be epoch milliseconds or an ISO 8601 time, got {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return round(when.timestamp() * 1000)

@@ -25,6 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.paths import OutputLocation, output_location
+from pipelines.query.items import format_item_answers, item_answers, read_candidates
+from pipelines.query.readers import filter_estimates, load_estimates, parse_time_ms
 from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree
 from transforms.mechanisms.ranges.range_tree import RangeTree
 
@@ -147,21 +149,6 @@ def tree_of(rows: pa.Table, readout: dict[str, Any]) -> RangeTree | LeftChildren
         "cov_beta": table[:, 3]})
 
 
-def parse_time_ms(text: str, flag: str = "--window") -> int:
-    """A time given as milliseconds since the epoch or an ISO 8601 time (UTC unless it says)."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{flag} must be epoch milliseconds or an ISO 8601 time, got {text!r}") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return round(when.timestamp() * 1000)
-
-
 def trees_of(table: pa.Table, spec_id: str | None = None, window: str | int | None = None,
              crowd: str | None = None) -> list[StoredTree]:
     """Every (spec, window, crowd) of an estimates table whose rows form a range tree, after the filters."""
@@ -211,7 +198,6 @@ def read_table(estimates: str | Path | OutputLocation) -> tuple[pa.Table, str]:
     legacy ``estimates.parquet`` (``read_estimates``), that file given directly, or a URL's file."""
     location = output_location(estimates)
     if location.local is not None:
-        from pipelines.readers import load_estimates
 
         return load_estimates(location.local), str(location.local)
     path = estimates_file(estimates)
@@ -225,7 +211,6 @@ def read_trees(estimates: str | Path | OutputLocation, spec_id: str | None = Non
                crowd: str | None = None) -> list[StoredTree]:
     """The range trees stored under an output directory (dataset parts and a legacy estimates.parquet), that
     file, or a URL, filtered (``spec_id``: an id or a spec name); ValueError if there are none."""
-    from pipelines.readers import filter_estimates
 
     table, path = read_table(estimates)
     trees = trees_of(filter_estimates(table, spec_id, window, crowd))
@@ -320,9 +305,7 @@ def item_questions(args: Any) -> bool:
 
 def query_command(args: Any) -> int:
     """``esa query`` (wired in ``pipelines.cli``): ranges/quantiles on range trees, and top items, named items,
-    sums and kv_mean keys on item analyses (``pipelines.query_items``); prints text or JSON; ValueError -> 2."""
-    from pipelines.query_items import format_item_answers, item_answers, read_candidates
-    from pipelines.readers import filter_estimates
+    sums and kv_mean keys on item analyses (``pipelines.query.items``); prints text or JSON; ValueError -> 2."""
 
     ranges, quantiles = [tuple(r) for r in args.ranges or ()], list(args.quantiles or ())
     results: list[dict[str, Any]] = []

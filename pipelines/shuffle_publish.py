@@ -1,0 +1,186 @@
+"""The shuffle job's driver half: seal each closed window's release, publish it, mark it in the ledger.
+
+Shared by the bounded shuffle job and the streaming shuffler's release agent, so that both seal, publish,
+withhold and republish by the same rules: a release is sealed (its file written and its ledger entry made)
+before it is published, so a crash between the two republishes the identical bytes and never re-draws.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from pipelines.job import (
+    BoundedRun,
+    JobConfig,
+    crash_point,
+)
+from transforms.mechanisms.randomness import job_key_from_seed
+from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
+from transforms.shuffler.publish import publisher_for
+from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
+from transforms.staging import (
+    Location,
+    StagedEntry,
+    StageFn,
+    iter_staged_entries,
+)
+from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
+from transforms.trust.keys import load_or_create_secret, load_shuffler_signer
+from transforms.trust.release import release_id_of
+
+LOG = logging.getLogger("pipelines.shuffle")
+
+STAGE = "shuffle"
+PART = "part"  # staging prefix of release parts
+
+
+def shuffler_prf_key(config: JobConfig) -> bytes:
+    """The shuffler's persisted PRF key (16 bytes for SipHash); a test seed replaces it only when given."""
+    if config.seed is not None:
+        return job_key_from_seed(config.seed + 0x5EED)
+    return load_or_create_secret(config.keys / "shuffler" / "prf.key")[:16]
+
+
+def release_file(config: JobConfig, release_id: str) -> Path:
+    return config.state / "releases" / f"{release_id}.bin"
+
+
+def part_stager(staging: Location) -> StageFn:
+    """The stage that writes release parts, each with its ``PartHeader`` in the batch's index."""
+    return StageFn(staging, PART, part_name, header_of=part_header)
+
+
+class StagedParts(Sequence[ReleasePart]):
+    """The staged parts of one release, in sub-key order: their headers held, each part read from staging
+    when accessed and not kept, so the driver holds one part (a sub-crowd) at a time, however large the
+    crowd, and reads no part's messages to group, count or withhold a release (``headers``)."""
+    def __init__(self, entries: Sequence[StagedEntry], headers: Sequence[PartHeader] | None = None):
+        self._entries = list(entries)
+        self.headers = list(headers) if headers is not None else [header_of(e) for e in self._entries]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index: int) -> ReleasePart:  # type: ignore[override]
+        return self._entries[index].load()
+
+    @property
+    def key(self) -> ReleaseKey:
+        return release_key(self.headers)
+
+    @property
+    def withheld(self) -> bool:
+        return is_withheld(self.headers)
+
+
+def header_of(entry: StagedEntry) -> PartHeader:
+    """A staged part's header, from the batch's index; a part staged without one (by an earlier esa) is read."""
+    return entry.header if isinstance(entry.header, PartHeader) else part_header(entry.load())
+
+
+def staged_releases(staging: Location) -> Iterator[StagedParts]:
+    """The staged parts, one release at a time (part names start with the release id), sub-key order."""
+    headed = ((header_of(e), e) for e in iter_staged_entries(staging, PART))
+    for _, group in itertools.groupby(headed, key=lambda he: release_key([he[0]])):
+        headers, entries = zip(*group, strict=True)
+        yield StagedParts(entries, headers)
+
+
+def publish(config: JobConfig, release_id: str, path: Path) -> int:
+    """Produce a release's batches from its file, keyed ``release_id:index``, in one Kafka transaction under the
+    stream's transactional id (``transforms.shuffler.publish``: all batches visible or none; a second shuffler
+    on this topic fences this one). Raises unless the transaction committed."""
+    publisher = publisher_for(config.bootstrap, config.shuffled_topic, config.kafka_config)
+    return publisher.publish((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path)))
+
+
+def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
+    """Crash recovery: releases sealed by a run that died before publishing them go out now, identical."""
+    done = 0
+    for entry in ledger.unpublished():
+        path = release_file(config, entry.release_id)
+        if file_digest(path) != entry.digest:
+            raise RuntimeError(f"staged release {entry.release_id} does not match its ledger digest; refusing "
+                               "to publish (state directory damaged?)")
+        publish(config, entry.release_id, path)
+        ledger.mark_published(entry.key)
+        done += 1
+    if done:
+        LOG.warning("republished %d release(s) sealed by an interrupted run", done)
+    return done
+
+
+def withheld_entry(key: ReleaseKey, source_ends: dict[str, int], run_key: str) -> ReleaseEntry:
+    """The ledger entry of a window the crowd threshold withheld: sealed, never published, its reports late."""
+    return ReleaseEntry(key=key, release_id=release_id_of(key.spec_id, key.crowd_id, key.window_end_ms),
+                        digest="withheld", n_sets=0, n_messages=0, batches=0, source_ends=source_ends,
+                        run_key=run_key, sealed_at_ms=int(time.time() * 1000), status=WITHHELD)
+
+
+def release_key(parts: Sequence[PartHeader | ReleasePart]) -> ReleaseKey:
+    """The (spec, crowd, window end) of a release, from its parts or their headers."""
+    return ReleaseKey(parts[0].spec_id, parts[0].crowd_id, parts[0].window_end_ms)
+
+
+def is_withheld(parts: Sequence[PartHeader | ReleasePart]) -> bool:
+    """Whether the crowd threshold withheld a release (no part has a set), from its parts or their headers."""
+    return sum(p.n_sets for p in parts) == 0
+
+
+def seal_written(config: JobConfig, ledger: ReleaseLedger, written: ReleaseFile, source_ends: dict[str, int],
+                 run_key: str) -> bool:
+    """One release written to its durable file (not withheld): ledger seal -> publish -> mark published.
+
+    False when the window was already sealed with another digest (by an earlier or a racing run): this
+    release is discarded and the sealed one stays, at most one release per window ever.
+    """
+    key = written.key
+    stored = ledger.get(key)
+    if stored is not None and stored.digest != written.digest:
+        written.discard()  # never overwrite the file of what was released (or withheld) before
+        LOG.error("window %s of %s crowd %s was already sealed by run %s; this run's release is discarded",
+                  key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
+        return False
+    written.commit()
+    entry = ReleaseEntry(key=key, release_id=written.release_id, digest=written.digest, n_sets=written.n_sets,
+                         n_messages=written.n_messages, batches=written.batches, source_ends=source_ends,
+                         run_key=run_key, sealed_at_ms=int(time.time() * 1000))
+    stored, created = ledger.seal(entry)
+    if not created and stored.digest != written.digest:
+        LOG.error("window %s of %s crowd %s was already released by run %s; this run's release is discarded",
+                  key.window_end_ms, key.spec_id, key.crowd_id, stored.run_key)
+        return False
+    crash_point("shuffle:after_seal")
+    if stored.status != "published":
+        publish(config, written.release_id, written.path)
+        crash_point("shuffle:after_publish")
+        ledger.mark_published(key)
+    return True
+
+
+def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
+    """The release step, one staged release at a time (``seal_written``). Withheld windows are sealed
+    together at the end (one durable batch). Each part's messages are read by ``write_release`` alone (see
+    there how often); grouping and withholding use the parts' staged headers."""
+    config = run.config
+    released, conflicts = 0, 0
+    withheld: list[ReleaseEntry] = []
+    signer: tuple | None = None
+    for parts in staged_releases(run.staging):
+        if parts.withheld:  # withheld by the crowd threshold: sealed as such, never published
+            withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
+            continue
+        signer = signer or load_shuffler_signer(config.keys)
+        written = write_release(config.state / "releases", parts, *signer, headers=parts.headers)
+        del parts  # the release is in its file: hold one release's messages at a time, never two
+        if seal_written(config, ledger, written, run.source_ends, run.key):
+            released += 1
+        else:
+            conflicts += 1
+    # A window another attempt sealed stays as it was sealed; this attempt's "withheld" is then not recorded.
+    ledger.seal_many(withheld)
+    return released, conflicts
