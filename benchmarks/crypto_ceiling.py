@@ -5,7 +5,7 @@ signs the set and seals each message (two X25519 multiplications, HKDF, ChaCha20
 verifies each set's Ed25519 signature; the analyzer opens each message (one X25519 multiplication, HKDF,
 ChaCha20-Poly1305). Measured here on this machine, one thread, median of 3, with the libraries the jobs use
 (libsodium for Ed25519 and X25519, ``cryptography`` for HKDF and the AEAD); all three jobs spread their
-GIL-free calls over ``cores`` threads (``transforms.parallel``), so the ceiling is ``cores`` times the
+GIL-free calls over ``cores`` threads (``transforms.runtime.parallel``), so the ceiling is ``cores`` times the
 one-thread rate (an upper bound: HKDF and the AEAD stay on one thread).
 """
 

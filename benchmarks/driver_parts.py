@@ -61,7 +61,7 @@ def measure(sets: int, subkeys: int, payload: int, keys: Path | None) -> dict[st
     from pipelines.enrolment import enrol_simulated
     from pipelines.examples import example_path
     from pipelines.job import BoundedRun, JobConfig
-    from transforms.kafkaio import PartitionRange
+    from transforms.io.kafka.bounded import PartitionRange
     from transforms.shuffler.graph import ReleasePart
     from transforms.shuffler.packed import PackedMessages
     from transforms.spec import load_spec

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 from pipelines.enrolment import enrol_simulated, registry_path
 from transforms.device.wire import EventRows, ShufflerKey, signed_message_sets
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import VERIFIED, TimePolicy
 from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec, spec_from_dict

@@ -2,7 +2,7 @@
 
 What the pipeline's Kafka IO costs at most, per client: ``produce_records`` (acks=all, the project's
 producer settings) and a read of the planned ranges of a 3-partition topic with the project's consumer
-(`transforms.kafkaio._read_range`: records materialized as ``KafkaRecord``s, as the jobs get them). The plan
+(`transforms.io.kafka.bounded._read_range`: records materialized as ``KafkaRecord``s, as the jobs get them). The plan
 (the end-of-log probe, ~0.6 s of idle polls whatever the size) is timed apart. Both clients read the same
 topic, in alternating order; medians over --repeats.
 
@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
 from pipelines.broker import LocalBroker
-from transforms.kafka_clients import consumer
-from transforms.kafka_config import CLIENTS
-from transforms.kafkaio import _read_range, ensure_topics, plan_bounded_read, produce_records
+from transforms.io.kafka.bounded import _read_range, ensure_topics, plan_bounded_read, produce_records
+from transforms.io.kafka.clients import consumer
+from transforms.io.kafka.config import CLIENTS
 
 PARTITIONS = 3
 

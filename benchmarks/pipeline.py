@@ -42,9 +42,9 @@ from pipelines.demo.simulate import produce_population
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
 from pipelines.job import JobConfig, default_keys_dir
-from transforms.kafka_config import CLIENTS, CONFLUENT, DEFAULT_CLIENT, KAFKA_PYTHON
-from transforms.kafkaio import ensure_topics, read_topic
-from transforms.parallel import thread_count
+from transforms.io.kafka.bounded import ensure_topics, read_topic
+from transforms.io.kafka.config import CLIENTS, CONFLUENT, DEFAULT_CLIENT, KAFKA_PYTHON
+from transforms.runtime.parallel import thread_count
 from transforms.spec import AnalysisSpec, load_spec
 from transforms.state.estimates_store import read_estimates
 

@@ -44,8 +44,8 @@ def _count(result: object) -> int:
 
 
 def read_rates(bootstrap: str, topic: str, idle_s: float, client: str) -> dict[str, tuple[int, float]]:
-    from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock
-    from transforms.kafkaio import ReadFromKafkaBounded
+    from transforms.io.kafka.bounded import ReadFromKafkaBounded
+    from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock
 
     out = {}
     readers = {
@@ -78,7 +78,7 @@ def main() -> None:
     from pipelines.demo.simulate import produce_population
     from pipelines.enrolment import enrol_simulated
     from pipelines.job import JobConfig
-    from transforms.kafkaio import ensure_topics
+    from transforms.io.kafka.bounded import ensure_topics
     from transforms.spec import load_spec
     from transforms.state.ledger import ReleaseLedger
 

@@ -184,7 +184,7 @@ def simulate(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from pipelines.broker import LocalBroker
     from pipelines.enrolment import enrol_simulated
     from pipelines.job import JobConfig
-    from transforms.kafkaio import ensure_topics, produce_records
+    from transforms.io.kafka.bounded import ensure_topics, produce_records
     from transforms.state.estimates_store import part_path  # noqa: F401  (layout documented there)
 
     spec = streaming_spec(args.lateness_minutes * 60)

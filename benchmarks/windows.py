@@ -124,7 +124,7 @@ def windows_experiment(bootstrap: str, base: Path, n_windows: int, n_devices: in
     """``n_windows`` one-set windows through shuffle and analyze (all withheld: one device per crowd)."""
     from pipelines.enrolment import enrol_simulated
     from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
-    from transforms.kafkaio import ensure_topics, produce_records
+    from transforms.io.kafka.bounded import ensure_topics, produce_records
     from transforms.trust.devices import SimulatedFleet
     from transforms.trust.envelope import seal_envelope
     from transforms.trust.keys import load_shuffler_sealing_public

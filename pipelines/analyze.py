@@ -2,7 +2,7 @@
 
 The analyst's trust domain: it holds the analyzer's private keys and the shuffler's public keys, never a
 device identity or a raw event. One run: read from the resume offsets, verify and assemble whole releases
-(``transforms.analyze_release``), open and decode them into count arrays, compute the estimate rows and
+(``transforms.analyzer.releases``), open and decode them into count arrays, compute the estimate rows and
 stage them; then, in the driver, for each staged release: seal it in the analyst's ledger (so a replayed
 or second release of the same window is never analyzed), compute the population's cumulative epsilon
 across the windows released so far (the odometer), write the rows as their own Parquet part under
@@ -41,13 +41,13 @@ from pipelines.job import (
     skipped_summary,
 )
 from schemas import encode_record
-from transforms.analyze import estimate_rows
-from transforms.analyze_release import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenBatchFn, OpenedRelease
-from transforms.estimate_columns import neighbouring_notion
-from transforms.kafkaio import produce_records
-from transforms.privacy_ledger import Odometers, accounting_of, metric_of, with_cumulative_epsilon
-from transforms.sinks import StageAvroRecords
-from transforms.staging import StageFn, load_staged
+from transforms.analyzer.estimates import estimate_rows
+from transforms.analyzer.ledger_rows import Odometers, accounting_of, metric_of, with_cumulative_epsilon
+from transforms.analyzer.releases import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenBatchFn, OpenedRelease
+from transforms.io.kafka.bounded import produce_records
+from transforms.io.sinks import StageAvroRecords
+from transforms.io.staging import StageFn, load_staged
+from transforms.state.estimate_columns import neighbouring_notion
 from transforms.state.estimates_store import write_release_estimates
 from transforms.state.files import atomic_write_json
 from transforms.state.ledger import ReleaseEntry, ReleaseKey, ReleaseLedger

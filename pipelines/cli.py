@@ -20,7 +20,7 @@ from typing import Any
 from pipelines.exit_codes import EsaError, ExitCode, JobUsageError, epilog
 from pipelines.logs import FORMAT_ENV, LOG_FORMATS, log_format, setup_logging
 from pipelines.out_of_space import out_of_space, out_of_space_advice
-from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT
+from transforms.io.kafka.config import CLIENTS, DEFAULT_CLIENT
 
 LOG = logging.getLogger("esa")
 # Kept literal (no pipelines.examples import chain) so that `esa privacy` does not pay for Beam or pyarrow.
@@ -273,7 +273,7 @@ def _simulate(args: argparse.Namespace) -> int:
     enrol_simulated(args.keys_dir, population.client_ids.tolist())
     if args.devices is not None:
         from pipelines.demo.device_fleet import FleetOutcome, device_messages
-        from transforms.kafkaio import ensure_topics, produce_records
+        from transforms.io.kafka.bounded import ensure_topics, produce_records
 
         outcome, show = FleetOutcome(), progress_printer("devices reported")
         ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client_config=kafka_config,
@@ -430,7 +430,7 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from transforms.privacy.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
+    from transforms.planning.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
 
     if args.kind == "histogram":
         return _plan_histogram(args)
@@ -462,7 +462,7 @@ def _plan(args: argparse.Namespace) -> int:
         plan = make(args.epsilon_central, args.delta)
         text = formatter(plan)
     else:
-        from transforms.privacy.plan_windows import format_windows_plan, plan_for_windows
+        from transforms.planning.windows import format_windows_plan, plan_for_windows
 
         plan = plan_for_windows(make, args.n, args.windows, args.epsilon_central_total, args.delta)
         text = format_windows_plan(plan, formatter(plan.plan))
@@ -471,7 +471,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _plan_histogram(args: argparse.Namespace) -> int:
-    from transforms.privacy import planner_histogram as ph
+    from transforms.planning import histogram as ph
 
     for flag, value in (("--s", args.s), ("--t", args.t), ("--t_rule", args.t_rule), ("--k_round", args.k_round),
                         ("--accountant", args.accountant)):

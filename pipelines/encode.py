@@ -1,10 +1,10 @@
 """Encode job: raw TelemetryEvents -> signed, sealed message sets on the reports topic (edge collectors).
 
 The device's trust domain (an edge collector or a simulation holding the devices' keys): each event is
-randomized once with the keyed per-event PRF of ``transforms.encode`` under the encoder's persisted key
+randomized once with the keyed per-event PRF of ``transforms.encoder.encode`` under the encoder's persisted key
 (its permanent backstops with a PRF of the device and value, the same in every run: docs/device-privacy.md),
 its payloads are sealed to the analyzer and the set is signed with the device's key
-(``transforms.seal``), so a rerun after a crash re-sends byte-identical sets (the shuffler keeps one).
+(``transforms.encoder.seal``), so a rerun after a crash re-sends byte-identical sets (the shuffler keeps one).
 The Kafka key is the device id, so one device's sets stay in order in one partition. Raw dead letters stay
 here (``STATE/dead_letters``). Accounting: read = dead-lettered + encoded.
 """
@@ -32,11 +32,11 @@ from pipelines.job import (
     require_outputs,
     run_pipeline,
 )
-from transforms.encode import EncodeEvents
-from transforms.encoder_keys import EncoderKeys
-from transforms.kafkaio import WriteToKafka
-from transforms.seal import SealSetsFn
-from transforms.sinks import StageAvroRecords
+from transforms.encoder.encode import EncodeEvents
+from transforms.encoder.keys import EncoderKeys
+from transforms.encoder.seal import SealSetsFn
+from transforms.io.kafka.bounded import WriteToKafka
+from transforms.io.sinks import StageAvroRecords
 
 STAGE = "encode"
 

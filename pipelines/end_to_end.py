@@ -20,7 +20,7 @@ from pipelines import analyze, encode, shuffle
 from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, RunSummary, config_from_options
 from pipelines.preflight import require_topics
-from transforms.kafkaio import ensure_topics
+from transforms.io.kafka.bounded import ensure_topics
 
 
 @dataclass

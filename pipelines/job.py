@@ -39,8 +39,7 @@ from pipelines.options import (
 )
 from pipelines.preflight import domain_dead_letter_topic, existing_topics, publishable, require_topics
 from pipelines.runners import prepare_runner
-from transforms.kafka_config import DEFAULT_CLIENT
-from transforms.kafkaio import (
+from transforms.io.kafka.bounded import (
     PartitionRange,
     ReadFromKafkaBounded,
     commit_plan,
@@ -48,14 +47,15 @@ from transforms.kafkaio import (
     ensure_topics,
     plan_bounded_read,
 )
-from transforms.sinks import avro_bytes, load_staged_avro
+from transforms.io.kafka.config import DEFAULT_CLIENT
+from transforms.io.sinks import avro_bytes, load_staged_avro
+from transforms.io.staging import check_location, clear_staging, is_url, join, prepare_staging
 from transforms.spec import AnalysisSpec, load_spec
-from transforms.staging import check_location, clear_staging, is_url, join, prepare_staging
 from transforms.state.files import StateLock, StateLocked, atomic_write_bytes, create_exclusive
 from transforms.state.run_state import RunState, run_key
 
 LOG = logging.getLogger(__name__)
-DEAD_LETTERS = "dead_letters"  # the staged dead letters' file prefix (``transforms.sinks.StageAvroRecords``)
+DEAD_LETTERS = "dead_letters"  # the staged dead letters' file prefix (``transforms.io.sinks.StageAvroRecords``)
 CRASH_ENV = "ESA_CRASH_AT"  # fault injection for tests: kill -9 this process at a named point
 
 
@@ -117,7 +117,7 @@ class JobConfig:
     seed: int | None = None
     kafka_io: str = "python"
     kafka_config: dict[str, Any] = field(default_factory=dict)
-    kafka_client: str = DEFAULT_CLIENT  # "confluent" or "kafka-python" (transforms.kafka_clients)
+    kafka_client: str = DEFAULT_CLIENT  # "confluent" or "kafka-python" (transforms.io.kafka.clients)
     drain: bool = False
     out_of_orderness_seconds: int = 600
     idle_timeout_seconds: int = 300
@@ -126,8 +126,8 @@ class JobConfig:
     now_ms: int | None = None  # the run's clock (tests and simulations may pin it)
     adopt_group: bool = False  # a fresh state dir may start from the group's committed offsets
     create_topics: bool = False  # create missing output topics (default: refuse them, a typo is never created)
-    crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.parallel
-    python_gc: str = "tuned"  # the workers' garbage collector: "tuned" or "default"; see transforms.worker_gc
+    crypto_threads: int = 0  # per worker, for signatures and sealing (0: one per core); see transforms.runtime.parallel
+    python_gc: str = "tuned"  # the workers' garbage collector: "tuned" or "default"; see transforms.runtime.worker_gc
     staging_location: str | None = None  # where workers stage a run's results; default: STATE/staging
     stop_after_idle_seconds: float | None = None  # --kafka_io sdf: end the stream after this long without data
 
@@ -490,7 +490,7 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
     to ``--dead_letter_topic`` if one is configured. Named by the run key, so a rerun replaces a crashed
     attempt's file and a later run adds a new one."""
     from schemas import encode_record
-    from transforms.kafkaio import produce_records
+    from transforms.io.kafka.bounded import produce_records
     from transforms.state.dead_letters import ReasonCounts, write_counts
 
     letters = load_staged_avro(run.staging, DEAD_LETTERS)

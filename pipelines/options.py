@@ -6,8 +6,8 @@ import os
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from transforms.kafka_config import CLIENTS, DEFAULT_CLIENT, KafkaConfigError
-from transforms.kafka_config import validate as validate_kafka_config
+from transforms.io.kafka.config import CLIENTS, DEFAULT_CLIENT, KafkaConfigError
+from transforms.io.kafka.config import validate as validate_kafka_config
 
 
 class EsaKafkaOptions(PipelineOptions):

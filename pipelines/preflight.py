@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from pipelines.exit_codes import ConfigError, KafkaUnavailableError
-from transforms.kafka_config import CONFLUENT, DEFAULT_CLIENT, KafkaConfigError, check_client, to_librdkafka
+from transforms.io.kafka.config import CONFLUENT, DEFAULT_CLIENT, KafkaConfigError, check_client, to_librdkafka
 
 LOG = logging.getLogger(__name__)
 CLIENT_ID = "esa-preflight"

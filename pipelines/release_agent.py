@@ -30,10 +30,8 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines.job import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
 from pipelines.shuffle_publish import StagedParts, seal_written, withheld_entry
-from transforms.shuffler.release_files import write_release
-from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
-from transforms.sinks import avro_bytes
-from transforms.staging import (
+from transforms.io.sinks import avro_bytes
+from transforms.io.staging import (
     StagingError,
     clear_staging,
     is_url,
@@ -43,6 +41,8 @@ from transforms.staging import (
     staged_entries,
     staged_files,
 )
+from transforms.shuffler.release_files import write_release
+from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
 
@@ -139,7 +139,7 @@ class ReleaseAgent:
         topic = domain_dead_letter_topic(self._config.dead_letter_topic, "shuffle")
         if topic:
             from schemas import encode_record
-            from transforms.kafkaio import produce_records
+            from transforms.io.kafka.bounded import produce_records
 
             produce_records(self._config.bootstrap, topic,
                             (encode_record("DeadLetter", letter, check=False) for letter in ordered),
@@ -151,7 +151,7 @@ class ReleaseAgent:
 def committed_total(config: JobConfig) -> int:
     """Records the source has committed for the group so far (summed over partitions): the progress measure
     a streaming job has without asking its runner."""
-    from transforms.kafkaio import committed_offsets
+    from transforms.io.kafka.bounded import committed_offsets
 
     try:
         found = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,

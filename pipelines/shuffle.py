@@ -41,16 +41,16 @@ from pipelines.job import (
     skipped_summary,
 )
 from pipelines.shuffle_publish import STAGE, part_stager, republish_unpublished, seal_and_publish, shuffler_prf_key
-from transforms.shuffler.elements import DEAD, TIMES, VERIFIED, TimePolicy
-from transforms.shuffler.graph import ScaleOut, Shuffle, WindowClock
-from transforms.shuffler.ingress import IngressFn
-from transforms.sinks import StageAvroRecords
-from transforms.staging import (
+from transforms.io.sinks import StageAvroRecords
+from transforms.io.staging import (
     StageFn,
     join,
     load_staged,
     stable_name,
 )
+from transforms.shuffler.elements import DEAD, TIMES, VERIFIED, TimePolicy
+from transforms.shuffler.graph import ScaleOut, Shuffle, WindowClock
+from transforms.shuffler.ingress import IngressFn
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.prior_runs import prior_runs
 from transforms.state.verified_sets import VerifiedSets

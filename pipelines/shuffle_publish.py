@@ -18,16 +18,16 @@ from pipelines.job import (
     JobConfig,
     crash_point,
 )
-from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
-from transforms.shuffler.publish import publisher_for
-from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
-from transforms.staging import (
+from transforms.io.staging import (
     Location,
     StagedEntry,
     StageFn,
     iter_staged_entries,
 )
+from transforms.mechanisms.randomness import job_key_from_seed
+from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
+from transforms.shuffler.publish import publisher_for
+from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.trust.keys import load_or_create_secret, load_shuffler_signer
 from transforms.trust.release import release_id_of

@@ -1,7 +1,7 @@
 """The streaming shuffler (``esa shuffle --kafka_io sdf``): one unbounded pipeline, windows closed by the
 runner's watermark, each release sealed and published by the driver's release agent while it runs.
 
-The pipeline (on the workers): the unbounded source (``transforms.kafka_sdf``: commit on finalize, a
+The pipeline (on the workers): the unbounded source (``transforms.io.kafka.unbounded``: commit on finalize, a
 per-partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged; its device
 registry reloaded when re-enrolled) -> each set in its crowd's event-time window
 (``transforms.shuffler.streaming.CrowdWindows``: on time at window end + allowed lateness, as the bounded
@@ -54,9 +54,9 @@ from pipelines.preflight import require_topics
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
-from transforms.kafka_sdf import ReadFromKafkaUnbounded, SourceClock, wall_ms
+from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
+from transforms.io.staging import is_url, join, write_staged
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
-from transforms.staging import is_url, join, write_staged
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.prior_runs import prior_runs
@@ -142,7 +142,7 @@ class PipelineThread:
 def claim_group(config: JobConfig) -> None:
     """A fresh state directory refuses a consumer group that another job has committed for (as bounded runs
     do), unless ``--adopt_consumer_group``; once claimed (``stream_group.json``) the group is this job's."""
-    from transforms.kafkaio import committed_offsets
+    from transforms.io.kafka.bounded import committed_offsets
 
     path = config.state / GROUP_FILE
     claim = {"group": config.group_id, "topic": config.reports_topic}

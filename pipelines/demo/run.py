@@ -38,7 +38,7 @@ from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, default_keys_dir, default_state_dir
 from pipelines.paths import OutputLocation, output_location
 from pipelines.preflight import existing_topics
-from transforms.kafka_config import DEFAULT_CLIENT
+from transforms.io.kafka.config import DEFAULT_CLIENT
 from transforms.mechanisms.base import Mechanism
 from transforms.spec import AnalysisSpec, SpecError, load_spec
 from transforms.state.estimates_store import read_estimates

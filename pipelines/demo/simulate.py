@@ -12,8 +12,8 @@ from typing import Any
 
 from pipelines.demo.population import Population, avro_value
 from schemas import SCHEMA_VERSION, encode_record
-from transforms.kafka_config import DEFAULT_CLIENT
-from transforms.kafkaio import ensure_topics, produce_records
+from transforms.io.kafka.bounded import ensure_topics, produce_records
+from transforms.io.kafka.config import DEFAULT_CLIENT
 from transforms.mechanisms.base import channel_count, encode_messages, is_single_message
 from transforms.mechanisms.randomness import os_entropy_rng, seeded_rng
 from transforms.spec import AnalysisSpec

@@ -1,7 +1,7 @@
 """Synthetic values of the numeric analysis kinds and their exact truths (see ``pipelines.demo.population``).
 
 Each law draws raw values as a device would hold them; each truth computes, from those very values, what
-the analyzer's Estimate rows estimate, with the same item names and indices as ``transforms.readout``.
+the analyzer's Estimate rows estimate, with the same item names and indices as ``transforms.analyzer.readout``.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
 def quantile_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     """Tree nodes, then per spec quantile q the upper edge (value units) of the bucket holding the empirical
     q-quantile: the smallest leaf j with #{leaf <= j} >= q n, as ``readout.quantile_items`` reports it."""
-    from transforms.readout import leaf_value
+    from transforms.analyzer.readout import leaf_value
 
     out = tree_truth(spec, values)
     leaves = np.sort(leaves_of(spec, values))

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from transforms.estimate_columns import neighbouring_notion
+from transforms.state.estimate_columns import neighbouring_notion
 from transforms.state.estimates_store import read_estimates
 
 Z95 = 1.96

@@ -21,7 +21,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
 from pipelines.broker import LocalBroker
-from transforms.kafkaio import PartitionRange, commit_plan, ensure_topics, plan_bounded_read, read_topic
+from transforms.io.kafka.bounded import PartitionRange, commit_plan, ensure_topics, plan_bounded_read, read_topic
 
 pytestmark = pytest.mark.slow
 N_RECORDS = 5_000

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipelines.broker import LocalBroker
-from transforms.kafkaio import PartitionRange, commit_plan, plan_bounded_read, produce_records
+from transforms.io.kafka.bounded import PartitionRange, commit_plan, plan_bounded_read, produce_records
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_records_deleted_by_retention_are_reported(tmp_path: Path, caplog: pytes
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             produce_records(broker.bootstrap, "short-lived", [b"new"])  # rolls the segment of the old records
-            with caplog.at_level(logging.ERROR, logger="transforms.kafkaio"):
+            with caplog.at_level(logging.ERROR, logger="transforms.io.kafka.bounded"):
                 plan = plan_bounded_read(broker.bootstrap, "short-lived", "late-job")
             if plan[0].start > 0:
                 break

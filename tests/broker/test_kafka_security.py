@@ -27,8 +27,8 @@ from pipelines.demo.simulate import telemetry_messages
 from pipelines.enrolment import enrol_simulated
 from tests.broker.tls import make_tls
 from tests.e2e.chain_harness import SPEC_PATH, Chain, cli_argv, recent_start
-from transforms.kafka_config import CLIENTS
-from transforms.kafkaio import KafkaWriteError, produce_records
+from transforms.io.kafka.bounded import KafkaWriteError, produce_records
+from transforms.io.kafka.config import CLIENTS
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow

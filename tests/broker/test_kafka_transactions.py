@@ -11,8 +11,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from pipelines.broker import LocalBroker
-from transforms.kafka_clients import consumer
-from transforms.kafkaio import ensure_topics, read_topic
+from transforms.io.kafka.bounded import ensure_topics, read_topic
+from transforms.io.kafka.clients import consumer
 
 pytestmark = pytest.mark.slow
 CLIENTS = ("confluent", "kafka-python")

@@ -16,7 +16,7 @@ from pipelines import shuffle as shuffle_job
 from pipelines.broker import LocalBroker
 from pipelines.job import JobConfig
 from pipelines.shuffle_publish import publish
-from transforms.kafkaio import ensure_topics, read_topic
+from transforms.io.kafka.bounded import ensure_topics, read_topic
 from transforms.shuffler.publish import ShufflerFencedError, TransactionalPublisher, forget_publishers
 from transforms.shuffler.release_files import FRAME, iter_batches
 

@@ -29,7 +29,7 @@ from tests.e2e.chain_harness import (
     stream_twin,
     topic_records,
 )
-from transforms.kafkaio import committed_offsets
+from transforms.io.kafka.bounded import committed_offsets
 
 pytestmark = pytest.mark.slow
 N, WINDOWS = 5_000, 2

@@ -17,8 +17,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from tests.deploy.s3 import S3Endpoint, s3_store
-from transforms.sinks import StageAvroRecords, load_staged_avro
-from transforms.staging import (
+from transforms.io.sinks import StageAvroRecords, load_staged_avro
+from transforms.io.staging import (
     StageFn,
     check_location,
     clear_staging,

@@ -13,8 +13,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, S3Options
 from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, config_from_options, staging_root
 from tests.e2e.chain_harness import SPEC_PATH
+from transforms.io.staging import StageFn, filesystem_options
 from transforms.spec import load_spec
-from transforms.staging import StageFn, filesystem_options
 
 
 @pytest.fixture(autouse=True)

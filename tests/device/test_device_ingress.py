@@ -11,7 +11,7 @@ from apache_beam.pvalue import TaggedOutput
 
 from tests.device.helpers import T0, client_kwargs, histogram_spec, shuffler_keys_dir
 from transforms.device import Client
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import TimePolicy
 from transforms.shuffler.ingress import IngressFn
 from transforms.state.prior_runs import PriorRuns

@@ -23,7 +23,7 @@ from pipelines.demo.population import avro_value
 from pipelines.job import JobConfig
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.device.wire import window_end_ms
-from transforms.kafkaio import KafkaRecord, produce_records, read_topic
+from transforms.io.kafka.bounded import KafkaRecord, produce_records, read_topic
 from transforms.mechanisms.base import encode_messages
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.estimates_store import read_estimates

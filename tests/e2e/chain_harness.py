@@ -109,7 +109,7 @@ def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> No
 
 def topic_records(bootstrap: str, topic: str) -> int:
     """Records on a topic (end offsets minus beginnings, summed over partitions)."""
-    from transforms.kafkaio import plan_bounded_read
+    from transforms.io.kafka.bounded import plan_bounded_read
 
     return sum(r.stop - r.start for r in plan_bounded_read(bootstrap, topic, "count-nobody-commits",
                                                            start_offsets={p: 0 for p in range(64)}))
@@ -162,7 +162,7 @@ if __name__ == "__main__":
 def new_chain(bootstrap: str, base: Path, name: str, *, raw: str | None = None, keys: Path | None = None,
               **kw: Any) -> Chain:
     """A chain with its own topics (3 partitions each) and directories under ``base/name``."""
-    from transforms.kafkaio import ensure_topics
+    from transforms.io.kafka.bounded import ensure_topics
 
     tag = f"{name}-{base.name}"
     chain = Chain(bootstrap=bootstrap, raw=raw or f"raw-{tag}", reports=f"rep-{tag}", shuffled=f"shuf-{tag}",
@@ -206,7 +206,7 @@ def bounded_reference(bootstrap: str, base: Path, n: int, windows: int, seed: in
 
 def stream_twin(bounded: Chain, out: Path) -> Chain:
     """The same reports topic and keys, shuffled by the streaming job into its own state, group and topic."""
-    from transforms.kafkaio import ensure_topics
+    from transforms.io.kafka.bounded import ensure_topics
 
     stream = replace(bounded, shuffled=f"{bounded.shuffled}-sdf", out=out, group=f"{bounded.group}-sdf",
                      drain=False)

@@ -36,7 +36,7 @@ from tests.e2e.adversary import (
     to_shuffler,
     with_long,
 )
-from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.io.kafka.bounded import ensure_topics, produce_records, read_topic
 from transforms.trust.keys import load_shuffler_signer
 from transforms.trust.message_set import SealedMessage, encode_message_set
 from transforms.trust.release import BATCH_HEADER_BYTES, decode_release_batch, encode_release_batch

@@ -18,10 +18,10 @@ from pipelines.demo.population import avro_value
 from pipelines.enrolment import enrol_simulated
 from schemas import SCHEMA_VERSION, encode_record, load_schema
 from tests.e2e.adversary import HOUR_MS, histogram_spec, opened
-from transforms.analyze_release import DecodeReleaseFn
-from transforms.encode import DecodeEventsFn, EncodeBatchFn
-from transforms.kafkaio import KafkaRecord
-from transforms.seal import SealSetsFn
+from transforms.analyzer.releases import DecodeReleaseFn
+from transforms.encoder.encode import DecodeEventsFn, EncodeBatchFn
+from transforms.encoder.seal import SealSetsFn
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import TimePolicy
 from transforms.shuffler.ingress import IngressFn
 from transforms.state.dead_letters import MAX_ORIGINAL_BYTES, MAX_REASON_CHARS, bounded_letter

@@ -35,7 +35,7 @@ from tests.e2e.adversary import (
     to_shuffler,
     with_long,
 )
-from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.io.kafka.bounded import ensure_topics, produce_records, read_topic
 from transforms.spec import load_spec
 from transforms.state.dead_letters import MAX_ORIGINAL_BYTES, MAX_REASON_CHARS
 from transforms.trust.devices import SimulatedFleet

@@ -29,7 +29,7 @@ from tests.e2e.chain_harness import (
     wait_for,
     wait_job,
 )
-from transforms.kafkaio import read_topic
+from transforms.io.kafka.bounded import read_topic
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow

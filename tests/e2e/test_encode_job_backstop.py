@@ -18,7 +18,7 @@ from pipelines.job import JobConfig
 from schemas import SCHEMA_VERSION, encode_record
 from tests.e2e.adversary import opened
 from tests.e2e.chain_harness import recent_start
-from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.io.kafka.bounded import ensure_topics, produce_records, read_topic
 from transforms.spec import spec_from_dict
 from transforms.wire.rows import PRESENCE
 

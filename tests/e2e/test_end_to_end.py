@@ -26,7 +26,7 @@ from tests.e2e.chain import (
     bad_device_sets,
     enrol,
 )
-from transforms.kafkaio import plan_bounded_read, produce_records, read_topic
+from transforms.io.kafka.bounded import plan_bounded_read, produce_records, read_topic
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates
 

@@ -22,8 +22,8 @@ from pipelines.end_to_end import run
 from pipelines.exit_codes import ConfigError
 from pipelines.job import JobConfig, config_from_options
 from tests.e2e.chain import enrol
-from transforms.kafka_config import CLIENTS, CONFLUENT, KAFKA_PYTHON, KafkaConfigError, to_librdkafka, validate
-from transforms.kafkaio import KafkaWriteError, WriteToKafka, ensure_topics, produce_records, read_topic
+from transforms.io.kafka.bounded import KafkaWriteError, WriteToKafka, ensure_topics, produce_records, read_topic
+from transforms.io.kafka.config import CLIENTS, CONFLUENT, KAFKA_PYTHON, KafkaConfigError, to_librdkafka, validate
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates
 

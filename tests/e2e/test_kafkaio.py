@@ -18,8 +18,7 @@ from apache_beam.runners.runner import PipelineResult
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.broker import BrokerError, LocalBroker
-from transforms.kafka_config import CLIENTS, CONFLUENT, KAFKA_PYTHON
-from transforms.kafkaio import (
+from transforms.io.kafka.bounded import (
     KafkaRecord,
     PartitionRange,
     ReadFromKafkaBounded,
@@ -32,6 +31,7 @@ from transforms.kafkaio import (
     read_topic,
     run_and_commit,
 )
+from transforms.io.kafka.config import CLIENTS, CONFLUENT, KAFKA_PYTHON
 
 pytestmark = pytest.mark.slow
 FAST_FAIL = {  # give up on an unreachable broker within seconds, in each client's own settings

@@ -24,7 +24,7 @@ from pipelines.preflight import MissingTopicsError, existing_topics
 from schemas import decode_record
 from tests.e2e.adversary import attacker_key, forged_release
 from tests.e2e.chain import bad_device_sets, enrol
-from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.io.kafka.bounded import ensure_topics, produce_records, read_topic
 from transforms.spec import spec_from_dict
 from transforms.state.ledger import ReleaseLedger
 from transforms.trust.message_set import SealedMessage

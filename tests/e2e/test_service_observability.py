@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines.demo.population import synthesize
 from tests.e2e.chain_harness import REPO, SPEC_PATH, _env, cli_argv, new_chain, produce, recent_start, run_inline
-from transforms.kafkaio import produce_records
+from transforms.io.kafka.bounded import produce_records
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow

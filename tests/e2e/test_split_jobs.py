@@ -22,7 +22,7 @@ from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.simulate import produce_population
 from pipelines.job import JobConfig, default_keys_dir
 from tests.e2e.chain import ENCODER_REASONS, SHUFFLER_REASONS, bad_device_sets, enrol
-from transforms.kafkaio import ensure_topics, produce_records, read_topic
+from transforms.io.kafka.bounded import ensure_topics, produce_records, read_topic
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates
 from transforms.trust.devices import SimulatedFleet

@@ -22,7 +22,7 @@ from tests.e2e.chain_harness import (
     stream_twin,
     topic_records,
 )
-from transforms.kafkaio import produce_records, read_topic
+from transforms.io.kafka.bounded import produce_records, read_topic
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from tests.e2e.chain_harness import (
     run_inline,
     wait_for,
 )
-from transforms.kafkaio import ensure_topics, produce_records
+from transforms.io.kafka.bounded import ensure_topics, produce_records
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.job import default_keys_dir, default_state_dir
 from schemas import decode_record
-from transforms.kafkaio import read_topic
+from transforms.io.kafka.bounded import read_topic
 from transforms.privacy.report import privacy_report
 from transforms.state.estimates_store import read_estimates
 

@@ -11,7 +11,7 @@ import pytest
 
 from pipelines import cli
 from pipelines.exit_codes import ExitCode
-from transforms.kafka_config import KAFKA_PYTHON
+from transforms.io.kafka.config import KAFKA_PYTHON
 
 CLOSED = "127.0.0.1:1"  # nothing listens there
 

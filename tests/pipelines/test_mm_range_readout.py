@@ -20,7 +20,7 @@ from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.run import JOIN_ON, compare
 from pipelines.demo.value_laws import leaves_of
 from pipelines.query.ranges import answer_quantile, answer_range, trees_of
-from transforms.analyze import CrowdAccumulator, estimate_rows
+from transforms.analyzer.estimates import CrowdAccumulator, estimate_rows
 from transforms.mechanisms.randomness import seeded_rng
 from transforms.mechanisms.ranges.left_children_tree import LeftChildrenTree
 from transforms.spec import load_spec

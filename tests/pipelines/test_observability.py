@@ -35,7 +35,7 @@ def restore_logging() -> Iterator[None]:
 def _emit_samples() -> None:
     logging.getLogger("esa.service").info("esa-info-line")
     logging.getLogger("pipelines.job").debug("esa-debug-line")
-    logging.getLogger("transforms.kafkaio").info("transforms-info-line")
+    logging.getLogger("transforms.io.kafka.bounded").info("transforms-info-line")
     logging.getLogger("apache_beam.runners.worker").info("beam-info-line")
     logging.getLogger("apache_beam.runners.worker").debug("beam-debug-line")
     logging.getLogger("apache_beam.io").warning("beam-warning-line")

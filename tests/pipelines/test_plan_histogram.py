@@ -10,8 +10,8 @@ import math
 import pytest
 
 from pipelines.cli import main
+from transforms.planning.histogram import histogram_mechanism, plan_histogram
 from transforms.privacy.mixture import alpha_grr, alpha_oue
-from transforms.privacy.planner_histogram import histogram_mechanism, plan_histogram
 from transforms.privacy.shuffle_bound import epsilon_central
 
 D, N, DELTA = 8, 4000, 1e-6
@@ -96,8 +96,8 @@ def test_bad_plans_exit_2(capsys: pytest.CaptureFixture, extra: list[str], reaso
 def test_windows_compose_rappor_by_its_per_window_guarantee() -> None:
     """RAPPOR's replacement changes two channels: its window enters the composition as (eps_c, delta), never as
     one channel's shuffle PLD (which would understate it); single-report oracles by their PLD."""
-    from transforms.privacy.plan_windows import _release
-    from transforms.privacy.planner_histogram import HistogramOption, HistogramPlan
+    from transforms.planning.histogram import HistogramOption, HistogramPlan
+    from transforms.planning.windows import _release
 
     def option(name: str) -> HistogramOption:
         return HistogramOption(mechanism=name, eps_local=3.0, eps_central=0.7, alpha=1 / (math.exp(3) + 1),

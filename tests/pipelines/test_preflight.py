@@ -18,8 +18,8 @@ from pipelines import preflight
 from pipelines.exit_codes import ConfigError, ExitCode, KafkaUnavailableError
 from pipelines.job import JobConfig, plan_run
 from pipelines.preflight import MissingTopicsError, existing_topics, require_topics
-from transforms.kafka_config import CLIENTS
-from transforms.kafkaio import ensure_topics
+from transforms.io.kafka.bounded import ensure_topics
+from transforms.io.kafka.config import CLIENTS
 
 # What a job's --kafka_config also holds: consumer and producer settings an admin client does not take.
 JOB_SETTINGS = {"fetch_max_bytes": 1_000_000, "max_partition_fetch_bytes": 1_000_000, "acks": "all",

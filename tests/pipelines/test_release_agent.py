@@ -17,12 +17,12 @@ import pytest
 from pipelines.job import JobConfig
 from pipelines.release_agent import ReleaseAgent
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
-from transforms.dead_letters import dead_letter
+from transforms.io.dead_letters import dead_letter
+from transforms.io.staging import StagingError, write_batch
 from transforms.shuffler.graph import ReleasePart
 from transforms.shuffler.packed import PackedMessages
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, StagedRelease, letter_name, release_dir
 from transforms.spec import load_spec
-from transforms.staging import StagingError, write_batch
 from transforms.state.ledger import PUBLISHED, WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.trust.keys import init_keys
 from transforms.wire.elements import SourceRef

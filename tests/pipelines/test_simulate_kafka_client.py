@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from pipelines import cli
-from transforms import kafkaio
-from transforms.kafka_config import CLIENTS, CONFLUENT, KAFKA_PYTHON
-from transforms.kafkaio import read_topic
+from transforms.io.kafka import bounded as kafkaio
+from transforms.io.kafka.bounded import read_topic
+from transforms.io.kafka.config import CLIENTS, CONFLUENT, KAFKA_PYTHON
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """(what, client) of every producer and topic creation made through transforms.kafkaio."""
+    """(what, client) of every producer and topic creation made through transforms.io.kafka.bounded."""
     calls: list[tuple[str, str]] = []
 
     def spy(what: str, real: Callable[..., Any]) -> Callable[..., Any]:

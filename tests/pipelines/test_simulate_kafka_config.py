@@ -18,8 +18,8 @@ import pytest
 
 from pipelines import cli
 from pipelines.exit_codes import ExitCode
-from transforms.kafka_config import CONFLUENT, KAFKA_PYTHON
-from transforms.kafkaio import read_topic
+from transforms.io.kafka.bounded import read_topic
+from transforms.io.kafka.config import CONFLUENT, KAFKA_PYTHON
 
 SPEC = Path(cli.DEFAULT_SPEC)
 CLOSED = "127.0.0.1:1"  # nothing listens: a command that got as far as Kafka would exit 4, not 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipelines.job import BoundedRun, JobConfig, nothing_to_do
-from transforms.kafkaio import PartitionRange
+from transforms.io.kafka.bounded import PartitionRange
 from transforms.shuffler.plan import WindowClock
 from transforms.spec import spec_from_dict
 from transforms.state.run_state import RunState

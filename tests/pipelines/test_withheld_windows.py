@@ -9,10 +9,10 @@ from pathlib import Path
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import BoundedRun, JobConfig
 from pipelines.shuffle_publish import seal_and_publish
-from transforms.kafkaio import PartitionRange
+from transforms.io.kafka.bounded import PartitionRange
+from transforms.io.staging import stable_name, write_batch
 from transforms.shuffler.graph import ReleasePart
 from transforms.spec import load_spec
-from transforms.staging import stable_name, write_batch
 from transforms.state.ledger import WITHHELD, ReleaseKey, ReleaseLedger
 from transforms.state.prior_runs import PriorRuns, released_lookup
 from transforms.state.run_state import RunState

@@ -19,10 +19,10 @@ from pipelines.analyze import write_release
 from pipelines.cli import main
 from pipelines.job import JobConfig
 from schemas import SCHEMA_VERSION
-from transforms.analyze import central_epsilon
-from transforms.analyze_release import OpenedRelease
+from transforms.analyzer.estimates import central_epsilon
+from transforms.analyzer.ledger_rows import Odometers
+from transforms.analyzer.releases import OpenedRelease
 from transforms.privacy.odometer import PrivacyOdometer, WindowRelease, interval_for
-from transforms.privacy_ledger import Odometers
 from transforms.spec import DEFAULT_SPEC, AnalysisSpec, CrowdSpec, load_spec
 from transforms.state.ledger import ReleaseLedger
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from transforms.privacy_ledger import cumulative_for_spec
+from transforms.analyzer.ledger_rows import cumulative_for_spec
 from transforms.spec import spec_from_dict
 
 SPEC = spec_from_dict({
@@ -30,8 +30,8 @@ def test_a_large_window_epsilon_composes_on_the_odometers_coarsest_grid() -> Non
     odometer refuses: every release of the population failed after it was sealed, jamming the analyzer. The
     grid is capped at 0.01; the total lies between the window's own epsilon and basic composition (16, plus
     the crowd count's 1 where it is charged), each bound loosened by one grid step per composed distribution."""
+    from transforms.analyzer.ledger_rows import composition_interval
     from transforms.privacy.odometer import MAX_INTERVAL
-    from transforms.privacy_ledger import composition_interval
 
     window = {**_own(16.0), "mechanism": "rappor"}
     assert composition_interval([window]) == MAX_INTERVAL == 0.01

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from pipelines.cli import main
+from transforms.planning.planner import KV_MECHANISMS, kv_alpha, plan_kv_mean, plan_vector_mean
+from transforms.planning.search import FeasibilityOracle, largest_feasible_eps, minimise_int
 from transforms.privacy.kv_formulas import collision_t_paper
-from transforms.privacy.plan_search import FeasibilityOracle, largest_feasible_eps, minimise_int
-from transforms.privacy.planner import KV_MECHANISMS, kv_alpha, plan_kv_mean, plan_vector_mean
 from transforms.privacy.shuffle_bound import epsilon_central, hockey_stick
 
 # Regression rows as (mechanism, d, s, t, eps_local, n, delta, eps_central). A k-RR row over k values is PCKV-GRR with

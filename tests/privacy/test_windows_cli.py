@@ -7,10 +7,10 @@ import json
 import pytest
 
 from pipelines.cli import main
+from transforms.planning.planner import kv_alpha
 from transforms.privacy.crowd_count import design
 from transforms.privacy.mixture import alpha_binary_rr, alpha_grr
 from transforms.privacy.odometer import WindowRelease, compose_with_delta, cumulative_epsilon, interval_for
-from transforms.privacy.planner import kv_alpha
 
 
 def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:

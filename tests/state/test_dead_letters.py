@@ -11,7 +11,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from transforms.dead_letters import dead_letter
+from transforms.io.dead_letters import dead_letter
 from transforms.state.dead_letters import (
     MAX_ORIGINAL_BYTES,
     DeadLetterStore,

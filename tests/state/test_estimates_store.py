@@ -12,7 +12,7 @@ import pytest
 
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA
 from tests.state.racing import race
-from transforms.sinks import ESTIMATE_ARROW_SCHEMA as SINKS_SCHEMA
+from transforms.io.sinks import ESTIMATE_ARROW_SCHEMA as SINKS_SCHEMA
 from transforms.state.estimates_store import read_estimates, write_release_estimates
 
 HOUR = 3_600_000

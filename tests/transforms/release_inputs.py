@@ -21,7 +21,7 @@ import apache_beam as beam
 from pipelines.enrolment import enrol_simulated, registry_path
 from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.device.wire import ShufflerKey
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.shuffler.elements import DEAD, TIMES, TimePolicy
 from transforms.shuffler.graph import ReleasePart, Shuffle, WindowClock
@@ -212,7 +212,7 @@ def open_and_assemble(specs: Sequence[AnalysisSpec], keys_dir: Path,
                       keyed: Iterable[tuple[str, Any]]) -> tuple[list[Any], dict[str, list[Any]]]:
     """``DecodeReleaseFn``'s (release id, BatchElement) outputs -> ``AssembleReleaseFn``'s outputs (main, tagged),
     through ``OpenBatchFn`` and a grouping by release id, as the analyze job runs them."""
-    from transforms.analyze_release import AssembleReleaseFn, OpenBatchFn
+    from transforms.analyzer.releases import AssembleReleaseFn, OpenBatchFn
 
     opener, assembler = OpenBatchFn(specs, str(keys_dir)), AssembleReleaseFn(specs)
     opener.setup()

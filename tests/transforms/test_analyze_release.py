@@ -1,4 +1,4 @@
-"""Analyzer ingress (transforms/analyze_release.py): only whole, signed, consistent releases are opened.
+"""Analyzer ingress (transforms/analyzer/releases.py): only whole, signed, consistent releases are opened.
 
 Releases are built as the shuffler's driver builds them (sealed messages of enrolled devices, numbered and
 signed batches, tests/transforms/release_inputs.py) and fed to ``DecodeReleaseFn``, ``OpenBatchFn`` and
@@ -25,9 +25,9 @@ from tests.transforms.release_inputs import (
     sign_release,
     split_outputs,
 )
-from transforms.analyze import estimate_rows
-from transforms.analyze_release import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
-from transforms.kafkaio import KafkaRecord
+from transforms.analyzer.estimates import estimate_rows
+from transforms.analyzer.releases import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenedRelease
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.graph import ReleasePart
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.keys import load_shuffler_signer
@@ -245,7 +245,7 @@ def test_a_batch_of_a_key_not_distributed_yet_is_held_until_the_wait_ends(device
                                                                           batches: list[bytes]) -> None:
     """A rotation's new key id (dated no earlier than the analyzer's newest) is held while the record is younger
     than the wait; an older unknown id, or one past the wait, is dead-lettered (issue 26, finding 4)."""
-    from transforms.analyze_release import KEY_WAIT_MS
+    from transforms.analyzer.releases import KEY_WAIT_MS
 
     now = 1_900_000_000_000
     signer = Ed25519PrivateKey.generate()

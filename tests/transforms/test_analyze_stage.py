@@ -1,7 +1,7 @@
-"""Estimates of opened releases (transforms/analyze.py ``estimate_rows``, ``CrowdAccumulator``) and the sinks.
+"""Estimates of opened releases (analyzer/estimates.py ``estimate_rows``, ``CrowdAccumulator``) and the sinks.
 
 Reports are built with each mechanism's own ``encode`` from a known histogram (seeded numpy Generator)
-and folded into a ``CrowdAccumulator`` as ``transforms.analyze_release.AssembleReleaseFn`` folds an
+and folded into a ``CrowdAccumulator`` as ``transforms.analyzer.releases.AssembleReleaseFn`` folds an
 opened release; the chain test runs the real shuffler and analyzer ingress on sealed sets.
 """
 
@@ -28,14 +28,14 @@ from tests.beam_harness import run_pipeline
 from tests.transforms.release_inputs import WIN_A as RECENT_WINDOW
 from tests.transforms.release_inputs import Devices, open_and_assemble, shuffle_run, sign_release
 from tests.transforms.release_inputs import make_spec as make_shuffle_spec
-from transforms.analyze import CrowdAccumulator, central_epsilon, estimate_rows
-from transforms.analyze_release import DecodeReleaseFn
-from transforms.dead_letters import dead_letter
-from transforms.kafkaio import KafkaRecord
+from transforms.analyzer.estimates import CrowdAccumulator, central_epsilon, estimate_rows
+from transforms.analyzer.releases import DecodeReleaseFn
+from transforms.io.dead_letters import dead_letter
+from transforms.io.kafka.bounded import KafkaRecord
+from transforms.io.sinks import WriteAvroFile, WriteEstimatesParquet
 from transforms.mechanisms.frequency.oracles import GRR
 from transforms.privacy.composition import chain_composition
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.sinks import WriteAvroFile, WriteEstimatesParquet
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.prior_runs import PriorRuns
 from transforms.wire.elements import SourceRef
@@ -303,7 +303,7 @@ def test_write_avro_file_writes_dead_letters_fastavro_can_read(tmp_path: Path) -
 def test_rows_state_the_honest_crowd_assumption(analyzed: MechanismRun) -> None:
     """eps_central rests on the other reports being honest: every row says so, and says what it becomes when
     a tenth of the crowd colludes (the tight bound for the honest remainder only)."""
-    from transforms.analyze import central_epsilon
+    from transforms.analyzer.estimates import central_epsilon
 
     spec, mech = analyzed.spec, analyzed.spec.randomizer
     row = analyzed.rows[0]

@@ -23,9 +23,9 @@ from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import run_pipeline
 from tests.mechanisms.ldp_helpers import assert_counts_follow_law
 from transforms.device.backstop import backstop_identity, prf_backstops
-from transforms.encode import EncodeEvents
-from transforms.encoder_keys import LABELS, SALT, EncoderKeys
-from transforms.kafkaio import KafkaRecord
+from transforms.encoder.encode import EncodeEvents
+from transforms.encoder.keys import LABELS, SALT, EncoderKeys
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.frequency.unary_sampling import pattern_law
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.spec import AnalysisSpec, spec_from_dict

@@ -1,4 +1,4 @@
-"""Encode stage (transforms/encode.py): TelemetryEvents -> LDP reports, device Reports -> validated elements.
+"""Encode stage (transforms/encoder/encode.py): TelemetryEvents -> LDP reports, device Reports -> validated elements.
 
 Inputs are ``KafkaRecord``s built by hand around bytes from ``schemas.encode_record``, exactly what the
 bounded Kafka reader yields. Every pipeline runs on the FnApiRunner; outputs are captured with their
@@ -19,8 +19,8 @@ from fastavro.validation import validate
 
 from schemas import SCHEMA_VERSION, encode_record, load_schema
 from tests.beam_harness import PipelineRun, run_pipeline
-from transforms.encode import DecodeEventsFn, EncodeBatchFn, EncodeEvents
-from transforms.kafkaio import KafkaRecord
+from transforms.encoder.encode import DecodeEventsFn, EncodeBatchFn, EncodeEvents
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.wire.elements import ReportElement, SourceRef

@@ -1,10 +1,10 @@
-"""The analyst's statistic/key/unit columns, per kind (the item names are the readout's: transforms.readout)."""
+"""The analyst's statistic/key/unit columns, per kind (item names: transforms.analyzer.readout)."""
 
 from __future__ import annotations
 
 import pytest
 
-from transforms.estimate_columns import statistic_of, with_analyst_columns
+from transforms.state.estimate_columns import statistic_of, with_analyst_columns
 
 
 @pytest.mark.parametrize(("kind", "item", "expected"), [

@@ -27,12 +27,12 @@ from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import PipelineRun, run_pipeline
 from tests.transforms.release_inputs import NOW_MS, Devices, open_and_assemble, shuffle_run, sign_release
 from tests.transforms.release_inputs import decode_set as decode_message_set
-from transforms.analyze import estimate_rows
-from transforms.analyze_release import DecodeReleaseFn, OpenedRelease
-from transforms.encode import EncodeEvents
-from transforms.kafkaio import KafkaRecord
+from transforms.analyzer.estimates import estimate_rows
+from transforms.analyzer.releases import DecodeReleaseFn, OpenedRelease
+from transforms.encoder.encode import EncodeEvents
+from transforms.encoder.seal import SealSetsFn
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.seal import SealSetsFn
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.release import release_id_of

@@ -27,7 +27,7 @@ from tests.transforms.release_inputs import (
     make_spec,
     split_outputs,
 )
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import DEAD, TIMES, VERIFIED
 from transforms.shuffler.ingress import IngressFn
 from transforms.state.prior_runs import PriorRuns

@@ -13,7 +13,7 @@ import pytest
 
 from tests.transforms.release_inputs import TIMES_POLICY, WIN_A, Devices, ingress_fn, make_spec, split_outputs
 from tests.transforms.test_ingress import CROWDED, RAPPOR, SPEC, refusals
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import DEAD, VERIFIED, TimePolicy
 from transforms.shuffler.ingress import IngressFn
 from transforms.state.prior_runs import PriorRuns

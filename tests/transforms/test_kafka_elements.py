@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from transforms.kafkaio import KafkaRecord, element_batches
+from transforms.io.kafka.bounded import KafkaRecord, element_batches
 
 
 def records(sizes: list[int]) -> list[KafkaRecord]:

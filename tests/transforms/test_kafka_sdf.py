@@ -12,9 +12,9 @@ import apache_beam as beam
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from transforms.kafka_config import CLIENTS
-from transforms.kafka_sdf import PartitionWatermark, ReadFromKafkaUnbounded, SourceClock
-from transforms.kafkaio import committed_offsets, ensure_topics, produce_records
+from transforms.io.kafka.bounded import committed_offsets, ensure_topics, produce_records
+from transforms.io.kafka.config import CLIENTS
+from transforms.io.kafka.unbounded import PartitionWatermark, ReadFromKafkaUnbounded, SourceClock
 
 N_FIRST, N_SECOND = 600, 150
 STOP_IDLE_MS = 1500

@@ -12,8 +12,8 @@ import pytest
 
 from schemas import SCHEMA_VERSION, encode_record
 from tests.beam_harness import PipelineRun, run_pipeline
-from transforms.encode import EncodeEvents
-from transforms.kafkaio import KafkaRecord
+from transforms.encoder.encode import EncodeEvents
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.spec import AnalysisSpec, spec_from_dict
 from transforms.wire.elements import ReportElement

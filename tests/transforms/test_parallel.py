@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from transforms.parallel import MIN_CHUNK, map_ordered, thread_count
+from transforms.runtime.parallel import MIN_CHUNK, map_ordered, thread_count
 
 
 @pytest.mark.parametrize("threads", [0, 1, 2, 5])

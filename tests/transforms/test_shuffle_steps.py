@@ -29,7 +29,7 @@ from tests.transforms.release_inputs import (
     shuffle_run,
     split_outputs,
 )
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.randomness import keyed_generator
 from transforms.privacy.crowd import crowd_threshold
 from transforms.shuffler.elements import DEAD, TIMES

@@ -9,7 +9,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from transforms.staging import (
+from transforms.io.staging import (
     FORMAT,
     StageFn,
     StagingError,
@@ -61,7 +61,7 @@ def test_foreign_or_damaged_files_are_errors(tmp_path: Path) -> None:
 def test_large_elements_are_read_from_their_file_only_when_their_turn_comes(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A release's parts are megabytes each: the loader keeps small elements and reads large ones late."""
-    import transforms.staging as staging
+    import transforms.io.staging as staging
 
     elements = {stable_name(i): ("elem", i, b"x" * (i * 40)) for i in range(12)}
     names = sorted(elements)
@@ -83,7 +83,7 @@ def test_large_elements_are_read_from_their_file_only_when_their_turn_comes(tmp_
 def test_headers_are_read_without_the_elements_and_an_element_alone(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver decides from a part's header, then reads that part's byte range only, never its neighbours."""
-    import transforms.staging as staging
+    import transforms.io.staging as staging
 
     monkeypatch.setattr(staging, "KEEP_IN_MEMORY", 1000)
     elements = {f"e{i}": ("elem", i, bytes([i]) * 5000) for i in range(4)}  # "large": 5 kB each

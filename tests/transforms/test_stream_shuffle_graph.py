@@ -19,8 +19,8 @@ from apache_beam.transforms.window import TimestampedValue
 
 from tests.transforms.release_inputs import KEY, TIMES_POLICY, WIN_A, WIN_B, WINDOW_MS, Devices, make_spec, shuffle_run
 from tests.transforms.streaming_runners import STREAMING_RUNNERS, streaming_runner
+from transforms.io.staging import load_staged, staged_entries, staged_files
 from transforms.shuffler.streaming import DEAD_DIR, LATE_REASON, MARKER, PART, RELEASES, StreamShuffle
-from transforms.staging import load_staged, staged_entries, staged_files
 from transforms.state.prior_runs import PriorRuns
 
 SPEC = make_spec(subkeys=4, min_clients=5)
@@ -86,7 +86,7 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
 def test_the_source_watermark_believes_only_authenticated_in_range_times(devices: Devices) -> None:
     from dataclasses import replace
 
-    from transforms.kafka_sdf import wall_ms
+    from transforms.io.kafka.unbounded import wall_ms
     from transforms.shuffler.streaming import SetEventTimes
     from transforms.trust.message_set import decode_message_set, encode_message_set
 
@@ -112,7 +112,7 @@ def test_the_source_watermark_believes_only_authenticated_in_range_times(devices
 def test_the_source_watermark_never_runs_ahead_of_the_wall_clock(devices: Devices) -> None:
     """An authenticated set from a device whose clock runs 30 min fast (inside the skew bound) counts as now,
     not as its own time: otherwise it would close the current window half an hour early (issue finding 3)."""
-    from transforms.kafka_sdf import PartitionWatermark, SourceClock, wall_ms
+    from transforms.io.kafka.unbounded import PartitionWatermark, SourceClock, wall_ms
     from transforms.shuffler.streaming import SetEventTimes
 
     policy = SetEventTimes([SPEC], devices.registry, max_age_ms=86_400_000, max_skew_ms=3_600_000,

@@ -27,7 +27,7 @@ def test_tuned_freezes_start_up_objects_and_raises_the_young_threshold_once() ->
     result = _in_fresh_python(
         "import gc, json\n"
         "import numpy\n"
-        "from transforms.worker_gc import YOUNG_THRESHOLD, tune_worker_gc\n"
+        "from transforms.runtime.worker_gc import YOUNG_THRESHOLD, tune_worker_gc\n"
         "before = gc.get_threshold()\n"
         "first = tune_worker_gc('tuned')\n"
         "frozen = gc.get_freeze_count()\n"
@@ -45,19 +45,19 @@ def test_tuned_freezes_start_up_objects_and_raises_the_young_threshold_once() ->
 def test_default_leaves_the_collector_alone_and_a_bad_mode_is_refused() -> None:
     result = _in_fresh_python(
         "import gc, json\n"
-        "from transforms.worker_gc import tune_worker_gc\n"
+        "from transforms.runtime.worker_gc import tune_worker_gc\n"
         "tuned = tune_worker_gc('default')\n"
         "print(json.dumps({'tuned': tuned, 'threshold': gc.get_threshold(), 'frozen': gc.get_freeze_count()}))\n")
     assert result == {"tuned": False, "threshold": [700, 10, 10], "frozen": 0}
-    from transforms.worker_gc import tune_worker_gc
+    from transforms.runtime.worker_gc import tune_worker_gc
 
     with pytest.raises(ValueError, match="python_gc must be one of"):
         tune_worker_gc("off")
 
 
 def test_the_option_reaches_the_job_config_and_the_dofns() -> None:
-    from transforms.analyze_release import OpenBatchFn
-    from transforms.seal import SealSetsFn
+    from transforms.analyzer.releases import OpenBatchFn
+    from transforms.encoder.seal import SealSetsFn
 
     assert JobConfig(bootstrap="x", specs=(), out_dir=Path("out")).python_gc == "tuned"
     spec_file = str(example_path("app_language.toml"))

@@ -1,7 +1,7 @@
 """The direct MessageSet writer writes fastavro's bytes exactly, for every set that passes the checks.
 
 A device's set is signed over canonical fields, not over these bytes, but the shuffler dedupes and the
-encoder's reruns rely on byte-identical re-sends (``transforms.seal``): the writer must be a drop-in for
+encoder's reruns rely on byte-identical re-sends (``transforms.encoder.seal``): the writer must be a drop-in for
 ``encode_record("MessageSet", ...)``, including multi-byte varints and lengths and empty crowds.
 """
 

@@ -13,9 +13,9 @@ from trust_helpers import make_trust
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
 from transforms.device.wire import ShufflerKey, signed_message_set
-from transforms.encoder_keys import EncoderKeys
+from transforms.encoder.keys import EncoderKeys
+from transforms.encoder.seal import SealSetsFn, _prf
 from transforms.mechanisms.base import encode_messages
-from transforms.seal import SealSetsFn, _prf
 from transforms.spec import load_spec
 from transforms.trust import DeviceRegistry, decode_message_set, open_sealed, verify_message_set
 from transforms.trust.envelope import open_envelope

@@ -6,7 +6,7 @@ is a fresh view of *one* backstop. Two places draw it:
 * the device client memoizes it in its state directory (``memo.py``), drawn from OS entropy once;
 * the edge encoder (``esa encode``, ``run``, ``demo``) keeps no per-device state, so it derives it from a
   keyed PRF of (device, metric, backstop parameters, value) under the encoder's backstop sub-key
-  (``transforms.encoder_keys``): the same backstop in every window, every retry and every rerun, and
+  (``transforms.encoder.keys``): the same backstop in every window, every retry and every rerun, and
   unpredictable to anyone without the key.
 
 Both key the backstop by the *metric* and the parameters its law depends on (``backstop_parameters``:

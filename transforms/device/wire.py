@@ -1,6 +1,6 @@
 """What goes on the wire from a device: one event's messages, each sealed to the analyzer, in a signed set.
 
-Shared by the device client and the edge encoder (``transforms.seal``), so both send byte-for-byte the
+Shared by the device client and the edge encoder (``transforms.encoder.seal``), so both send byte-for-byte the
 same format: every message's payload is padded (``records.encode_payload``) and sealed on its own with a
 fresh ephemeral key (so two messages of one device cannot be linked), with the routing fields that
 survive the shuffle (spec, crowd, window end, channel) as associated data; the set is signed with the
@@ -102,7 +102,7 @@ def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
 def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, shuffler: ShufflerKey,
                         threads: int = 1) -> list[bytes]:
     """``signed_message_set`` of each event (sealed to the shuffler), the same bytes; the native calls of the
-    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.parallel``), the rest on this thread."""
+    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.runtime.parallel``), the rest on this thread."""
     plaintexts, ads, ephemerals, channels = _plaintexts(events), [], [], []
     routing: dict[tuple, bytes] = {}  # associated data by (spec, crowd, window end, channel): few per batch
     for event in events:

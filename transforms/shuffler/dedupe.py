@@ -21,7 +21,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.dead_letters import dead_letter
+from transforms.io.dead_letters import dead_letter
+from transforms.io.staging import Location
 from transforms.mechanisms.base import is_single_message, messages_per_channel
 from transforms.mechanisms.randomness import keyed_index
 from transforms.shuffler.elements import DEAD, NAMESPACE
@@ -30,7 +31,6 @@ from transforms.shuffler.packed_sets import PackedSets
 from transforms.shuffler.plan import WindowClock
 from transforms.shuffler.spill import SpillBuffer, load
 from transforms.spec import AnalysisSpec
-from transforms.staging import Location
 from transforms.wire.rows import PRESENCE
 
 HELD = "held"

@@ -38,6 +38,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.pvalue import AsDict
 
+from transforms.io.staging import Location
 from transforms.shuffler.dedupe import HELD, DedupeAndStripFn, Unit, set_problem
 from transforms.shuffler.elements import DEAD
 from transforms.shuffler.packed import Message
@@ -62,7 +63,6 @@ from transforms.shuffler.threshold import (
     part_header,
 )
 from transforms.spec import AnalysisSpec
-from transforms.staging import Location
 
 __all__ = ["HELD", "MAX_BUCKETS", "MAX_SUBKEYS", "RECORDS_PER_BUCKET", "RECORDS_PER_SUBKEY", "WITHHELD", "CrowdKey",
            "CrowdThresholdFn", "DedupeAndStripFn", "Message", "PartHeader", "ReleaseFn", "ReleasePart", "ScaleOut",

@@ -40,10 +40,12 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms.window import GlobalWindows
 
 from schemas import WireFormatError
-from transforms.dead_letters import record_dead_letter
-from transforms.kafkaio import KafkaRecord
+from transforms.io.dead_letters import record_dead_letter
+from transforms.io.kafka.bounded import KafkaRecord
+from transforms.io.staging import Location
 from transforms.mechanisms.base import channel_count, is_single_message
-from transforms.parallel import map_ordered
+from transforms.runtime.parallel import map_ordered
+from transforms.runtime.worker_gc import tune_worker_gc
 from transforms.shuffler.elements import (
     DEAD,
     DEDUPE_BUCKETS,
@@ -58,7 +60,6 @@ from transforms.shuffler.elements import (
 from transforms.shuffler.packed_sets import PackedSets
 from transforms.shuffler.spill import SpillBuffer
 from transforms.spec import AnalysisSpec
-from transforms.staging import Location
 from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
@@ -66,7 +67,6 @@ from transforms.trust.keys import load_shuffler_sealing_private
 from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
 from transforms.wire.elements import SourceRef
 from transforms.wire.rows import PRESENCE
-from transforms.worker_gc import tune_worker_gc
 
 LOG = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class IngressFn(beam.DoFn):
         self._sealing: Any = None
         self._sealing_loaded = 0.0
         self._specs = {s.spec_id: s for s in specs}
-        self._python_gc = python_gc  # transforms.worker_gc
+        self._python_gc = python_gc  # transforms.runtime.worker_gc
         self._spill, self._spill_bytes = (str(spill) if spill else None), spill_bytes
         self._buffer: SpillBuffer | None = None
         self._buckets = buckets  # dedupe groups per (crowd, window): transforms.shuffler.graph.ScaleOut

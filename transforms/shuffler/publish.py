@@ -23,8 +23,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from transforms.kafka_clients import KafkaWriteError
-from transforms.kafka_config import to_librdkafka
+from transforms.io.kafka.clients import KafkaWriteError
+from transforms.io.kafka.config import to_librdkafka
 
 LOG = logging.getLogger(__name__)
 TRANSACTIONAL_PREFIX = "esa-shuffler"  # pipelines.broker.acls.SHUFFLER_TRANSACTIONAL_PREFIX

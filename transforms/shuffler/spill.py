@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transforms.staging import Location, is_url, join
+from transforms.io.staging import Location, is_url, join
 
 SPILL_BYTES = 32 << 20  # flush a worker's buffered groups past this many bytes of array data
 DIGEST_BYTES = 16

@@ -37,14 +37,14 @@ from apache_beam.transforms import window
 from apache_beam.transforms.window import IntervalWindow
 from apache_beam.utils.timestamp import Timestamp
 
-from transforms.dead_letters import dead_letter
-from transforms.kafka_clients import KafkaRecord
-from transforms.kafka_sdf import wall_ms
+from transforms.io.dead_letters import dead_letter
+from transforms.io.kafka.clients import KafkaRecord
+from transforms.io.kafka.unbounded import wall_ms
+from transforms.io.staging import StagingDoFn, is_url, join, stable_name, write_batch
 from transforms.shuffler.elements import DEAD, NAMESPACE, SetElement, TimePolicy
 from transforms.shuffler.graph import ReleasePart, part_header
 from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec
-from transforms.staging import StagingDoFn, is_url, join, stable_name, write_batch
 from transforms.state.prior_runs import PriorRuns
 
 LOG = logging.getLogger(__name__)
@@ -328,9 +328,9 @@ class StreamShuffle(beam.PTransform):
     def expand(self, records: beam.PCollection) -> beam.pvalue.PDone:
         from apache_beam.transforms import trigger
 
+        from transforms.io.staging import StageFn
         from transforms.shuffler.elements import TIMES, VERIFIED
         from transforms.shuffler.graph import Shuffle, WindowClock
-        from transforms.staging import StageFn
 
         specs, pipeline = self._specs, records.pipeline
         ingress = (records

@@ -73,7 +73,7 @@ class ReleasePart(NamedTuple):
 class PartHeader(NamedTuple):
     """A release part without its messages: which release and sub-key, its counts, and the shape of its
     messages (one payload length for all, the range of their channels). Staged beside the part
-    (``transforms.staging``) so the driver groups parts into releases, finds withheld windows and lays out a
+    (``transforms.io.staging``) so the driver groups parts into releases, finds withheld windows and lays out a
     release's batches without reading any part's messages (``transforms.shuffler.release_files.write_release``)."""
 
     spec_id: str

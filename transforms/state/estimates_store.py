@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA, ESTIMATE_PART_SCHEMA
-from transforms.estimate_columns import with_analyst_columns
+from transforms.state.estimate_columns import with_analyst_columns
 from transforms.state.files import create_exclusive
 
 ESTIMATES_DIR = "estimates"
@@ -80,7 +80,7 @@ def write_release_estimates(out_dir: Path, rows: list[dict[str, Any]], *, spec_n
 
     ``spec_name`` is the spec's name or its id; each row must belong to it and to ``window_end_ms``. An empty
     ``rows`` writes an empty part, which still records that the release was published. With the spec's
-    ``kind``, the part also carries the analyst's columns (``transforms.estimate_columns``) and is written
+    ``kind``, the part also carries the analyst's columns (``transforms.state.estimate_columns``) and is written
     with ``ESTIMATE_PART_SCHEMA`` (column descriptions in its metadata).
     """
     path = part_path(out_dir, spec_name, window_end_ms, release_id)

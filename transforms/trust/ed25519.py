@@ -68,7 +68,7 @@ class SodiumSigner:
 def sign_many(signers: Sequence[Signer], data: Sequence[bytes], threads: int = 1) -> list[bytes]:
     """``signer.sign(d)`` for each pair; libsodium keys sign on ``threads`` (the call is all the pool runs),
     any other key on the calling thread."""
-    from transforms.parallel import map_ordered
+    from transforms.runtime.parallel import map_ordered
 
     sodium = [i for i, s in enumerate(signers) if isinstance(s, SodiumSigner)]
     jobs = [(signers[i]._secret, bytes(data[i])) for i in sodium]  # type: ignore[attr-defined]
@@ -89,7 +89,7 @@ def _sign(job: tuple[bytes, bytes]) -> bytes:
 
 def derive_signers(seeds: Sequence[bytes], threads: int = 1) -> list[SodiumSigner]:
     """``SodiumSigner(seed)`` for each seed, the key expansion (18 microseconds each here) on ``threads``."""
-    from transforms.parallel import map_ordered
+    from transforms.runtime.parallel import map_ordered
 
     for seed in seeds:
         if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
@@ -107,7 +107,7 @@ def verify_detached(public_key: bytes, signature: bytes, data: bytes) -> bool:
     """True iff ``signature`` is a valid Ed25519 signature of ``data`` under the raw ``public_key``.
 
     Never raises for wrong-sized or malformed inputs (they are simply not valid); libsodium releases the GIL
-    while it computes, so callers may run this on a thread pool (``transforms.parallel``).
+    while it computes, so callers may run this on a thread pool (``transforms.runtime.parallel``).
     """
     if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
         return False

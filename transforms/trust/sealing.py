@@ -13,7 +13,7 @@ Blob layout: ``0x01 | u8 len(key_id) | key_id (ascii) | eph_pub (32) | ciphertex
 
 The two X25519 scalar multiplications go through libsodium (PyNaCl) rather than OpenSSL: same curve, same
 clamping, same bytes (tested against ``cryptography``), but libsodium releases the GIL while it computes,
-so a worker's crypto threads (``transforms.parallel``) seal and open on every core, and its fixed-base
+so a worker's crypto threads (``transforms.runtime.parallel``) seal and open on every core, and its fixed-base
 multiplication is faster. Keys stay ``cryptography`` objects everywhere else.
 """
 
@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nacl.bindings import crypto_scalarmult, crypto_scalarmult_base
 from nacl.exceptions import CryptoError
 
-from transforms.parallel import map_ordered
+from transforms.runtime.parallel import map_ordered
 
 from .canonical import i64, optional_text, tagged, text
 
@@ -89,7 +89,7 @@ def seal_many(public_key: X25519PublicKey, key_id: str, plaintexts: Sequence[byt
     reused), the same bytes one by one or batched; raises ValueError/TypeError on a bad argument.
 
     Only the two X25519 multiplications per message (~49 of its ~58 microseconds here) run on ``threads``
-    (``transforms.parallel``), each message's pair in one call; the header, HKDF and AEAD stay on the calling
+    (``transforms.runtime.parallel``), each message's pair in one call; the header, HKDF and AEAD stay on the calling
     thread (see ``open_many`` for why a pool running Python is slower than none).
     """
     header = _header(key_id)
@@ -162,7 +162,7 @@ def open_many(private_keys: Mapping[str, X25519PrivateKey], blobs: Sequence[byte
     """``open_sealed`` on each blob with its associated data: the plaintext, or the SealError saying why not.
 
     Only the X25519 multiplications (31 of the 41 microseconds of an opening here) run on ``threads``
-    (``transforms.parallel``); parsing, HKDF and the AEAD stay on the calling thread. Why: a thread coming
+    (``transforms.runtime.parallel``); parsing, HKDF and the AEAD stay on the calling thread. Why: a thread coming
     back from libsodium waits for the GIL while another runs Python, so a pool that also ran the Python
     parts was slower than no pool at all (measured: 130 against 68 microseconds per message on 2 threads).
     """

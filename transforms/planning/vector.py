@@ -26,11 +26,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._checks import check_delta, check_epsilon, check_int
-from .mixture import alpha_generic
-from .plan_search import FeasibilityOracle, largest_feasible_eps
-from .shuffle_bound import epsilon_central as tight_epsilon_central
-from .vector_formulas import (
+from transforms.planning.search import FeasibilityOracle, largest_feasible_eps
+from transforms.privacy._checks import check_delta, check_epsilon, check_int
+from transforms.privacy.mixture import alpha_generic
+from transforms.privacy.shuffle_bound import epsilon_central as tight_epsilon_central
+from transforms.privacy.vector_formulas import (
     alpha_vector,
     eps0_from_gamma,
     gamma_002,

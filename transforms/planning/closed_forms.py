@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .kv_formulas import _argmin_int, _coco_sums, collision_item_variance, pckv_error
-from .mixture import alpha_collision, alpha_generic, alpha_grr
-from .shuffle_bound import epsilon_central
+from transforms.privacy.kv_formulas import _argmin_int, _coco_sums, collision_item_variance, pckv_error
+from transforms.privacy.mixture import alpha_collision, alpha_generic, alpha_grr
+from transforms.privacy.shuffle_bound import epsilon_central
 
 __all__ = ["blanket_omega_for_target", "collision_closed_form_t", "kv_closed_form"]
 

@@ -5,7 +5,7 @@ Two questions, answered for every single-report oracle (``grr``, ``oue``, ``olh`
 
 * **central target** (``epsilon_central``): the largest local epsilon whose central epsilon over n shuffled
   clients meets (eps_c, delta), by the verified bisection of ``plan_search``. The central epsilon is the
-  one the analyzer's ledger reports (``transforms.analyze.central_epsilon``): the tight bound of
+  one the analyzer's ledger reports (``transforms.analyzer.estimates.central_epsilon``): the tight bound of
   ``shuffle_bound`` with the mechanism's ``mixture_alpha``, or the mechanism's own accountant (RAPPOR:
   two channels change under replacement).
 * **target stderr** (``target_stderr``): the smallest local epsilon whose per-item standard error meets the
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_delta, check_epsilon, check_int
-from .odometer import WindowRelease
-from .plan_search import EPS_LOCAL_CAP, FeasibilityOracle, largest_feasible_eps
-from .shuffle_bound import epsilon_central as tight_epsilon_central
+from transforms.planning.search import EPS_LOCAL_CAP, FeasibilityOracle, largest_feasible_eps
+from transforms.privacy._checks import check_delta, check_epsilon, check_int
+from transforms.privacy.odometer import WindowRelease
+from transforms.privacy.shuffle_bound import epsilon_central as tight_epsilon_central
 
 __all__ = ["HISTOGRAM_MECHANISMS", "HistogramOption", "HistogramPlan", "HistogramWindowsPlan",
            "format_histogram_plan", "format_histogram_windows_plan", "histogram_mechanism", "plan_histogram",
@@ -48,14 +48,14 @@ def histogram_mechanism(name: str, d: int, eps: float) -> Any:
 
     params: dict[str, Any] = {}
     if name == "olh":
-        from .mixture import olh_buckets
+        from transforms.privacy.mixture import olh_buckets
 
         params["seed_family"] = min(max(MIN_OLH_SEED_FAMILY, -(-4 * d // olh_buckets(eps))), 2**32)
     return build_mechanism(name, "histogram", {"d": d}, eps, params)
 
 
 def _central(mech: Any, n: int, delta: float) -> float:
-    """The analyzer's ledger value for one report per client (``transforms.analyze.central_epsilon``)."""
+    """The analyzer's ledger value for one report per client (``transforms.analyzer.estimates.central_epsilon``)."""
     own = getattr(mech, "epsilon_central", None)
     if callable(own):
         return float(own(n, delta))
@@ -147,7 +147,7 @@ def _rappor_eps(d: int, n: int, target: float, delta: float) -> float:
     per evaluation), so the exact search runs only inside a bracket found by cheap bounds: basic composition
     2 eps_c(delta/2) of the channels is feasible wherever it meets the target (lower end), one channel's
     tight bound is below the ledger's (upper end)."""
-    from .mixture import alpha_binary_rr
+    from transforms.privacy.mixture import alpha_binary_rr
 
     def capped(test: Any) -> Any:
         return lambda eps: eps <= RAPPOR_CAP and test(eps)
@@ -273,8 +273,8 @@ def plan_histogram_windows(d: int, n: int, windows: int, delta_total: float, *,
     """Over W windows: each mechanism's largest per-window plan whose W-fold composition meets
     ``epsilon_central_total`` (``plan_for_windows``, verified by the composition), or the per-window plan for
     ``target_stderr`` with its composed total. The recommendation is made as in ``plan_histogram``."""
-    from .odometer import compose_releases
-    from .plan_windows import plan_for_windows
+    from transforms.planning.windows import plan_for_windows
+    from transforms.privacy.odometer import compose_releases
 
     windows = check_int("windows", windows, 1)
     delta = check_delta("delta", delta_total)

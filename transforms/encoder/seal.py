@@ -6,7 +6,7 @@ event is sealed on its own to the analyzer's public key, with the routing fields
 (spec, crowd, window end, channel) as associated data, and the set is signed with the device's key, and the
 encoded set is sealed whole to the shuffler (nested encryption: the reports topic never holds the blobs the
 shuffler releases). Sealing ephemerals (both layers) and the set's nonce come from a keyed PRF of the event's
-Kafka position under the encoder's sealing sub-key (``transforms.encoder_keys``), so a retried or rerun bundle
+Kafka position under the encoder's sealing sub-key (``transforms.encoder.keys``), so a retried or rerun bundle
 sends byte-identical sets (the shuffler keeps one).
 """
 
@@ -39,7 +39,7 @@ class SealSetsFn(beam.DoFn):
     """Lists of ReportElements (one spec; one event's messages consecutive) -> (device id, MessageSet bytes).
 
     A whole input batch is sealed and signed at once: the GIL-free calls (key expansion, the two X25519
-    multiplications per message, the signature) run on ``threads`` (``transforms.parallel``), everything in
+    multiplications per message, the signature) run on ``threads`` (``transforms.runtime.parallel``), everything in
     Python on this thread (``transforms.device.wire.signed_message_sets``, what a device client sends too).
     """
 
@@ -47,16 +47,16 @@ class SealSetsFn(beam.DoFn):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir = keys_dir
         self._threads = threads
-        self._python_gc = python_gc  # transforms.worker_gc
+        self._python_gc = python_gc  # transforms.runtime.worker_gc
         self._sets = Metrics.counter(NAMESPACE, "sets_sealed")
         self._fleet: Any = None
 
     def setup(self) -> None:
         from transforms.device.wire import ShufflerKey
-        from transforms.encoder_keys import EncoderKeys
+        from transforms.encoder.keys import EncoderKeys
+        from transforms.runtime.worker_gc import tune_worker_gc
         from transforms.trust.devices import SimulatedFleet
         from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
-        from transforms.worker_gc import tune_worker_gc
 
         tune_worker_gc(self._python_gc)
 

@@ -23,9 +23,9 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
-from transforms.analyze import CrowdAccumulator
-from transforms.dead_letters import dead_letter
-from transforms.kafkaio import KafkaRecord
+from transforms.analyzer.estimates import CrowdAccumulator
+from transforms.io.dead_letters import dead_letter
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.spec import AnalysisSpec
 from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.wire.elements import SourceRef
@@ -201,11 +201,11 @@ class OpenBatchFn(beam.DoFn):
         self._specs = {s.spec_id: s for s in specs}
         self._keys_dir = keys_dir
         self._threads = threads  # messages of a batch are opened on this many threads (0: one per core)
-        self._python_gc = python_gc  # transforms.worker_gc
+        self._python_gc = python_gc  # transforms.runtime.worker_gc
 
     def setup(self) -> None:
+        from transforms.runtime.worker_gc import tune_worker_gc
         from transforms.trust.keys import load_analyzer_private
-        from transforms.worker_gc import tune_worker_gc
 
         tune_worker_gc(self._python_gc)
 

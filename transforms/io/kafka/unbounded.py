@@ -3,7 +3,7 @@
 Why a Python SDF and not Beam's cross-language KafkaIO: KafkaIO needs a Java expansion service and a JVM on
 every worker; this reader runs wherever the Python SDK harness runs (the FnApiRunner, the portable job
 service, Flink, Dataflow) through the same two client libraries as the bounded reader
-(``transforms.kafka_clients``), with the same settings file.
+(``transforms.io.kafka.clients``), with the same settings file.
 
 Semantics, those of KafkaIO's ``commitOffsetsInFinalize``:
 
@@ -52,9 +52,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.core import RestrictionProvider, WatermarkEstimatorProvider
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
 
-from transforms.kafka_clients import Consumer, KafkaRecord, consumer
-from transforms.kafka_config import DEFAULT_CLIENT, check_client
-from transforms.kafkaio import element_batches
+from transforms.io.kafka.bounded import element_batches
+from transforms.io.kafka.clients import Consumer, KafkaRecord, consumer
+from transforms.io.kafka.config import DEFAULT_CLIENT, check_client
 
 LOG = logging.getLogger(__name__)
 END = 2**63 - 1  # an unbounded partition: OffsetRange's stop

@@ -2,7 +2,7 @@
 (librdkafka, C).
 
 Why both: confluent-kafka reads and writes several times faster (benchmarks/kafka_clients.py), while
-kafka-python needs no native library. `transforms.kafkaio` keeps the semantics (bounded ranges, the
+kafka-python needs no native library. `transforms.io.kafka.bounded` keeps the semantics (bounded ranges, the
 end-of-log probe, commit after success) and only asks a client for these primitives: partitions, offsets,
 assign-and-seek, poll, position, committed/commit, send/flush, create topics. Both consumers use manual
 assignment and never auto-commit; both producers use acks=all and report every unacknowledged record.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from transforms.kafka_config import CONFLUENT, KAFKA_PYTHON, check_client, to_librdkafka
+from transforms.io.kafka.config import CONFLUENT, KAFKA_PYTHON, check_client, to_librdkafka
 
 _log = logging.getLogger(__name__)
 CLIENT_ID = "esa-telemetry"

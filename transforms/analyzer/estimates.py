@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from schemas import SCHEMA_VERSION
+from transforms.analyzer.readout import readout, readout_parameters
 from transforms.mechanisms.base import Accumulator, Mechanism
 from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.readout import readout, readout_parameters
 from transforms.spec import AnalysisSpec
 
 

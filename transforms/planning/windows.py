@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._checks import check_delta, check_epsilon, check_int
-from .odometer import PrivacyOdometer, WindowRelease, interval_for
+from transforms.privacy._checks import check_delta, check_epsilon, check_int
+from transforms.privacy.odometer import PrivacyOdometer, WindowRelease, interval_for
 
 __all__ = ["WindowsPlan", "format_windows_plan", "plan_for_windows"]
 

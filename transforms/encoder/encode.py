@@ -24,10 +24,10 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
 from schemas import WireFormatError, decode_record
-from transforms.dead_letters import dead_letter
 from transforms.device.backstop import is_memoizing, prf_backstops
-from transforms.encoder_keys import EncoderKeys
-from transforms.kafkaio import KafkaRecord
+from transforms.encoder.keys import EncoderKeys
+from transforms.io.dead_letters import dead_letter
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.base import encode_messages
 from transforms.mechanisms.randomness import KeyedRandom, element_id, topic_hash
 from transforms.spec import AnalysisSpec

@@ -2,7 +2,7 @@
 
 Why not Beam's KafkaIO: it is a Java cross-language transform, so it needs a JVM expansion service,
 which the local FnApiRunner setup does not have (`read_from_kafka(..., implementation="xlang")` keeps it
-available for Dataflow/Flink). The client library sits behind `transforms.kafka_clients`: confluent-kafka
+available for Dataflow/Flink). The client library sits behind `transforms.io.kafka.clients`: confluent-kafka
 (librdkafka, the default: several times faster) or kafka-python, chosen per call with ``client=``
 (``--kafka_client`` for the jobs); the semantics below live here, once, for both.
 
@@ -26,7 +26,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
-from transforms.kafka_clients import (
+from transforms.io.kafka.clients import (
     CLIENT_ID,
     Consumer,
     Element,
@@ -39,7 +39,7 @@ from transforms.kafka_clients import (
     producer,
     split_element,
 )
-from transforms.kafka_config import DEFAULT_CLIENT, check_client
+from transforms.io.kafka.config import DEFAULT_CLIENT, check_client
 from transforms.state.files import StateError
 
 __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "KafkaWriteError", "PartitionRange",
@@ -224,7 +224,7 @@ class ReadFromKafkaBounded(beam.PTransform):
     Planning happens in `expand` (one instance = one application). Elements are `KafkaRecord`s with the
     default timestamp, or lists of up to 2,000 of them with ``batched=True`` (downstream stages then
     work on whole batches); event time is assigned downstream. Call `commit_offsets()` (or `run_and_commit`)
-    only after the pipeline succeeded. ``client`` picks the Kafka library (`transforms.kafka_clients`).
+    only after the pipeline succeeded. ``client`` picks the Kafka library (`transforms.io.kafka.clients`).
     """
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, *,

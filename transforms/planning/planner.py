@@ -27,8 +27,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._checks import check_delta, check_epsilon, check_int
-from .kv_formulas import (
+from transforms.planning.closed_forms import kv_closed_form
+from transforms.planning.search import FeasibilityOracle, Search, largest_feasible_eps, minimise_int
+from transforms.planning.vector import VectorMeanPlan, format_vector_plan, plan_vector_mean
+from transforms.privacy._checks import check_delta, check_epsilon, check_int
+from transforms.privacy.kv_formulas import (
     KVError,
     alpha_pckv_grr,
     alpha_pckv_ue,
@@ -43,11 +46,8 @@ from .kv_formulas import (
     pckv_error,
     privkv_error,
 )
-from .mixture import alpha_collision, alpha_generic
-from .plan_closed_forms import kv_closed_form
-from .plan_search import FeasibilityOracle, Search, largest_feasible_eps, minimise_int
-from .planner_vector import VectorMeanPlan, format_vector_plan, plan_vector_mean
-from .shuffle_bound import epsilon_central as tight_epsilon_central
+from transforms.privacy.mixture import alpha_collision, alpha_generic
+from transforms.privacy.shuffle_bound import epsilon_central as tight_epsilon_central
 
 __all__ = [
     "KV_MECHANISMS",

@@ -1,8 +1,8 @@
 """The edge encoder's keys: labelled sub-keys of its one secret, ``keys/encoder/prf.key``.
 
-The encoder keys three different PRFs -- the per-event randomness (SipHash, ``transforms.encode``), the
+The encoder keys three different PRFs -- the per-event randomness (SipHash, ``transforms.encoder.encode``), the
 permanent backstops (BLAKE2b, ``transforms.device.backstop``) and the sealing nonces and ephemerals (BLAKE2b,
-``transforms.seal``). Feeding the same secret bytes to several PRFs ties their security to each other's
+``transforms.encoder.seal``). Feeding the same secret bytes to several PRFs ties their security to each other's
 (once, two of them read overlapping bytes of the file); each now gets its own sub-key, derived with
 HKDF-SHA256 (RFC 5869, "HMAC-based Extract-and-Expand Key Derivation Function", Krawczyk and Eronen, 2010)
 under a distinct label, so learning or misusing one sub-key reveals nothing about another.

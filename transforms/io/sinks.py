@@ -3,7 +3,7 @@
 Files are written as a single shard at exactly the given path (``DIR/estimates.parquet``), after
 re-windowing into the global window: the rows already carry their window bounds as columns. What a run
 hands to its driver (its dead letters) is staged with ``StageAvroRecords`` instead, under the run's
-staging location, which may be an object store (see ``transforms.staging``).
+staging location, which may be an object store (see ``transforms.io.staging``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from apache_beam.transforms import window
 
 from schemas import avro_file_schema, encode_record
 from schemas.arrow import ESTIMATE_ARROW_SCHEMA, arrow_schema_of
-from transforms.kafka_config import DEFAULT_CLIENT
-from transforms.kafkaio import WriteToKafka
-from transforms.staging import Location, StagingDoFn, join, read_listed, staged_files, write_staged
+from transforms.io.kafka.bounded import WriteToKafka
+from transforms.io.kafka.config import DEFAULT_CLIENT
+from transforms.io.staging import Location, StagingDoFn, join, read_listed, staged_files, write_staged
 
 __all__ = ["ESTIMATE_ARROW_SCHEMA", "StageAvroRecords", "WriteAvroFile", "WriteEstimatesParquet",
            "WriteRecordsToKafka", "arrow_schema_of", "avro_bytes", "load_staged_avro"]
@@ -108,7 +108,7 @@ class StageAvroRecords(beam.PTransform):
     A record's shard is a hash of its content, and a shard's file is written whole from the grouped,
     sorted records: a retried bundle rewrites the same file with the same bytes, so no record is staged
     twice. (Beam's file sinks would also do, but their workers take the object store's options from the
-    harness only; a staging DoFn carries them, see ``transforms.staging``.)
+    harness only; a staging DoFn carries them, see ``transforms.io.staging``.)
     """
 
     def __init__(self, directory: Location, prefix: str, schema_name: str, shards: int = 8):

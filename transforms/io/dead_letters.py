@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas import SCHEMA_VERSION
-from transforms.kafkaio import KafkaRecord
+from transforms.io.kafka.bounded import KafkaRecord
 from transforms.state.dead_letters import bounded_letter, truncate_original
 from transforms.wire.elements import SourceRef
 

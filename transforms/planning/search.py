@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .shuffle_bound import FAST_WINDOW_SDS, ShuffleDivergence
+from transforms.privacy.shuffle_bound import FAST_WINDOW_SDS, ShuffleDivergence
 
 __all__ = ["EPS_LOCAL_CAP", "FeasibilityOracle", "Search", "largest_feasible_eps", "minimise_int"]
 
