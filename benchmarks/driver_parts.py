@@ -60,7 +60,8 @@ def measure(sets: int, subkeys: int, payload: int, keys: Path | None) -> dict[st
     from pipelines import shuffle_publish as driver
     from pipelines.enrolment import enrol_simulated
     from pipelines.examples import example_path
-    from pipelines.job import BoundedRun, JobConfig
+    from pipelines.job import BoundedRun
+    from pipelines.job_config import JobConfig
     from transforms.io.kafka.bounded import PartitionRange
     from transforms.shuffler.graph import ReleasePart
     from transforms.shuffler.packed import PackedMessages

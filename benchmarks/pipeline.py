@@ -41,7 +41,7 @@ from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.simulate import produce_population
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import example_path
-from pipelines.job import JobConfig, default_keys_dir
+from pipelines.job_config import JobConfig, default_keys_dir
 from transforms.io.kafka.bounded import ensure_topics, read_topic
 from transforms.io.kafka.config import CLIENTS, CONFLUENT, DEFAULT_CLIENT, KAFKA_PYTHON
 from transforms.runtime.parallel import thread_count

@@ -77,7 +77,7 @@ def main() -> None:
     from pipelines.demo.population import synthesize
     from pipelines.demo.simulate import produce_population
     from pipelines.enrolment import enrol_simulated
-    from pipelines.job import JobConfig
+    from pipelines.job_config import JobConfig
     from transforms.io.kafka.bounded import ensure_topics
     from transforms.spec import load_spec
     from transforms.state.ledger import ReleaseLedger

@@ -183,7 +183,7 @@ def shuffled_keys(bootstrap: str, topic: str) -> Counter:
 def simulate(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from pipelines.broker import LocalBroker
     from pipelines.enrolment import enrol_simulated
-    from pipelines.job import JobConfig
+    from pipelines.job_config import JobConfig
     from transforms.io.kafka.bounded import ensure_topics, produce_records
     from transforms.state.estimates_store import part_path  # noqa: F401  (layout documented there)
 
@@ -241,7 +241,7 @@ def audit(result: dict[str, Any], out: Path) -> dict[str, Any]:
     part and one copy of each release batch on the shuffled topic; late reports dead-lettered as late."""
     import fastavro
 
-    from pipelines.job import default_state_dir
+    from pipelines.job_config import default_state_dir
     from transforms.state.ledger import ReleaseLedger
 
     spec, traffic, windows, runs = result["spec"], result["traffic"], result["windows"], result["runs"]

@@ -46,7 +46,7 @@ class JobRun:
 
 
 def _config(fields: dict[str, Any]) -> Any:
-    from pipelines.job import JobConfig
+    from pipelines.job_config import JobConfig
     from transforms.spec import load_spec, spec_from_dict
 
     fields = dict(fields)

@@ -26,20 +26,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.job import (
     DEAD_LETTERS,
     BoundedRun,
-    JobConfig,
-    RunSummary,
-    config_from_options,
-    crash_point,
     finish_run,
     keep_dead_letters,
     locked,
     nothing_to_do,
     plan_run,
-    refuse_streaming,
     require_outputs,
     run_pipeline,
     skipped_summary,
 )
+from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point, refuse_streaming
 from schemas import encode_record
 from transforms.analyzer.estimates import estimate_rows
 from transforms.analyzer.ledger_rows import Odometers, accounting_of, metric_of, with_cumulative_epsilon

@@ -8,246 +8,25 @@ is accepted everywhere. ``-v``/``--verbose`` may come before or after the subcom
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from pipelines.exit_codes import EsaError, ExitCode, JobUsageError, epilog
-from pipelines.logs import FORMAT_ENV, LOG_FORMATS, log_format, setup_logging
+from pipelines.cli_parser import BEAM_JOBS, parse_native
+from pipelines.cli_privacy import plan_command, print_out, privacy_command
+from pipelines.exit_codes import EsaError, ExitCode, JobUsageError
+from pipelines.logs import log_format, setup_logging
 from pipelines.out_of_space import out_of_space, out_of_space_advice
-from transforms.io.kafka.config import CLIENTS, DEFAULT_CLIENT
 
 LOG = logging.getLogger("esa")
-# Kept literal (no pipelines.examples import chain) so that `esa privacy` does not pay for Beam or pyarrow.
-DEFAULT_SPEC = Path(__file__).resolve().parent / "example_specs" / "app_language.toml"
-# Literal for the same reason; tests check them against pipelines.demo (DISTRIBUTIONS, DEMO_SPECS).
-DISTRIBUTIONS = ("zipf", "uniform")
-DEMO_KINDS = ("histogram", "grid", "kv_mean", "vector_mean", "range", "quantile", "heavy_hitters")
-BEAM_JOBS = {
-    "run": "the three jobs (encode, shuffle, analyze) one after another: raw (and reports) topic -> estimates",
-    "encode": "encode job: raw topic -> reports topic",
-    "shuffle": "shuffle job: reports topic -> shuffled topic",
-    "analyze": "analyze job: shuffled topic -> estimates",
-}
 # Outputs each job stage writes (RunSummary.stage -> files), so a job prints only what it wrote.
 STAGE_OUTPUTS = {"end_to_end": ("estimates", "dead_letters"), "encode": ("dead_letters",),
                  "shuffle": ("dead_letters",), "analyze": ("estimates", "dead_letters")}
 VERBOSE = ("-v", "--verbose")
 LOG_FORMAT_FLAGS = ("--log_format", "--log-format")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1], got {value}")
-    return value
-
-
-def _parser() -> argparse.ArgumentParser:
-    from transforms.privacy.report import ALL_PRIVACY_MECHANISMS
-
-    parser = argparse.ArgumentParser(prog="esa", description="Privacy-preserving telemetry: Encode, Shuffle, "
-                                     "Analyze on Apache Beam.", epilog=epilog(),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details (before or after the "
-                        "subcommand)")
-    parser.add_argument("--log_format", choices=LOG_FORMATS, default=None,
-                        help=f"text (default) or json: one JSON object per log line on stderr (before or after the "
-                             f"subcommand; default ${FORMAT_ENV} or text)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    broker = sub.add_parser("broker", help="run a local Apache Kafka (KRaft, one node) on loopback until SIGTERM")
-    broker.add_argument("--port", type=int, default=None, help="port (default: a free one)")
-    broker.add_argument("--data_dir", type=Path, default=None, metavar="DIR",
-                        help="keep topics, records and committed offsets in DIR across restarts (default: a "
-                             "temporary directory, removed on stop)")
-
-    sim = sub.add_parser("simulate", help="produce synthetic telemetry with a known truth to Kafka")
-    sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap host:port")
-    sim.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help="analysis spec (default: app_language)")
-    sim.add_argument("--clients", type=_positive_int, default=50_000,
-                     help="simulated devices, one event each per window (default 50000)")
-    sim.add_argument("--distribution", default="zipf", choices=DISTRIBUTIONS,
-                     help="how the true values are drawn (default zipf)")
-    sim.add_argument("--zipf_s", type=_positive_float, default=1.1, help="skew of the zipf law (default 1.1)")
-    sim.add_argument("--windows", type=_positive_int, default=1, help="consecutive windows to fill (default 1)")
-    sim.add_argument("--start_time", default=None,
-                     help="start of the first window (epoch ms or ISO 8601; default: the last WINDOWS complete "
-                          "windows before now); give it, with --seed, to reproduce a simulation")
-    sim.add_argument("--raw_topic", default="telemetry", help="topic of the raw events (default telemetry)")
-    sim.add_argument("--reports_topic", default="reports",
-                     help="topic of signed message sets: --devices' and the bad reports (default reports)")
-    sim.add_argument("--bad_per_kind", type=_non_negative_int, default=0,
-                     help="also produce N bad records of each kind, which the jobs must dead-letter (default 0)")
-    sim.add_argument("--truth", type=Path, default=None,
-                     help="write the true value of every item, per window and crowd, here (Parquet)")
-    sim.add_argument("--devices", type=Path, default=None,
-                     help="simulate devices that encode themselves with the device client library, one state "
-                          "directory each under this directory; their signed message sets go straight to the "
-                          "reports topic (default: raw events, which `esa encode` encodes at the edge)")
-    sim.add_argument("--device_budget", type=_positive_float, default=None,
-                     help="with --devices: each device's privacy budget per day, across all specs (replacement "
-                          "LDP epsilon); stored in each device's state, so a later run with another value is refused")
-    sim.add_argument("--keys_dir", type=Path, default=Path("out.keys"),
-                     help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
-                          "out.keys, which is what `esa run --output_dir out` uses)")
-    sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
-    sim.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
-                     help=f"Kafka client library that creates the topics and produces (default {DEFAULT_CLIENT}, "
-                          "as the jobs): confluent (confluent-kafka/librdkafka) or kafka-python (pure Python)")
-    sim.add_argument("--kafka_config", type=Path, default=None, metavar="FILE",
-                     help="file of extra Kafka client settings, one key=value per line, for the admin client and "
-                          "every producer (TLS/SASL: security_protocol, ssl_cafile, sasl_mechanism, ...), read and "
-                          "checked as the jobs' --kafka_config; see docs/operations.md")
-
-    for name, what in BEAM_JOBS.items():
-        sub.add_parser(name, help=f"{what} (esa {name} --help lists its flags)", add_help=False)
-
-    demo = sub.add_parser("demo", help="embedded broker + simulated devices + the three jobs + summary + plot")
-    demo.add_argument("--clients", type=_positive_int, default=50_000, help="simulated devices (default 50000)")
-    demo.add_argument("--kind", default="histogram", choices=DEMO_KINDS,
-                      help="which example spec: histogram (app languages, the default), grid (locations, attribute "
-                           "fragmenting), kv_mean, vector_mean, range, quantile, heavy_hitters")
-    demo.add_argument("--mechanism", default=None, help="override the spec's mechanism (e.g. grr, oue, olh, rappor)")
-    demo.add_argument("--epsilon", type=_positive_float, default=None,
-                      help="override the spec's epsilon (local, or the central target of vector_sum and the "
-                           "multi-message protocols)")
-    demo.add_argument("--out", default="out/demo", help="local output directory (default out/demo)")
-    demo.add_argument("--spec", type=Path, default=None, help="run this spec instead of the kind's example")
-    demo.add_argument("--distribution", default="zipf", choices=DISTRIBUTIONS,
-                      help="how the true values are drawn (default zipf)")
-    demo.add_argument("--zipf_s", type=_positive_float, default=1.1, help="skew of the zipf law (default 1.1)")
-    demo.add_argument("--bad_per_kind", type=_non_negative_int, default=3,
-                      help="bad records of each kind to inject (shows the dead-letter path; default 3)")
-    demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
-    demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
-    demo.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
-                      help=f"Kafka client library of the simulator and the three jobs (default {DEFAULT_CLIENT})")
-    demo.add_argument("--kafka_config", type=Path, default=None, metavar="FILE",
-                      help="file of extra Kafka client settings (TLS/SASL), one key=value per line, for every "
-                           "client of the demo, checked as the jobs' --kafka_config; with --bootstrap")
-
-    query = sub.add_parser("query", help="answer ranges, quantiles, top items, items, sums and kv keys from stored "
-                                         "estimates")
-    query.add_argument("--estimates", required=True,
-                       help="output directory (estimates/ dataset and/or estimates.parquet), the file, or a URL")
-    query.add_argument("--range", nargs=2, type=float, action="append", dest="ranges", metavar=("LO", "HI"),
-                       help="clients with a value in [LO, HI) (value units; repeatable)")
-    query.add_argument("--quantile", type=float, action="append", dest="quantiles", metavar="Q",
-                       help="the Q-quantile, 0 < Q <= 1 (repeatable)")
-    query.add_argument("--top", type=_positive_int, default=None,
-                       help="histogram/heavy hitters: the K largest items (default 10 if nothing else is asked); "
-                            "kv_mean: the K keys of largest share")
-    query.add_argument("--item", action="append", dest="items", metavar="NAME",
-                       help="this item (histogram category, heavy-hitter hash or candidate string, kv_mean key; "
-                            "repeatable)")
-    query.add_argument("--sum", nargs="+", action="append", dest="sums", metavar="ITEM",
-                       help="the sum of these items' frequencies with its stderr under the mechanism's covariance "
-                            "(repeatable)")
-    query.add_argument("--candidates", default=None, metavar="FILE",
-                       help="heavy hitters: strings, one a line, hashed as the encoder does to label the stored hashes")
-    query.add_argument("--spec_id", default=None, help="only this analysis (spec id, or spec name: every version)")
-    query.add_argument("--window", default=None, help="only this window (start, epoch ms or ISO 8601)")
-    query.add_argument("--crowd", default=None, help="only this crowd id")
-    query.add_argument("--confidence", type=float, default=0.95, help="of the quantile intervals (default 0.95)")
-    query.add_argument("--json", action="store_true", help="machine-readable output")
-
-    report = sub.add_parser("report", help="one self-contained HTML page per spec of an output directory: estimates "
-                                           "over windows, the last window, cumulative epsilon, record accounting")
-    report.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the jobs' or the demo's --output_dir")
-    report.add_argument("--out", type=Path, default=None, help="directory of the pages (default OUTPUT_DIR/report)")
-    report.add_argument("--top", type=_positive_int, default=8, help="items drawn over the windows (default 8)")
-
-    priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
-    priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True,
-                      help="the local randomizer (generic: any epsilon-LDP randomizer, the worst case)")
-    priv.add_argument("--domain", type=_positive_int, required=True, help="number of categories")
-    priv.add_argument("--epsilon", type=_positive_float, required=True,
-                      help="local epsilon (rappor: removal budget; rappor_fragments: backstop budget)")
-    priv.add_argument("--n", type=_positive_int, required=True, help="number of shuffled reports")
-    priv.add_argument("--delta", type=_positive_float, required=True, help="central delta")
-    priv.add_argument("--fragments", type=_positive_int, default=None, help="rappor_fragments (required): tau")
-    priv.add_argument("--epsilon_fragment", type=_positive_float, default=None,
-                      help="rappor_fragments: fragment epsilon (default: docs/mathematics.md §2.8 rule)")
-    priv.add_argument("--windows", type=_positive_int, default=None,
-                      help="compose W windows of the same population (delta is then the total delta)")
-    priv.add_argument("--crowd_claim", default=None,
-                      help="with --windows: none (default: replacement, the count is free), partition, membership "
-                           "or partition+membership (the count is charged, sized for a year)")
-    priv.add_argument("--window_seconds", type=_positive_int, default=None,
-                      help="with --crowd_claim: the window size the count is designed for (default 86400)")
-    priv.add_argument("--crowd_epsilon_year", type=_positive_float, default=None,
-                      help="with --crowd_claim: [crowd] epsilon_year (default 1)")
-    priv.add_argument("--crowd_delta_year", type=_positive_float, default=None,
-                      help="with --crowd_claim: [crowd] delta_year (default 1e-6)")
-    priv.add_argument("--json", action="store_true", help="machine-readable output")
-    _add_plan_parser(sub)
-    for subparser in sub.choices.values():
-        _underscore_flags(subparser)
-    return parser
-
-
-def _underscore_flags(parser: argparse.ArgumentParser) -> None:
-    """Spell every long flag with underscores (help and parsing); ``_canonical_argv`` maps hyphens to them."""
-    for action in parser._actions:
-        renamed = [("--" + s[2:].replace("-", "_")) if s.startswith("--") else s for s in action.option_strings]
-        for old, new in zip(action.option_strings, renamed, strict=True):
-            if old != new:
-                parser._option_string_actions.pop(old, None)
-                parser._option_string_actions[new] = action
-        action.option_strings = renamed
-
-
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices.get(command)
-    return None
-
-
-def _parse_native(argv: list[str]) -> argparse.Namespace:
-    """Parse an esa-native subcommand; an unknown flag names the closest known one (exit 2)."""
-    from pipelines.job_cli import canonical
-
-    parser = _parser()
-    sub = _subparser(parser, argv[0]) if argv else None
-    if sub is not None:
-        flags = set(sub._option_string_actions)
-        argv = [argv[0], *(canonical(a, flags) for a in argv[1:])]
-    args, extras = parser.parse_known_args(argv)
-    if extras:
-        flags = sorted(s for s in (sub._option_string_actions if sub else {}) if s.startswith("--"))
-        flag = extras[0].split("=", 1)[0]
-        close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6) if flag.startswith("-") else []
-        what = "unknown flag" if flag.startswith("-") else "unexpected argument"
-        (sub or parser).error(f"{what} {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
-    return args
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -292,7 +71,7 @@ def _simulate(args: argparse.Namespace) -> int:
         pq.write_table(truth_table(spec, population), args.truth)
     window_ms = population.window_ms
     first = int(population.event_times_ms.min()) // window_ms * window_ms
-    _print(json.dumps({"spec_id": spec.spec_id, "produced": produced, "first_window_start": first,
+    print_out(json.dumps({"spec_id": spec.spec_id, "produced": produced, "first_window_start": first,
                        "windows": args.windows}))
     return 0
 
@@ -308,7 +87,7 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)
     if job.help:
-        _print(help_text(command, f"{BEAM_JOBS[command]}."))
+        print_out(help_text(command, f"{BEAM_JOBS[command]}."))
         return 0
     LOG.debug("%s: %s", command, BEAM_NOTE)
     module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
@@ -336,7 +115,8 @@ def _follow(command: str, module: Any, job: Any, service: Any) -> int:
 
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.job import config_from_options, hold_state_dirs
+    from pipelines.job import hold_state_dirs
+    from pipelines.job_config import config_from_options
     from pipelines.metrics import JobMetrics
     from pipelines.service import follow
 
@@ -369,7 +149,7 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
     # Runs with nothing new to read (and, for the shuffler, no window that may have closed) are skipped.
     names = [n for n, s in stages.items() if getattr(s, "extra", {}).get("skipped")]
     skipped = {"skipped": names} if names else {}
-    _print(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
+    print_out(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
                        "dead_letter_fraction": round(fraction, 6), **outputs, **skipped}))
     if not summary.balanced:
         print(f"esa {command}: error: the record accounting does not balance: {summary.accounting}", file=sys.stderr)
@@ -378,128 +158,6 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
         print(f"\n{'!' * 100}\nesa {command}: {warning}\n{'!' * 100}\n", file=sys.stderr)
         return int(ExitCode.DEAD_LETTERS)
     return 0
-
-
-def _privacy(args: argparse.Namespace) -> int:
-    from transforms.privacy.report import build_privacy_report, format_privacy_report
-
-    report = build_privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta,
-                                  fragments=args.fragments, epsilon_fragment=args.epsilon_fragment)
-    text = format_privacy_report(report)
-    if args.windows is not None:
-        from transforms.privacy.windows_report import format_windows_report, windows_report
-
-        count = {k: v for k, v in (("window_seconds", args.window_seconds), ("epsilon_year", args.crowd_epsilon_year),
-                                   ("delta_year", args.crowd_delta_year)) if v is not None}
-        report["windows"] = windows_report(report, args.windows, args.crowd_claim or "none", **count)
-        text += "\n" + format_windows_report(report["windows"])
-    elif any(v is not None for v in (args.crowd_claim, args.window_seconds, args.crowd_epsilon_year,
-                                     args.crowd_delta_year)):
-        raise ValueError("--crowd_claim, --window_seconds, --crowd_epsilon_year, --crowd_delta_year apply with "
-                         "--windows only")
-    _print(json.dumps(report, indent=2) if args.json else text)
-    return 0
-
-
-def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
-    plan = sub.add_parser("plan", help="local parameters meeting a central (eps_c, delta) target (tight bound)")
-    plan.add_argument("--kind", choices=("histogram", "kv_mean", "vector_mean"), required=True)
-    plan.add_argument("--mechanism", default=None,
-                      help="kv_mean: collision, coco, pckv-ue, pckv-grr or privkv; histogram: plan only this oracle "
-                           "(default: grr, oue, olh, hadamard, cms, rappor and recommend one)")
-    plan.add_argument("--d", type=_positive_int, required=True,
-                      help="categories (histogram), keys (kv_mean) or coordinates (vector_mean)")
-    plan.add_argument("--target_stderr", type=_positive_float, default=None,
-                      help="histogram: per-item stderr to reach (a frequency), instead of a central target")
-    plan.add_argument("--s", type=_positive_int, default=None, help="kv_mean: non-zero keys per user")
-    plan.add_argument("--n", type=_positive_int, required=True, help="number of users")
-    plan.add_argument("--epsilon_central", type=_positive_float, default=None, help="per-window target")
-    plan.add_argument("--delta", type=_positive_float, required=True, help="central delta")
-    plan.add_argument("--t", type=_positive_int, default=None,
-                      help="kv_mean: fix the output size of collision/coco; vector_mean: coordinates per user")
-    plan.add_argument("--t_rule", default=None, help="kv_mean: joint (default), min-variance or paper")
-    plan.add_argument("--k_round", type=_positive_int, default=None, help="vector_mean: precision (default: rule)")
-    plan.add_argument("--accountant", default=None,
-                      help="vector_mean: \"002\" (the parameter rules of Scott, Cormode and Maple's vector "
-                           "summation, default) or tight (the largest budget the tight shuffle bound allows)")
-    plan.add_argument("--windows", type=_positive_int, default=None,
-                      help="plan for W windows of the same population (with --epsilon_central_total)")
-    plan.add_argument("--epsilon_central_total", type=_positive_float, default=None,
-                      help="with --windows: budget for all W windows together (PLD composition)")
-    plan.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _plan(args: argparse.Namespace) -> int:
-    from transforms.planning.planner import format_kv_plan, format_vector_plan, plan_kv_mean, plan_vector_mean
-
-    if args.kind == "histogram":
-        return _plan_histogram(args)
-    if args.target_stderr is not None:
-        raise ValueError("--target_stderr applies to --kind histogram only")
-    if (args.windows is None) != (args.epsilon_central_total is None):
-        raise ValueError("--windows and --epsilon_central_total go together")
-    if (args.windows is None) == (args.epsilon_central is None):
-        raise ValueError("give --epsilon_central (one window) or --windows with --epsilon_central_total")
-    if args.kind == "kv_mean":
-        if args.mechanism is None or args.s is None:
-            raise ValueError("--kind kv_mean needs --mechanism and --s")
-        if args.k_round is not None or args.accountant is not None:
-            raise ValueError("--k_round and --accountant apply to --kind vector_mean only")
-
-        def make(eps_c: float, delta: float) -> object:
-            return plan_kv_mean(args.mechanism, args.d, args.s, args.n, eps_c, delta, t=args.t,
-                                t_rule=args.t_rule or "joint")
-        formatter = format_kv_plan
-    else:
-        if args.mechanism is not None or args.s is not None or args.t_rule is not None:
-            raise ValueError("--kind vector_mean takes no --mechanism, --s or --t_rule (it plans [VecSum]'s mechanism)")
-
-        def make(eps_c: float, delta: float) -> object:
-            return plan_vector_mean(args.d, args.n, eps_c, delta, k_round=args.k_round,
-                                    t=1 if args.t is None else args.t, accountant=args.accountant or "002")
-        formatter = format_vector_plan
-    if args.windows is None:
-        plan = make(args.epsilon_central, args.delta)
-        text = formatter(plan)
-    else:
-        from transforms.planning.windows import format_windows_plan, plan_for_windows
-
-        plan = plan_for_windows(make, args.n, args.windows, args.epsilon_central_total, args.delta)
-        text = format_windows_plan(plan, formatter(plan.plan))
-    _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
-    return 0
-
-
-def _plan_histogram(args: argparse.Namespace) -> int:
-    from transforms.planning import histogram as ph
-
-    for flag, value in (("--s", args.s), ("--t", args.t), ("--t_rule", args.t_rule), ("--k_round", args.k_round),
-                        ("--accountant", args.accountant)):
-        if value is not None:
-            raise ValueError(f"{flag} does not apply to --kind histogram")
-    mechanisms = ph.HISTOGRAM_MECHANISMS if args.mechanism is None else (args.mechanism,)
-    if args.windows is None:
-        if args.epsilon_central_total is not None:
-            raise ValueError("--epsilon_central_total goes with --windows")
-        plan = ph.plan_histogram(args.d, args.n, args.delta, epsilon_central=args.epsilon_central,
-                                 target_stderr=args.target_stderr, mechanisms=mechanisms)
-        text = ph.format_histogram_plan(plan)
-    else:
-        if args.epsilon_central is not None:
-            raise ValueError("with --windows give --epsilon_central_total (or --target_stderr), not --epsilon_central")
-        if args.mechanism is None:  # RAPPOR's PLD ledger is too slow to recompose at every bisection step
-            mechanisms = tuple(m for m in mechanisms if m != "rappor")
-        plan = ph.plan_histogram_windows(args.d, args.n, args.windows, args.delta,
-                                         epsilon_central_total=args.epsilon_central_total,
-                                         target_stderr=args.target_stderr, mechanisms=mechanisms)
-        text = ph.format_histogram_windows_plan(plan)
-    _print(json.dumps(plan.to_dict(), indent=2) if args.json else text)
-    return 0
-
-
-def _print(text: str) -> None:
-    """Print to stdout and flush now, so that a closed pipe (``esa ... --json | head``) surfaces here."""
-    print(text, flush=True)
 
 
 def _announce_seed(seed: int | None, command: str) -> None:
@@ -517,14 +175,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         _announce_seed(args.seed, "simulate")
         return _simulate(args)
     if args.command == "privacy":
-        return _privacy(args)
+        return privacy_command(args)
     if args.command == "plan":
-        return _plan(args)
+        return plan_command(args)
     if args.command == "report":
         from pipelines.reports.html import write_reports
 
         for path in write_reports(args.output_dir, args.out, args.top):
-            _print(str(path))
+            print_out(str(path))
         return 0
     if args.command == "query":
         from pipelines.query.ranges import query_command
@@ -602,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs; job_cli checks them first
             return _run_job(command, argv[1:])
-        return _dispatch(_parse_native(argv))
+        return _dispatch(parse_native(argv))
     except BrokenPipeError:
         # The reader went away (``esa query --json | head``): stop quietly, without a traceback at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)

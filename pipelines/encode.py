@@ -21,17 +21,14 @@ from pipelines.exit_codes import JobUsageError
 from pipelines.job import (
     DEAD_LETTERS,
     BoundedRun,
-    JobConfig,
-    RunSummary,
-    config_from_options,
     finish_run,
     keep_dead_letters,
     locked,
     plan_run,
-    refuse_streaming,
     require_outputs,
     run_pipeline,
 )
+from pipelines.job_config import JobConfig, RunSummary, config_from_options, refuse_streaming
 from transforms.encoder.encode import EncodeEvents
 from transforms.encoder.keys import EncoderKeys
 from transforms.encoder.seal import SealSetsFn

@@ -18,7 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from pipelines import analyze, encode, shuffle
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig, RunSummary, config_from_options
+from pipelines.job_config import JobConfig, RunSummary, config_from_options
 from pipelines.preflight import require_topics
 from transforms.io.kafka.bounded import ensure_topics
 

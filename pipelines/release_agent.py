@@ -27,7 +27,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
 from pipelines.shuffle_publish import StagedParts, seal_written, withheld_entry
 from transforms.io.sinks import avro_bytes

@@ -27,10 +27,6 @@ from pipelines.exit_codes import JobUsageError
 from pipelines.job import (
     DEAD_LETTERS,
     BoundedRun,
-    JobConfig,
-    RunSummary,
-    config_from_options,
-    crash_point,
     finish_run,
     keep_dead_letters,
     locked,
@@ -40,6 +36,7 @@ from pipelines.job import (
     run_pipeline,
     skipped_summary,
 )
+from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point
 from pipelines.shuffle_publish import STAGE, part_stager, republish_unpublished, seal_and_publish, shuffler_prf_key
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import (

@@ -13,11 +13,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipelines.job import (
-    BoundedRun,
-    JobConfig,
-    crash_point,
-)
+from pipelines.job import BoundedRun
+from pipelines.job_config import JobConfig, crash_point
 from transforms.io.staging import (
     Location,
     StagedEntry,

@@ -39,16 +39,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines.exit_codes import JobUsageError
-from pipelines.job import (
-    GroupInUse,
-    JobConfig,
-    RunSummary,
-    esa_counters,
-    locked,
-    require_outputs,
-    staging_root,
-    use_filesystem_options,
-)
+from pipelines.job import esa_counters, locked, require_outputs, staging_root, use_filesystem_options
+from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.release_agent import ReleaseAgent, committed_total, progress

@@ -35,7 +35,7 @@ from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import EXAMPLES_DIR
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig, default_keys_dir, default_state_dir
+from pipelines.job_config import JobConfig, default_keys_dir, default_state_dir
 from pipelines.paths import OutputLocation, output_location
 from pipelines.preflight import existing_topics
 from transforms.io.kafka.config import DEFAULT_CLIENT

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import shuffle as shuffle_job
 from pipelines.broker import LocalBroker
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from pipelines.shuffle_publish import publish
 from transforms.io.kafka.bounded import ensure_topics, read_topic
 from transforms.shuffler.publish import ShufflerFencedError, TransactionalPublisher, forget_publishers

@@ -23,7 +23,7 @@ from pipelines.demo.population import synthesize
 from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from tests.deploy.portable import local_job_service, portable_options, worker_pool
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates

@@ -12,7 +12,7 @@ import pytest
 from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions, PrismRunnerOptions
 
 from pipelines.exit_codes import ConfigError
-from pipelines.job import config_from_options
+from pipelines.job_config import config_from_options
 from pipelines.runners import BEAM_VERSION, flink_job_server_coordinates
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, S3Options
 
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig, config_from_options, staging_root
+from pipelines.job import staging_root
+from pipelines.job_config import JobConfig, config_from_options
 from tests.e2e.chain_harness import SPEC_PATH
 from transforms.io.staging import StageFn, filesystem_options
 from transforms.spec import load_spec

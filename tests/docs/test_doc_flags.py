@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
+from pipelines import cli_parser
 from pipelines.job_cli import known_flags
 from tests.docs.readme_commands import README, REPO
 
@@ -39,7 +39,7 @@ _LINK_TARGET = re.compile(r"\]\([^)]*\)")  # anchors such as #streaming-...---ka
 
 
 def _native_parsers() -> dict[str, argparse.ArgumentParser]:
-    for action in cli._parser()._actions:
+    for action in cli_parser.build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
             return {name: sub for name, sub in action.choices.items() if name not in JOBS}
     raise AssertionError("esa has no subcommands")
@@ -53,7 +53,7 @@ def _flags_of(parser: argparse.ArgumentParser) -> set[str]:
 def command_flags() -> dict[str, set[str]]:
     jobs = set(known_flags()) | {"--max_dead_letter_fraction", "--help"}
     return {**{name: _flags_of(p) for name, p in _native_parsers().items()}, **{job: jobs for job in JOBS},
-            "esa": _flags_of(cli._parser())}  # global flags (-v, --log_format), before or after the subcommand
+            "esa": _flags_of(cli_parser.build_parser())}  # global flags (-v, --log_format), before or after
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)

@@ -20,7 +20,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pipelines.demo.population import avro_value
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.device.wire import window_end_ms
 from transforms.io.kafka.bounded import KafkaRecord, produce_records, read_topic

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pipelines.demo.population import Population
 from pipelines.demo.simulate import bad_records
 from pipelines.enrolment import enrol_simulated
-from pipelines.job import default_keys_dir
+from pipelines.job_config import default_keys_dir
 from schemas import encode_record  # noqa: F401  (schemas must import before the trust encoders)
 from tests.e2e.adversary import to_shuffler
 from transforms.device.wire import window_end_ms

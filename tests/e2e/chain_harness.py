@@ -42,7 +42,7 @@ class Chain:
         return self.out / "state" / stage
 
     def config(self, stage: str) -> Any:
-        from pipelines.job import JobConfig
+        from pipelines.job_config import JobConfig
         from transforms.spec import load_spec
 
         return JobConfig(bootstrap=self.bootstrap, specs=(load_spec(SPEC_PATH),), out_dir=self.out,

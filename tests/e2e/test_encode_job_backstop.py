@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import encode
 from pipelines.enrolment import enrol_simulated
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from schemas import SCHEMA_VERSION, encode_record
 from tests.e2e.adversary import opened
 from tests.e2e.chain_harness import recent_start

@@ -17,7 +17,7 @@ import pytest
 from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import run
-from pipelines.job import GroupInUse, JobConfig
+from pipelines.job_config import GroupInUse, JobConfig
 from tests.e2e.chain import (
     DUPLICATE_REASON,
     ENCODER_REASONS,

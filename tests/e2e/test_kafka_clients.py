@@ -20,7 +20,7 @@ from pipelines.demo.population import synthesize
 from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import run
 from pipelines.exit_codes import ConfigError
-from pipelines.job import JobConfig, config_from_options
+from pipelines.job_config import JobConfig, config_from_options
 from tests.e2e.chain import enrol
 from transforms.io.kafka.bounded import KafkaWriteError, WriteToKafka, ensure_topics, produce_records, read_topic
 from transforms.io.kafka.config import CLIENTS, CONFLUENT, KAFKA_PYTHON, KafkaConfigError, to_librdkafka, validate

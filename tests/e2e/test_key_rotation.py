@@ -19,7 +19,7 @@ from pipelines import encode as encode_job
 from pipelines import shuffle as shuffle_job
 from pipelines.demo.population import synthesize
 from pipelines.demo.simulate import produce_population
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from tests.e2e.chain import enrol
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates

@@ -19,7 +19,7 @@ from pipelines import encode as encode_job
 from pipelines import shuffle as shuffle_job
 from pipelines.demo.population import synthesize
 from pipelines.demo.simulate import produce_population
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from pipelines.preflight import MissingTopicsError, existing_topics
 from schemas import decode_record
 from tests.e2e.adversary import attacker_key, forged_release

@@ -20,7 +20,7 @@ from pipelines import encode as encode_job
 from pipelines import shuffle as shuffle_job
 from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.simulate import produce_population
-from pipelines.job import JobConfig, default_keys_dir
+from pipelines.job_config import JobConfig, default_keys_dir
 from tests.e2e.chain import ENCODER_REASONS, SHUFFLER_REASONS, bad_device_sets, enrol
 from transforms.io.kafka.bounded import ensure_topics, produce_records, read_topic
 from transforms.spec import spec_from_dict

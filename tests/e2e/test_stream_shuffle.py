@@ -10,7 +10,7 @@ import pytest
 
 from pipelines import analyze, shuffle
 from pipelines.demo.population import synthesize
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from tests.e2e.chain_harness import (
     SPEC_PATH,
     bounded_reference,

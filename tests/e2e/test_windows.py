@@ -16,7 +16,7 @@ import pytest
 from pipelines.demo.population import synthesize
 from pipelines.demo.simulate import produce_population
 from pipelines.end_to_end import run
-from pipelines.job import JobConfig, default_state_dir
+from pipelines.job_config import JobConfig, default_state_dir
 from tests.e2e.chain import enrol
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates

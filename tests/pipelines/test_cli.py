@@ -11,7 +11,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from pipelines.job import default_keys_dir, default_state_dir
+from pipelines.job_config import default_keys_dir, default_state_dir
 from schemas import decode_record
 from transforms.io.kafka.bounded import read_topic
 from transforms.privacy.report import privacy_report

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli, end_to_end
+from pipelines import cli, cli_parser, end_to_end
 from pipelines.demo.population import DISTRIBUTIONS
 from pipelines.demo.run import DEMO_SPECS
-from pipelines.job import default_keys_dir, default_state_dir
 from pipelines.job_cli import _beam_parser, _group_title, _option_classes, help_text
+from pipelines.job_config import default_keys_dir, default_state_dir
 
 JOBS = ("run", "encode", "shuffle", "analyze")
 
@@ -38,8 +38,8 @@ def test_run_is_described_as_the_three_jobs_in_the_order_it_runs_them(capsys) ->
 
 def test_literal_choices_are_the_demo_modules_own() -> None:
     """cli keeps them literal (no Beam import for `esa privacy`): they must not drift from pipelines.demo."""
-    assert cli.DISTRIBUTIONS == DISTRIBUTIONS
-    assert tuple(DEMO_SPECS) == cli.DEMO_KINDS
+    assert cli_parser.DISTRIBUTIONS == DISTRIBUTIONS
+    assert tuple(DEMO_SPECS) == cli_parser.DEMO_KINDS
 
 
 @pytest.mark.parametrize("command", JOBS)

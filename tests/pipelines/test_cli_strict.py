@@ -14,7 +14,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import pipelines.options as esa_options
-from pipelines import cli
+from pipelines import cli, cli_parser
 from pipelines.exit_codes import ExitCode, epilog
 from pipelines.job_cli import esa_flags, known_flags, parse_job_argv
 
@@ -112,7 +112,7 @@ def test_every_command_refuses_an_unknown_flag(command: str, capsys) -> None:
 def test_native_typo_names_the_closest_flag_and_hyphens_work(capsys) -> None:
     code, _, err = run_main(["demo", "--clinets", "3"], capsys)
     assert code == ExitCode.USAGE and "did you mean --clients?" in err
-    args = cli._parse_native(["simulate", "--bootstrap", "b:1", "--raw-topic", "t", "--zipf-s=1.3", "--raw_topic",
+    args = cli_parser.parse_native(["simulate", "--bootstrap", "b:1", "--raw-topic", "t", "--zipf-s=1.3", "--raw_topic",
                               "u", "--bad-per-kind", "2"])
     assert (args.raw_topic, args.zipf_s, args.bad_per_kind) == ("u", 1.3, 2)
 
@@ -134,7 +134,7 @@ def test_help_epilog_documents_every_exit_code(capsys) -> None:
 def test_topics_default_to_what_simulate_writes() -> None:
     """`esa simulate` then `esa run` with no topic flags must meet on the same topics."""
     kafka = PipelineOptions([]).view_as(esa_options.EsaKafkaOptions)
-    simulate = cli._parse_native(["simulate", "--bootstrap", "h:1"])
+    simulate = cli_parser.parse_native(["simulate", "--bootstrap", "h:1"])
     assert (kafka.raw_topic, kafka.reports_topic) == (simulate.raw_topic, simulate.reports_topic)
 
 

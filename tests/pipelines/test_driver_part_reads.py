@@ -24,7 +24,8 @@ import pytest
 import pipelines.shuffle_publish as driver
 import transforms.io.staging as staging
 import transforms.shuffler.packed as packed
-from pipelines.job import BoundedRun, JobConfig
+from pipelines.job import BoundedRun
+from pipelines.job_config import JobConfig
 from pipelines.release_agent import ReleaseAgent
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.io.kafka.bounded import PartitionRange

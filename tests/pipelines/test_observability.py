@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines import cli
-from pipelines.job import RunSummary
+from pipelines.job_config import RunSummary
 from pipelines.logs import JsonFormatter, setup_logging
 from pipelines.metrics import JobMetrics
 from pipelines.service import follow, progress_line

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
+from pipelines import cli, cli_parser
 from pipelines.examples import example_names, example_path
 from pipelines.exit_codes import ExitCode
 from pipelines.paths import OutputLocationError, is_url, output_location
@@ -123,6 +123,6 @@ def test_examples_are_found_through_the_package() -> None:
     names = example_names()
     assert "app_language.toml" in names and sorted(p.name for p in REPO_EXAMPLES.glob("*.toml")) == names
     assert example_path("grid").read_bytes() == (REPO_EXAMPLES / "grid.toml").read_bytes()
-    assert cli.DEFAULT_SPEC.resolve() == example_path().resolve()
+    assert cli_parser.DEFAULT_SPEC.resolve() == example_path().resolve()
     with pytest.raises(ValueError, match=r"the examples are: .*app_language\.toml"):
         example_path("no_such_example")

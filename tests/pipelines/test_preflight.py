@@ -16,7 +16,8 @@ import pytest
 
 from pipelines import preflight
 from pipelines.exit_codes import ConfigError, ExitCode, KafkaUnavailableError
-from pipelines.job import JobConfig, plan_run
+from pipelines.job import plan_run
+from pipelines.job_config import JobConfig
 from pipelines.preflight import MissingTopicsError, existing_topics, require_topics
 from transforms.io.kafka.bounded import ensure_topics
 from transforms.io.kafka.config import CLIENTS

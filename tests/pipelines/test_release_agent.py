@@ -14,7 +14,7 @@ import fastavro
 import numpy as np
 import pytest
 
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from pipelines.release_agent import ReleaseAgent
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.io.dead_letters import dead_letter

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli
+from pipelines import cli, cli_parser
 from pipelines.exit_codes import ExitCode
 from transforms.io.kafka.bounded import read_topic
 from transforms.io.kafka.config import CONFLUENT, KAFKA_PYTHON
 
-SPEC = Path(cli.DEFAULT_SPEC)
+SPEC = Path(cli_parser.DEFAULT_SPEC)
 CLOSED = "127.0.0.1:1"  # nothing listens: a command that got as far as Kafka would exit 4, not 3
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.job import BoundedRun, JobConfig, nothing_to_do
+from pipelines.job import BoundedRun, nothing_to_do
+from pipelines.job_config import JobConfig
 from transforms.io.kafka.bounded import PartitionRange
 from transforms.shuffler.plan import WindowClock
 from transforms.spec import spec_from_dict

@@ -9,7 +9,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.exit_codes import ConfigError
-from pipelines.job import config_from_options
+from pipelines.job_config import config_from_options
 from transforms.shuffler.streaming import RegistryWatch
 
 SPEC = str(Path(__file__).resolve().parents[2] / "examples" / "app_language.toml")

@@ -7,7 +7,8 @@ import pickle
 from pathlib import Path
 
 from pipelines.enrolment import enrol_simulated
-from pipelines.job import BoundedRun, JobConfig
+from pipelines.job import BoundedRun
+from pipelines.job_config import JobConfig
 from pipelines.shuffle_publish import seal_and_publish
 from transforms.io.kafka.bounded import PartitionRange
 from transforms.io.staging import stable_name, write_batch

@@ -17,7 +17,7 @@ import pytest
 
 from pipelines.analyze import write_release
 from pipelines.cli import main
-from pipelines.job import JobConfig
+from pipelines.job_config import JobConfig
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.estimates import central_epsilon
 from transforms.analyzer.ledger_rows import Odometers

@@ -15,7 +15,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.examples import example_path
-from pipelines.job import JobConfig, config_from_options
+from pipelines.job_config import JobConfig, config_from_options
 
 
 def _in_fresh_python(code: str) -> dict:
