@@ -191,8 +191,7 @@ def epsilon_is_central_target(mechanism: Mechanism) -> bool:
     """True when ``[mechanism] epsilon`` is a central (shuffled) target the mechanism calibrates its noise to
     ([VecSum]'s vector summation; [MultiMsg]'s multi-message protocols, which have no local guarantee at all),
     False when it is the local epsilon of each report."""
-    return (not math.isfinite(float(mechanism.epsilon_local))
-            or callable(getattr(mechanism, "central_guarantee", None)) or hasattr(mechanism, "n_expected"))
+    return not math.isfinite(float(mechanism.epsilon_local)) or mechanism.calibrated_to_central
 
 
 def ledger_lines(facts: dict[str, Any]) -> list[tuple[str, str]]:

@@ -80,8 +80,8 @@ def l2_shrink(spec: AnalysisSpec) -> tuple[np.ndarray, float] | None:
     nearest the origin, so shrunk vectors stay in the value range. ValueError when no vector of the box fits.
     """
     mechanism = spec.randomizer
-    clip = getattr(mechanism, "clip", None)
-    if clip is None or getattr(mechanism, "input_range", None) is not None:
+    clip = mechanism.clip
+    if clip is None or mechanism.input_range is not None:
         return None
     lo, hi = spec.domain["value_range"]
     d = spec.d
@@ -153,7 +153,7 @@ def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     bits = spec.domain["bits"]
     leaf_counts = np.bincount(leaves_of(spec, values), minlength=2 ** bits).astype(np.float64)
     names, truth = ["0/0"], [np.array([leaf_counts.sum()])]
-    for length in getattr(spec.randomizer, "prefix_lengths", None) or range(1, bits + 1):
+    for length in spec.randomizer.prefix_lengths or range(1, bits + 1):
         names.extend(f"{length}/{i}" for i in range(1 << length))
         truth.append(leaf_counts.reshape(1 << length, -1).sum(axis=1))
     counts = np.concatenate(truth)

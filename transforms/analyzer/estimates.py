@@ -22,7 +22,7 @@ from typing import Any
 
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.readout import readout, readout_parameters
-from transforms.mechanisms.base import Accumulator, Mechanism
+from transforms.mechanisms.base import Accumulator, Mechanism, replacement_local_epsilon
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.spec import AnalysisSpec
 
@@ -53,9 +53,8 @@ def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_clie
     eps_local = float(mechanism.epsilon_local)
     if n < 2:
         return k * eps_local
-    own = getattr(mechanism, "epsilon_central", None)
-    if callable(own) and k == 1:
-        return float(own(n, delta))
+    if mechanism.accounts_central and k == 1:
+        return float(mechanism.epsilon_central(n, delta))
     if k == 1:
         return float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta))
     spread = math.expm1(k * eps_local) / math.expm1(eps_local) if k * eps_local < 700 else math.inf
@@ -83,7 +82,7 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "n_clients": clients,
         "n_deleted": accumulator.deleted,
         # replacement notion like eps_central (rappor's removal budget is in parameters); k reports compose
-        "eps_local": k * float(getattr(mechanism, "epsilon_replacement", mechanism.epsilon_local)),
+        "eps_local": k * float(replacement_local_epsilon(mechanism)),
         "eps_central": central_epsilon(mechanism, clients, spec.delta, k),
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
@@ -104,8 +103,7 @@ def _honest_crowd(spec: AnalysisSpec, mechanism: Mechanism, n: int) -> dict[str,
     (the victim's included); a lone victim among colluders keeps only its local epsilon.
     """
     colluders = math.ceil(COLLUDING_FRACTION * n)
-    single = not callable(getattr(mechanism, "epsilon_central", None)) and math.isfinite(
-        float(mechanism.epsilon_local))
+    single = not mechanism.accounts_central and math.isfinite(float(mechanism.epsilon_local))
     out: dict[str, Any] = {"eps_central_assumes": "honest crowd: the other reports of the window come from "
                                                   "devices that do not collude with the analyst"}
     if single and n >= 2:
@@ -119,19 +117,20 @@ def _parameters(spec: AnalysisSpec, mechanism: Mechanism, result: Any) -> dict[s
     epsilon when 1..tau report fragments are exposed; a multi-message protocol's messages, bits and
     numerical accounting) and what a stored reader needs to answer queries (``readout``)."""
     out = dict(mechanism.parameters())
-    exposed = getattr(mechanism, "epsilon_exposed", None)
-    if callable(exposed):
-        out["epsilon_exposed"] = {str(t): float(exposed(t)) for t in range(1, mechanism.fragments + 1)}
-    if hasattr(mechanism, "expected_messages"):
+    if mechanism.epsilon_exposed(1) is not None:
+        out["epsilon_exposed"] = {str(t): float(mechanism.epsilon_exposed(t))
+                                  for t in range(1, mechanism.fragments + 1)}
+    if mechanism.expected_messages is not None:
         out["expected_messages_per_client"] = float(mechanism.expected_messages)
-    removal = getattr(mechanism, "epsilon_central_removal", None)  # privacy ledger (h-privacy): eps_central is
-    if callable(removal) and int(result.n) >= 2:                     # replacement DP; [ESA]'s removal value here
-        out["eps_central_removal"] = float(removal(int(result.n), spec.delta))
-    if hasattr(mechanism, "epsilon_replacement"):  # eps_local is the replacement value; the removal one here
+    # privacy ledger (h-privacy): eps_central is replacement DP; [ESA]'s removal value here
+    removal = mechanism.epsilon_central_removal(int(result.n), spec.delta) if int(result.n) >= 2 else None
+    if removal is not None:
+        out["eps_central_removal"] = float(removal)
+    if mechanism.epsilon_replacement is not None:  # eps_local is the replacement value; the removal one here
         out["eps_local_removal"] = float(mechanism.epsilon_local)
-    ledger = getattr(mechanism, "ledger", None)
-    if callable(ledger):
-        out["ledger"] = ledger(int(result.n))
+    ledger = mechanism.ledger(int(result.n))
+    if ledger is not None:
+        out["ledger"] = ledger
     out.update(_honest_crowd(spec, mechanism, int(result.n)))
     extra = readout_parameters(spec, result)
     if extra:

@@ -28,8 +28,8 @@ def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, A
     n = int(rows[0]["n_clients"]) if rows else 0
     # Unary encodings (rappor, rappor_fragments) are two changed channels of a binary randomizer each: their
     # exact pair, not their (eps, delta) ledger, so their delta does not pile up window after window.
-    channels = 2 if hasattr(mechanism, "epsilon_replacement") else 1
-    own = (callable(getattr(mechanism, "epsilon_central", None)) and channels == 1) \
+    channels = 2 if mechanism.epsilon_replacement is not None else 1
+    own = (mechanism.accounts_central and channels == 1) \
         or spec.max_reports_per_client > 1 or not math.isfinite(float(mechanism.epsilon_local))
     design = spec.crowd.count_design(spec.window_seconds)
     return {"mechanism": mechanism.name, "own_accountant": bool(own), "metric": spec.metric,

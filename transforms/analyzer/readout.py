@@ -132,7 +132,7 @@ def tree_parameters(spec: AnalysisSpec, tree: Any) -> dict[str, Any]:
         first = rows[rows["level"] == level][0]
         levels[str(level)] = [float(first[k]) for k in ("clients", "var_intercept", "var_slope", "cov_beta")]
     return {"bits": spec.domain["bits"], "value_range": spec.domain.get("value_range"), "levels": levels,
-            "structure": getattr(tree, "structure", "dyadic")}
+            "structure": tree.structure}
 
 
 READOUTS = {"histogram": histogram_items, "kv_mean": kv_items, "vector_mean": vector_items, "range": tree_items,

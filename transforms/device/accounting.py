@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transforms.device.memo import is_memoizing
+from transforms.mechanisms.base import replacement_local_epsilon
 from transforms.privacy.composition import fragment_epsilon
 
 __all__ = ["ReportCost", "replacement_epsilon", "report_cost"]
@@ -66,7 +67,5 @@ def report_cost(mechanism: Any, spec_id: str, value_key: str | None, earlier: in
 
 
 def replacement_epsilon(mechanism: Any) -> float:
-    """The mechanism's local epsilon under replacement: ``epsilon_replacement`` where the mechanism declares
-    a removal budget ([ESA]'s unary encodings), else ``epsilon_local``, which is replacement LDP already."""
-    declared = getattr(mechanism, "epsilon_replacement", None)
-    return float(declared if declared is not None else mechanism.epsilon_local)
+    """The mechanism's local epsilon under replacement (``mechanisms.base.replacement_local_epsilon``)."""
+    return replacement_local_epsilon(mechanism)

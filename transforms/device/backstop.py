@@ -33,8 +33,7 @@ PRF_PERSON = b"esa-backstop-v1"  # BLAKE2b personalization: domain separation fr
 
 def is_memoizing(mechanism: Any) -> bool:
     """True if the mechanism's randomization has a permanent part that must be drawn once and kept."""
-    return all(callable(getattr(mechanism, name, None)) for name in ("backstop_bits", "fragments_from_backstop")
-               ) and isinstance(getattr(mechanism, "backstop_parameters", None), dict)
+    return mechanism.backstop_parameters is not None
 
 
 def backstop_identity(metric: str, mechanism: Any) -> str:

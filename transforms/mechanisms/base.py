@@ -128,6 +128,65 @@ class Mechanism(Protocol):
     def parameters(self) -> dict[str, Any]: ...
 
 
+class Randomizer:
+    """Base of every mechanism: the optional roles a mechanism may take, declared here with their defaults.
+
+    A mechanism overrides what it has (a class attribute, a dataclass field, a property or a method of the
+    same name); code that uses a mechanism reads these names directly instead of probing for them, so the
+    contract is this class, and a misspelt override is caught by a test rather than silently ignored.
+    Plain class attributes (never properties) keep a frozen dataclass free to declare the same name as a field.
+    """
+
+    # --- how a client's messages travel (see the module doc) ---
+    single_message: ClassVar[bool] = True
+    channels: int = 1
+    messages_per_channel: int = 1
+    bit_length: int | None = None  # packed-bits payloads: the bit count of ``length`` (None: ``d``)
+    expected_messages: float | None = None  # mean messages per client, where it is not exactly one
+    fragments: int = 1  # report fragmenting: how many fragments a client's report is cut into
+
+    # --- what the client's value goes through before it is randomized ---
+    input_range: tuple[float, float] | None = None  # the value range the randomizer expects (vectors)
+    clip: float | bool | None = None  # how out-of-range values are clipped (None: refused)
+    prefix_lengths: tuple[int, ...] | None = None  # tree mechanisms: the prefix length of each level
+    max_keys: int | None = None  # key-value mechanisms: most keys one event may hold
+
+    # --- privacy facts beyond ``epsilon_local`` and ``mixture_alpha`` ---
+    accounts_central: ClassVar[bool] = False  # True: ``epsilon_central`` is the mechanism's own accounting
+    epsilon_replacement: float | None = None  # local epsilon under replacement where ``epsilon_local`` is removal
+    backstop_parameters: dict[str, Any] | None = None  # a permanent (memoized) randomization's parameters
+    n_expected: int | None = None  # shuffle-only protocols: the crowd size their noise is calibrated for
+    calibrated_to_central: ClassVar[bool] = False  # True: ``epsilon`` is a central target the noise is sized to
+
+    def epsilon_central(self, n: int, delta: float) -> float:
+        """The mechanism's own central epsilon for n clients (only where ``accounts_central``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no own central accounting: use the shuffle bound")
+
+    def epsilon_central_removal(self, n: int, delta: float) -> float | None:
+        """Central epsilon under removal neighbours, where it differs from the replacement one (else None)."""
+        return None
+
+    def epsilon_exposed(self, t: int) -> float | None:
+        """Local epsilon when t of a client's report fragments are exposed (None: the mechanism does not fragment)."""
+        return None
+
+    def ledger(self, n: int) -> dict[str, Any] | None:
+        """A multi-message protocol's ledger details for n clients (None: nothing beyond the row's columns)."""
+        return None
+
+    def central_guarantee(self) -> tuple[float, float] | None:
+        """(epsilon, delta) the mechanism guarantees by its own calibration, if it has one (None: it has not)."""
+        return None
+
+    def backstop_bits(self, values: np.ndarray, rng: Randomness) -> np.ndarray:
+        """The permanent randomization of a memoizing mechanism (only where ``backstop_parameters`` is set)."""
+        raise NotImplementedError(f"{type(self).__name__} has no permanent randomization")
+
+    def fragments_from_backstop(self, backstop: np.ndarray, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:
+        """Fresh reports from a stored backstop (only where ``backstop_parameters`` is set)."""
+        raise NotImplementedError(f"{type(self).__name__} has no permanent randomization")
+
+
 def check_epsilon(epsilon: float) -> None:
     """Refuse a local budget that is not a finite positive number (clear error at construction)."""
     if not np.isfinite(epsilon) or epsilon <= 0:
@@ -154,19 +213,26 @@ def check_values(values: np.ndarray, d: int) -> np.ndarray:
     return arr
 
 
-def is_single_message(mechanism: Any) -> bool:
+def replacement_local_epsilon(mechanism: Randomizer) -> float:
+    """Local epsilon under replacement neighbours: ``epsilon_replacement`` where the mechanism declares a
+    removal budget as ``epsilon_local`` ([ESA]'s unary encodings), else ``epsilon_local``."""
+    declared = mechanism.epsilon_replacement
+    return float(declared if declared is not None else mechanism.epsilon_local)
+
+
+def is_single_message(mechanism: Randomizer) -> bool:
     """True if every client sends exactly one report (the default)."""
-    return bool(getattr(mechanism, "single_message", True))
+    return bool(mechanism.single_message)
 
 
-def channel_count(mechanism: Any) -> int:
+def channel_count(mechanism: Randomizer) -> int:
     """Number of channels the mechanism's messages travel on (1 unless it fragments)."""
-    return int(getattr(mechanism, "channels", 1))
+    return int(mechanism.channels)
 
 
-def messages_per_channel(mechanism: Any) -> int:
+def messages_per_channel(mechanism: Randomizer) -> int:
     """Most messages one client sends on one channel in one window (the shuffler's flood quota)."""
-    return int(getattr(mechanism, "messages_per_channel", 1))
+    return int(mechanism.messages_per_channel)
 
 
 def encode_messages(mechanism: Any, values: Any, rng: Randomness) -> tuple[np.ndarray, np.ndarray]:

@@ -56,9 +56,8 @@ def histogram_mechanism(name: str, d: int, eps: float) -> Any:
 
 def _central(mech: Any, n: int, delta: float) -> float:
     """The analyzer's ledger value for one report per client (``transforms.analyzer.estimates.central_epsilon``)."""
-    own = getattr(mech, "epsilon_central", None)
-    if callable(own):
-        return float(own(n, delta))
+    if mech.accounts_central:
+        return float(mech.epsilon_central(n, delta))
     return float(tight_epsilon_central(n, mech.mixture_alpha, float(mech.epsilon_local), delta))
 
 
@@ -138,7 +137,7 @@ def _option(name: str, d: int, n: int, delta: float, eps: float, feasible: bool,
     return HistogramOption(
         mechanism=name, eps_local=eps, eps_central=_central(mech, n, delta), alpha=float(mech.mixture_alpha),
         stderr=_stderr(mech, n, d), message_bits=int(mech.message_bits),
-        messages_per_client=float(getattr(mech, "expected_messages", 1.0)), parameters=dict(mech.parameters()),
+        messages_per_client=float(mech.expected_messages or 1.0), parameters=dict(mech.parameters()),
         feasible=feasible, note=note)
 
 

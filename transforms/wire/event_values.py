@@ -99,7 +99,7 @@ def vector_value(spec: AnalysisSpec, value: Any) -> np.ndarray:
 
 def to_input_range(spec: AnalysisSpec, x: np.ndarray) -> np.ndarray:
     """Map values from the spec's value range onto the mechanism's ``input_range``, if it declares one."""
-    target = getattr(spec.randomizer, "input_range", None)
+    target = spec.randomizer.input_range
     if target is None:
         return x
     (lo, hi), (a, b) = spec.domain["value_range"], target
@@ -108,7 +108,7 @@ def to_input_range(spec: AnalysisSpec, x: np.ndarray) -> np.ndarray:
 
 def from_input_range(spec: AnalysisSpec, mean: np.ndarray, stderr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``to_input_range`` for a mean and its standard error."""
-    target = getattr(spec.randomizer, "input_range", None)
+    target = spec.randomizer.input_range
     if target is None:
         return mean, stderr
     (lo, hi), (a, b) = spec.domain["value_range"], target

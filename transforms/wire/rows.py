@@ -86,7 +86,7 @@ def _presence_array(mechanism: Mechanism) -> np.ndarray:
 
 def bit_length(mechanism: Mechanism) -> int:
     """The bit count a ``length`` field of a packed-bits payload must hold."""
-    return int(getattr(mechanism, "bit_length", mechanism.d))
+    return int(mechanism.bit_length if mechanism.bit_length is not None else mechanism.d)
 
 
 def row_channel(mechanism: Mechanism, row: PayloadRow) -> int:

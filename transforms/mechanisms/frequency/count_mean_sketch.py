@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.base import Randomizer, Randomness, check_values
 from transforms.mechanisms.frequency.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
@@ -64,7 +64,7 @@ _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).asty
 
 
 @dataclass(frozen=True)
-class CountMeanSketch:
+class CountMeanSketch(Randomizer):
     """Apple's count-mean sketch, ±1 form: a row j and m randomized bits per report; estimates via k x m counts."""
 
     name: ClassVar[str] = "cms"

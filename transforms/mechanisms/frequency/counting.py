@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate, check_domain, check_epsilon
+from transforms.mechanisms.base import FrequencyEstimate, Randomizer, check_domain, check_epsilon
 from transforms.privacy.mixture import alpha_olh
 
 __all__ = [
@@ -61,7 +61,7 @@ def check_mergeable(acc: Any, other: Any) -> None:
         raise ValueError(f"cannot merge {other!r} into an accumulator of {acc.mechanism!r}")
 
 
-class HashedGRR:
+class HashedGRR(Randomizer):
     """Mixin for mechanisms that hash a value to one of ``g`` buckets with a public seed, then apply GRR over the
     buckets (OLH, LLH, prefix heavy hitters): the bucket-level probabilities and mixture alpha. GRR runs at
     ``bucket_epsilon`` (``epsilon`` unless a mechanism splits its budget over several messages)."""

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.base import Randomizer, Randomness, check_values
 from transforms.mechanisms.frequency.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
@@ -73,7 +73,7 @@ def _in_support(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class HadamardResponse:
+class HadamardResponse(Randomizer):
     """Hadamard response over [d]: report one of K ~ 2d integers; d-independent variance ~ n ((e^eps+1)/(e^eps-1))^2.
 
     Fewer bits than OUE (log2 K vs d) and an O(K log K) decoder; its variance is ~(e^eps+1)^2/(4 e^eps) times

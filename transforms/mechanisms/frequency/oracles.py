@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.base import Randomizer, Randomness, check_values
 from transforms.mechanisms.frequency.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
@@ -44,7 +44,7 @@ _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).asty
 
 
 @dataclass(frozen=True)
-class GRR:
+class GRR(Randomizer):
     """Generalized randomized response over [d]: keep the value w.p. ``p``, else a uniform other value.
 
     Best of the three for small domains (variance grows with ``d``); one integer per report.
@@ -134,7 +134,7 @@ class GRRAccumulator(CountAccumulator):
 
 
 @dataclass(frozen=True)
-class OUE:
+class OUE(Randomizer):
     """Optimized unary encoding: the true bit is a fair coin, every other bit is 1 w.p. 1/(1+e^eps).
 
     Variance independent of ``d`` (~4 n e^eps/(e^eps-1)^2) at the price of d bits per report.

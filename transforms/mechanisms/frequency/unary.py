@@ -80,6 +80,8 @@ class AttributeFragmentedRappor(ChannelMessages):
     Expected messages per client ``p + (d - 1) q``; variance of each frequency ``e^eps/(n (e^eps - 1)^2)``.
     """
 
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
+
     name: ClassVar[str] = "rappor"
     payload_kind: ClassVar[str] = "mark"
     single_message: ClassVar[bool] = False
@@ -205,6 +207,8 @@ class ReportFragmentedRappor(ChannelMessages):
     rely on bits being independent instances, which a truncated backstop is not on its overflow event (adding
     the value's bit can push out another one); there they hold as (eps(t), delta) with delta < 2^-64.
     """
+
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
 
     name: ClassVar[str] = "rappor_fragments"
     payload_kind: ClassVar[str] = "mark"

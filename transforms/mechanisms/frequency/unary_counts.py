@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate, Randomness
+from transforms.mechanisms.base import FrequencyEstimate, Randomizer, Randomness
 from transforms.mechanisms.frequency.counting import CountAccumulator, empty_mask_if_malformed, refuse_invalid
 
 __all__ = ["CHANNEL_DTYPE", "ChannelMessages", "MessageCountAccumulator", "channel_messages", "validate_channels"]
@@ -84,7 +84,7 @@ class MessageCountAccumulator(CountAccumulator):
         return FrequencyEstimate(count=count, frequency=count / self.n, stderr=stderr, n=self.n)
 
 
-class ChannelMessages:
+class ChannelMessages(Randomizer):
     """Mixin of the "mark" mechanisms (a message is a channel id; ``channels``, ``encode_messages`` come from the
     mechanism): the contract's ``encode``, ``validate`` and ``new_accumulator``."""
 

@@ -112,6 +112,8 @@ class FrequencyQuery:
 class PrefixHeavyHitters(HashedGRR):
     """Prefix-tree heavy hitters with an OLH oracle per level; ``encode`` takes item hashes (uint64 < 2^item_bits)."""
 
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
+
     name: ClassVar[str] = "prefix_heavy_hitters"
     payload_kind: ClassVar[str] = "hashed"
     single_message: ClassVar[bool] = False

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from transforms.mechanisms.base import KeyValueEstimate
+from transforms.mechanisms.base import KeyValueEstimate, Randomizer
 from transforms.mechanisms.frequency.counting import empty_mask_if_malformed, exp_epsilon
 from transforms.mechanisms.hashing import hash_to_buckets
 from transforms.mechanisms.keyvalue.kv_moments import KVAccumulator, check_sparse_items, freeze_sparsity
@@ -217,7 +217,7 @@ class CollisionAccumulator(KVAccumulator):
 
 
 @dataclass(frozen=True)
-class CollisionFamily:
+class CollisionFamily(Randomizer):
     """Public parameters and (seed, z) report plumbing shared by Collision and CoCo.
 
     Both report one cell of [t] under a seed of the family, so validation, counting, wire size and the mixture

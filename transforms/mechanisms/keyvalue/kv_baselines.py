@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import KeyValueEstimate, Randomness
+from transforms.mechanisms.base import KeyValueEstimate, Randomizer, Randomness
 from transforms.mechanisms.frequency.counting import empty_mask_if_malformed, exp_epsilon, structured
 from transforms.mechanisms.keyvalue.kv_moments import (
     KVAccumulator,
@@ -43,7 +43,7 @@ _PAIR_BITS = np.uint8(0x55)  # low bit of each (2j, 2j+1) pair inside a packed b
 
 
 @dataclass(frozen=True)
-class _PCKV:
+class _PCKV(Randomizer):
     """Shared part of PCKV-UE / PCKV-GRR (Gu et al. USENIX Sec'20) [R-M]: padding-and-sampling, budget, analyzer.
 
     Pad to ``ell`` pairs with dummy keys d..d+ell-1 (value 0), sample one pair, discretise its value, perturb.

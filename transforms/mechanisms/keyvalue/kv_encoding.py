@@ -97,7 +97,7 @@ class KeyValueEncoder:
         """An encoder sharing ``s`` and ``max_keys`` with ``mechanism`` (whose ``d`` must be ``len(keys)``)."""
         if mechanism.d != len(keys):
             raise ValueError(f"mechanism has d = {mechanism.d} keys, the key list has {len(keys)}")
-        return cls(tuple(keys), mechanism.s, value_range, getattr(mechanism, "max_keys", None), clip)
+        return cls(tuple(keys), mechanism.s, value_range, mechanism.max_keys, clip)
 
     @property
     def width(self) -> int:

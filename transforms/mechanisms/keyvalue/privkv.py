@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import binom
 
-from transforms.mechanisms.base import KeyValueEstimate, Randomness
+from transforms.mechanisms.base import KeyValueEstimate, Randomizer, Randomness
 from transforms.mechanisms.frequency.counting import empty_mask_if_malformed, structured
 from transforms.mechanisms.keyvalue.kv_moments import (
     KVAccumulator,
@@ -37,7 +37,7 @@ __all__ = ["PrivKV"]
 
 
 @dataclass(frozen=True)
-class PrivKV:
+class PrivKV(Randomizer):
     """PrivKV (Ye et al. S&P'19) [R-M]: sample a key uniformly (data-independent), then a 3-ary response.
 
     Holder of ``x_j``: ``(j, x_j)`` w.p. p1 p2, ``(j, -x_j)`` w.p. p1 (1 - p2), ``(j, 0)`` w.p. 1 - p1; non-holder:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 from numbers import Integral, Real
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.base import Randomizer, Randomness, check_values
 from transforms.mechanisms.frequency.counting import CountAccumulator, freeze_domain_and_epsilon, refuse_invalid
 
 __all__ = [
@@ -135,10 +135,12 @@ class MessageAccumulator(CountAccumulator):
         return {"messages": self.messages}
 
 
-class ShuffleOnlyProtocol:
+class ShuffleOnlyProtocol(Randomizer):
     """Mixin of the [MultiMsg] multi-message protocols (frozen dataclasses with ``d``, ``epsilon``, ``delta``,
     ``n_expected``, ``k_set``, ``calibration`` and an ``encode_sets`` method): parameter checks, pickling, the
     contract's non-LDP properties and the common part of the ledger."""
+
+    calibrated_to_central: ClassVar[bool] = True  # epsilon is the central target its noise is sized to
 
     def _freeze_protocol(self) -> None:
         """Validate and normalise the parameters every protocol has (call first in ``__post_init__``)."""

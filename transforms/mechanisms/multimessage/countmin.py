@@ -72,6 +72,8 @@ class CountMinMultiRR(ShuffleOnlyProtocol):
     per-client cap of blanket messages (the ledger then charges its truncation cost to delta).
     """
 
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
+
     name: ClassVar[str] = "mm_countmin"
     payload_kind: ClassVar[str] = "hashed"
     single_message: ClassVar[bool] = False

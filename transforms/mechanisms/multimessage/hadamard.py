@@ -131,6 +131,8 @@ class MultiMessageHadamard(ShuffleOnlyProtocol):
     given: ``ledger``/``epsilon_central`` then say what they certify.
     """
 
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
+
     name: ClassVar[str] = "mm_hadamard"
     payload_kind: ClassVar[str] = "integers"
     single_message: ClassVar[bool] = False

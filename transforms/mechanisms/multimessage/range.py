@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_epsilon, check_values
+from transforms.mechanisms.base import Randomizer, Randomness, check_epsilon, check_values
 from transforms.mechanisms.multimessage.common import check_positive_int
 from transforms.mechanisms.multimessage.hadamard import MultiMessageHadamard, MultiMessageHadamardAccumulator
 from transforms.mechanisms.ranges.dyadic import MAX_TREE_BITS
@@ -33,12 +33,16 @@ __all__ = ["MultiMessageRange", "MultiMessageRangeAccumulator"]
 
 
 @dataclass(frozen=True)
-class MultiMessageRange:
+class MultiMessageRange(Randomizer):
     """[MultiMsg] §5.3 (1-D): leaf -> left-children node set -> multi-message Hadamard over 2^bits node ids.
 
     ``values`` for encode are leaf indices in [0, 2^bits) (``ranges.bucketize`` maps numbers to leaves).
     ``rho``/``tau`` default as in :class:`MultiMessageHadamard` with ``k_set = bits + 1`` and are stored resolved.
     """
+
+    calibrated_to_central: ClassVar[bool] = True  # epsilon is the central target its noise is sized to
+
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
 
     name: ClassVar[str] = "mm_range"
     payload_kind: ClassVar[str] = "integers"

@@ -8,11 +8,11 @@ oracle properties and accumulator of the mechanisms built on :class:`ChannelOrac
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness
+from transforms.mechanisms.base import Randomizer, Randomness
 from transforms.mechanisms.frequency.counting import check_mergeable
 from transforms.mechanisms.ranges.channel_oracles import central_epsilon_sampled, central_epsilon_split
 
@@ -88,10 +88,12 @@ class ChannelAccumulator:
         return f"{type(self).__name__}({self.mechanism!r}, n={self.n})"
 
 
-class OracleLevels:
+class OracleLevels(Randomizer):
     """Mixin of the mechanisms whose levels are the channels of ``self.oracles`` (a :class:`ChannelOracles`):
     wire format, validation and privacy are the oracles'; ``levels``, ``channels``, ``epsilon`` and
     ``encode_messages`` come from the mechanism."""
+
+    accounts_central: ClassVar[bool] = True  # epsilon_central is its own accounting
 
     @property
     def epsilon_message(self) -> float:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binom
 
-from transforms.mechanisms.base import Randomness
+from transforms.mechanisms.base import Randomizer, Randomness
 from transforms.mechanisms.frequency.counting import empty_mask_if_malformed, refuse_invalid
 from transforms.mechanisms.frequency.linear_hashing import MAX_LLH_BITS, LinearLocalHashing, draw_seeds, linear_hash
 from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
@@ -53,7 +53,7 @@ ChannelMechanism = GRR | OUE | OLH | LinearLocalHashing
 
 
 @dataclass(frozen=True)
-class ChannelOracles:
+class ChannelOracles(Randomizer):
     """Frequency oracle ``oracle`` at budget ``epsilon`` per message on channels of ``channel_bits`` bits each."""
 
     oracle: str

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, VectorEstimate, check_epsilon
+from transforms.mechanisms.base import Randomizer, Randomness, VectorEstimate, check_epsilon
 from transforms.mechanisms.frequency.counting import (
     check_mergeable,
     empty_mask_if_malformed,
@@ -42,7 +42,7 @@ def kappa(d: int) -> float:
 
 
 @dataclass(frozen=True)
-class LdpSgdRandomizer:
+class LdpSgdRandomizer(Randomizer):
     """One eps-LDP unit-vector report of a clipped gradient; d doubles per report, O(d) per client."""
 
     name: ClassVar[str] = "ldp_sgd"

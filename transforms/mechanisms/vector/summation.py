@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import binom
 
-from transforms.mechanisms.base import Randomness, VectorEstimate, check_epsilon
+from transforms.mechanisms.base import Randomizer, Randomness, VectorEstimate, check_epsilon
 from transforms.mechanisms.frequency.counting import CountAccumulator, empty_mask_if_malformed, structured
 from transforms.mechanisms.vector.ldp_sgd import LdpSgdAccumulator, LdpSgdRandomizer
 from transforms.privacy.mixture import alpha_generic, alpha_grr
@@ -103,12 +103,14 @@ def epsilon_002(d: int, k_round: int, n: int, gamma: float, delta: float, t: int
 
 
 @dataclass(frozen=True)
-class VectorSummation:
+class VectorSummation(Randomizer):
     """[VecSum] vector summation: t sampled coordinates, randomized rounding to k_round levels, (k+1)-ary RR.
 
     ``epsilon``/``delta`` are the *central* target for at least ``n`` shuffled clients; ``k_round`` defaults to
     [VecSum]'s rule rounded to an integer >= 1. Construction refuses parameters for which gamma >= 1.
     """
+
+    calibrated_to_central: ClassVar[bool] = True  # epsilon is the central target its noise is sized to
 
     name: ClassVar[str] = "vector_sum"
     payload_kind: ClassVar[str] = "coordinates"
