@@ -77,9 +77,10 @@ def expected_messages(mech: Any, n: int) -> float:
     """Protocol messages per client in expectation (presence marker excluded)."""
     if is_single_message(mech):
         return 1.0
-    if hasattr(mech, "ledger"):
-        return float(mech.ledger(n)["messages_per_client_expected"])
-    if hasattr(mech, "expected_messages"):
+    ledger = mech.ledger(n)
+    if ledger is not None:
+        return float(ledger["messages_per_client_expected"])
+    if mech.expected_messages is not None:
         return float(mech.expected_messages)
     return float(mech.channels if mech.levels == "all" else 1)
 

@@ -43,6 +43,7 @@ from transforms.analyzer.releases import DEAD, HELD, AssembleReleaseFn, DecodeRe
 from transforms.io.kafka.bounded import produce_records
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import StageFn, load_staged
+from transforms.spec import SpecSet
 from transforms.state.estimate_columns import neighbouring_notion
 from transforms.state.estimates_store import write_release_estimates
 from transforms.state.files import atomic_write_json
@@ -72,7 +73,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                  | "OpenBatches" >> beam.ParDo(OpenBatchFn(specs, keys, config.crypto_threads, config.python_gc))
                  | "GroupRelease" >> beam.GroupByKey()
                  | "Assemble" >> beam.ParDo(AssembleReleaseFn(specs)).with_outputs(DEAD, HELD, main="releases"))
-    by_id = {s.spec_id: s for s in specs}
+    by_id = SpecSet(specs)
     staging = str(run.staging)
     _ = (assembled.releases
          | "EstimateRows" >> beam.Map(_rows, by_id)
@@ -92,7 +93,7 @@ def record_failed_release(config: JobConfig, opened: OpenedRelease, run_key: str
 
     The run goes on and its resume offsets move past the release: it is not retried on its own. An operator
     who fixed the cause replays it by resetting the job (docs/operations.md)."""
-    path = config.state / "failed_releases" / f"{opened.release_id}.json"
+    path = config.state_layout.failed_releases / f"{opened.release_id}.json"
     atomic_write_json(path, {"release_id": opened.release_id, "spec_id": opened.spec_id, "crowd_id": opened.crowd_id,
                              "window_end_ms": opened.window_end_ms, "n_sets": opened.n_sets, "reason": reason,
                              "run_key": run_key, "failed_at_ms": int(time.time() * 1000)})
@@ -158,7 +159,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     """One bounded run of the analyzer (see the module doc)."""
     started = time.perf_counter()
     with locked(config, STAGE):
-        ledger = ReleaseLedger(config.state / "ledger")
+        ledger = ReleaseLedger(config.state_layout.ledger)
         bounded = plan_run(config, STAGE, config.shuffled_topic, options)
         if nothing_to_do(bounded, windowed=False):  # held batches wait for the rest of their release
             return skipped_summary(bounded, started)

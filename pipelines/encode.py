@@ -67,7 +67,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         bounded = plan_run(config, STAGE, config.raw_topic, options)
         require_outputs(config, STAGE, [config.reports_topic])  # before anything is sealed
         counters = run_pipeline(lambda p: build(p, bounded), options)
-        keep_dead_letters(bounded, config.state / "dead_letters")
+        keep_dead_letters(bounded, config.state_layout.dead_letters)
         finish_run(bounded, {}, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "encoded": counters.get("events_encoded", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,

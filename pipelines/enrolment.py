@@ -12,11 +12,13 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from transforms.trust.layout import KeysDir
+
 LOG = logging.getLogger(__name__)
 
 
 def registry_path(keys_dir: Path) -> Path:
-    return Path(keys_dir) / "registry" / "devices.parquet"
+    return KeysDir(Path(keys_dir)).device_registry
 
 
 def enrol_simulated(keys_dir: Path, client_ids: Iterable[str]) -> int:

@@ -85,8 +85,8 @@ def staging_root(config: JobConfig, stage: str) -> str:
     the state directory's lock, which may therefore clear it.
     """
     if not config.staging_location:
-        return str(config.state / "staging")
-    id_path = config.state / "staging.id"
+        return str(config.state_layout.staging)
+    id_path = config.state_layout.staging_id
     create_exclusive(id_path, secrets.token_hex(8).encode())  # no-op when it exists
     staging_id = id_path.read_text().strip()
     return join(config.staging_location, f"esa-{stage}-{staging_id}")
@@ -99,7 +99,7 @@ def use_filesystem_options(options: PipelineOptions | None) -> None:
 
 def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions | None = None) -> BoundedRun:
     """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
-    state_path = config.state / "run_state.json"
+    state_path = config.state_layout.run_state
     state = RunState.load(state_path)
     # A typo'd topic is an error naming the closest one, never created; asked with the job's client and settings.
     require_topics(config.bootstrap, [topic], client=config.kafka_client, kafka_config=config.kafka_config)
@@ -198,7 +198,7 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
         consumer_lag=sum(r.stop - resume[f"{r.topic}/{r.partition}"] for r in run.plan),
         now_ms=run.now_ms)
     crash_point(f"{run.stage}:before_state")
-    new.save(run.config.state / "run_state.json")
+    new.save(run.config.state_layout.run_state)
     commit = [PartitionRange(r.topic, r.partition, r.start, resume[f"{r.topic}/{r.partition}"]) for r in run.plan]
     try:
         commit_plan(run.config.bootstrap, run.config.group_id, commit, run.config.kafka_config,

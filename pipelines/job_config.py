@@ -27,6 +27,8 @@ from transforms.io.kafka.config import DEFAULT_CLIENT
 from transforms.io.staging import check_location, is_url
 from transforms.spec import AnalysisSpec, load_spec
 from transforms.state.files import StateLocked
+from transforms.state.layout import StateDir
+from transforms.trust.layout import KeysDir
 
 LOG = logging.getLogger(__name__)
 
@@ -112,6 +114,16 @@ class JobConfig:
     @property
     def keys(self) -> Path:
         return self.keys_dir if self.keys_dir is not None else default_keys_dir(self.out_dir)
+
+    @property
+    def state_layout(self) -> StateDir:
+        """The named sub-paths of this stage's state directory."""
+        return StateDir(self.state)
+
+    @property
+    def keys_layout(self) -> KeysDir:
+        """The named sub-paths of the keys directory."""
+        return KeysDir(self.keys)
 
     def for_stage(self, stage: str) -> JobConfig:
         """Each stage keeps its state apart (its own trust domain): state_dir/<stage>."""

@@ -107,7 +107,7 @@ class ReleaseAgent:
             self.totals.withheld += 1
         else:
             self._signer = self._signer or load_shuffler_signer(self._config.keys)
-            written = write_release(self._config.state / "releases", parts, *self._signer, headers=parts.headers)
+            written = write_release(self._config.state_layout.releases, parts, *self._signer, headers=parts.headers)
             del parts
             if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1
@@ -131,7 +131,7 @@ class ReleaseAgent:
                     letters[entry.name] = entry.load()
         ordered = [letters[name] for name in sorted(letters)]
         digest = hashlib.sha256("\n".join(sorted(letters)).encode()).hexdigest()[:16]
-        directory = self._config.state / "dead_letters"
+        directory = self._config.state_layout.dead_letters
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(directory / f"dead-letters-stream-{digest}.avro",
                            avro_bytes("DeadLetter", ordered, digest.encode()))

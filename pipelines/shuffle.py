@@ -63,7 +63,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     clock = WindowClock(run.now_ms, config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000,
                         dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
-    registry = str(config.keys / "registry" / "devices.parquet")
+    registry = str(config.keys_layout.device_registry)
     scale = ScaleOut(sum(r.stop - r.start for r in run.plan))
     subkeys = {s.spec_id: scale.subkeys(s) for s in specs}
     LOG.info("scale-out for %d planned records: %d dedupe buckets, sub-keys %s", scale.records, scale.buckets,
@@ -93,7 +93,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         return stream_shuffle.run(config, options)
     started = time.perf_counter()
     with locked(config, STAGE):
-        ledger = ReleaseLedger(config.state / "ledger")
+        ledger = ReleaseLedger(config.state_layout.ledger)
         if not config.reports_topic:
             raise JobUsageError("the shuffle job needs --reports_topic")
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
@@ -105,7 +105,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")
         releases, conflicts = seal_and_publish(bounded, ledger)
-        keep_dead_letters(bounded, config.state / "dead_letters")
+        keep_dead_letters(bounded, config.state_layout.dead_letters)
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         times = {k: v for k, v in load_staged(bounded.staging, "time")}
         checked = [(pkey, offsets, np.frombuffer(digests, dtype=np.uint8))

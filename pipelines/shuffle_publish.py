@@ -39,11 +39,11 @@ def shuffler_prf_key(config: JobConfig) -> bytes:
     """The shuffler's persisted PRF key (16 bytes for SipHash); a test seed replaces it only when given."""
     if config.seed is not None:
         return job_key_from_seed(config.seed + 0x5EED)
-    return load_or_create_secret(config.keys / "shuffler" / "prf.key")[:16]
+    return load_or_create_secret(config.keys_layout.shuffler_prf_key)[:16]
 
 
 def release_file(config: JobConfig, release_id: str) -> Path:
-    return config.state / "releases" / f"{release_id}.bin"
+    return config.state_layout.release_file(release_id)
 
 
 def part_stager(staging: Location) -> StageFn:
@@ -172,7 +172,7 @@ def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
             withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
             continue
         signer = signer or load_shuffler_signer(config.keys)
-        written = write_release(config.state / "releases", parts, *signer, headers=parts.headers)
+        written = write_release(config.state_layout.releases, parts, *signer, headers=parts.headers)
         del parts  # the release is in its file: hold one release's messages at a time, never two
         if seal_written(config, ledger, written, run.source_ends, run.key):
             released += 1

@@ -65,12 +65,12 @@ GROUP_FILE = "stream_group.json"
 def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, root: str, run_key: str) -> None:
     """The streaming shuffle graph (see the module doc)."""
     specs = list(config.specs)
-    state = RunState.load(config.state / "run_state.json")
+    state = RunState.load(config.state_layout.run_state)
     prior = replace(prior_runs(state, (e for s in specs for e in ledger.entries(s.spec_id)), run_key),
                     verified=VerifiedSets.load(config.state))
     now = wall_ms()
     max_age_ms, max_skew_ms = config.max_age_seconds * 1000, config.max_skew_seconds * 1000
-    registry = str(config.keys / "registry" / "devices.parquet")
+    registry = str(config.keys_layout.device_registry)
     stop_ms = None if config.stop_after_idle_seconds is None else int(config.stop_after_idle_seconds * 1000)
     source = ReadFromKafkaUnbounded(
         config.bootstrap, str(config.reports_topic), config.group_id, consumer_config=config.kafka_config,
@@ -143,7 +143,7 @@ def claim_group(config: JobConfig) -> None:
             raise GroupInUse(f"state directory {config.state} streams {read_json(path)}, not {claim}: use another "
                              "--state_dir per group and topic")
         return
-    state = RunState.load(config.state / "run_state.json")
+    state = RunState.load(config.state_layout.run_state)
     ran_bounded = any(k.rsplit("/", 1)[0] == config.reports_topic for k in state.resume)
     owned = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,
                               client=config.kafka_client)
@@ -203,7 +203,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     if not config.reports_topic:
         raise JobUsageError("the shuffle job needs --reports_topic")
     with locked(config, STAGE):
-        ledger = ReleaseLedger(config.state / "ledger")
+        ledger = ReleaseLedger(config.state_layout.ledger)
         require_topics(config.bootstrap, [config.reports_topic], client=config.kafka_client,
                        kafka_config=config.kafka_config)
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished

@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import tomllib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -172,6 +173,32 @@ class AnalysisSpec:
         _check_numbers(spec, _Reader({}, "<override>"))
         _check_mechanism(spec, "<override>")
         return spec
+
+
+class SpecSet(Mapping[str, "AnalysisSpec"]):
+    """The specs a job serves, by ``spec_id``: what every stage looks a record's spec up in.
+
+    Built once per stage; refuses two specs with one id (they would decode each other's reports).
+    """
+
+    def __init__(self, specs: Iterable[AnalysisSpec]):
+        self._by_id: dict[str, AnalysisSpec] = {}
+        for spec in specs:
+            if spec.spec_id in self._by_id and self._by_id[spec.spec_id] is not spec:
+                raise ValueError(f"two specs share the spec_id {spec.spec_id}")
+            self._by_id[spec.spec_id] = spec
+
+    def __getitem__(self, spec_id: str) -> AnalysisSpec:
+        return self._by_id[spec_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return SpecSet, (tuple(self._by_id.values()),)
 
 
 def load_spec(path: str | Path) -> AnalysisSpec:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.audit.ldp_audit import epsilon_lower_bound
+from transforms.mechanisms.base import replacement_local_epsilon
 from transforms.mechanisms.frequency.count_mean_sketch import CountMeanSketch
 from transforms.mechanisms.frequency.hadamard import HadamardResponse, _in_support
 from transforms.mechanisms.frequency.oracles import GRR, OLH, OUE
@@ -73,7 +74,7 @@ CASES: list[tuple[Callable[[float], object], float, Callable, str]] = [
 
 def _claim(mech) -> float:
     """Replacement LDP: rappor's budget is removal, its replacement claim 2 eps (two bits change)."""
-    return float(getattr(mech, "epsilon_replacement", mech.epsilon_local))
+    return replacement_local_epsilon(mech)
 
 
 def _audit(mech, event: Callable, seed: int) -> float:

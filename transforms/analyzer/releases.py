@@ -26,7 +26,7 @@ from apache_beam.pvalue import TaggedOutput
 from transforms.analyzer.estimates import CrowdAccumulator
 from transforms.io.dead_letters import dead_letter
 from transforms.io.kafka.bounded import KafkaRecord
-from transforms.spec import AnalysisSpec
+from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.wire.elements import SourceRef
 from transforms.wire.payload_batch import decode_payload_array
@@ -82,7 +82,7 @@ class DecodeReleaseFn(beam.DoFn):
 
     def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns, now_ms: int | None = None,
                  key_wait_ms: int = KEY_WAIT_MS):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._keys_dir, self._prior = keys_dir, prior
         self._now_ms, self._key_wait_ms = now_ms, key_wait_ms
         self._held = Metrics.counter(NAMESPACE, "batches_held")
@@ -198,7 +198,7 @@ class OpenBatchFn(beam.DoFn):
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0, python_gc: str = "tuned"):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._keys_dir = keys_dir
         self._threads = threads  # messages of a batch are opened on this many threads (0: one per core)
         self._python_gc = python_gc  # transforms.runtime.worker_gc
@@ -252,7 +252,7 @@ class AssembleReleaseFn(beam.DoFn):
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec]):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
         self._held = Metrics.counter(NAMESPACE, "batches_held")
         self._duplicates = Metrics.counter(NAMESPACE, "batches_duplicate")

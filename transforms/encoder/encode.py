@@ -30,7 +30,7 @@ from transforms.io.dead_letters import dead_letter
 from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.base import encode_messages
 from transforms.mechanisms.randomness import KeyedRandom, element_id, topic_hash
-from transforms.spec import AnalysisSpec
+from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.dead_letters import bounded_letter
 from transforms.wire.elements import ReportElement, SourceRef
 from transforms.wire.event_values import client_inputs, event_value
@@ -119,7 +119,7 @@ class EncodeBatchFn(beam.DoFn):
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], keys: EncoderKeys | bytes):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._keys = keys if isinstance(keys, EncoderKeys) else EncoderKeys.derive(keys)
         self._encoded = Metrics.counter(NAMESPACE, "reports_encoded")
         self._events = Metrics.counter(NAMESPACE, "events_encoded")

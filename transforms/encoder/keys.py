@@ -21,10 +21,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from transforms.mechanisms.randomness import job_key_from_seed
 from transforms.trust.keys import load_or_create_secret
+from transforms.trust.layout import KeysDir
 
 __all__ = ["ENCODER_SECRET", "EncoderKeys"]
 
-ENCODER_SECRET = Path("encoder") / "prf.key"
+ENCODER_SECRET = KeysDir(Path()).encoder_prf_key  # relative to a keys directory
 SALT = b"esa-telemetry encoder keys v1"
 LABELS = {"randomize": (b"esa-telemetry/encoder/randomize", 16),  # SipHash-2-4 takes 16 bytes
           "backstop": (b"esa-telemetry/encoder/backstop", 32),

@@ -20,7 +20,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from transforms.spec import AnalysisSpec
+from transforms.spec import AnalysisSpec, SpecSet
 from transforms.wire.elements import ReportElement
 
 NAMESPACE = "esa"
@@ -44,7 +44,7 @@ class SealSetsFn(beam.DoFn):
     """
 
     def __init__(self, specs: list[AnalysisSpec], keys_dir: str, threads: int = 0, python_gc: str = "tuned"):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._keys_dir = keys_dir
         self._threads = threads
         self._python_gc = python_gc  # transforms.runtime.worker_gc

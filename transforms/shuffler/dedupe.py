@@ -30,7 +30,7 @@ from transforms.shuffler.packed import Message, PackedUnits
 from transforms.shuffler.packed_sets import PackedSets
 from transforms.shuffler.plan import WindowClock
 from transforms.shuffler.spill import SpillBuffer, load
-from transforms.spec import AnalysisSpec
+from transforms.spec import AnalysisSpec, SpecSet
 from transforms.wire.rows import PRESENCE
 
 HELD = "held"
@@ -49,7 +49,7 @@ class DedupeAndStripFn(beam.DoFn):
 
     def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock,
                  subkeys: Mapping[str, int] | None = None, spill: Location | None = None):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._key, self._clock = key, clock
         self._subkeys = dict(subkeys or {})  # spec_id -> sub-keys per crowd (default: the spec's)
         self._spill = str(spill) if spill else None

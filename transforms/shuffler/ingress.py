@@ -59,7 +59,7 @@ from transforms.shuffler.elements import (
 )
 from transforms.shuffler.packed_sets import PackedSets
 from transforms.shuffler.spill import SpillBuffer
-from transforms.spec import AnalysisSpec
+from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
@@ -128,7 +128,7 @@ class IngressFn(beam.DoFn):
         self._keys_dir = str(keys_dir)  # the shuffler's sealing keys (``shuffler/<id>.x25519``): the outer layer
         self._sealing: Any = None
         self._sealing_loaded = 0.0
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._python_gc = python_gc  # transforms.runtime.worker_gc
         self._spill, self._spill_bytes = (str(spill) if spill else None), spill_bytes
         self._buffer: SpillBuffer | None = None

@@ -24,7 +24,7 @@ from transforms.privacy.crowd_count import discrete_gaussian
 from transforms.shuffler.elements import NAMESPACE
 from transforms.shuffler.packed import Message, PackedMessages, PackedUnits
 from transforms.shuffler.spill import load
-from transforms.spec import AnalysisSpec
+from transforms.spec import AnalysisSpec, SpecSet
 
 LOG = logging.getLogger(__name__)
 WITHHELD = -1  # decision for a crowd that releases nothing
@@ -99,7 +99,7 @@ class CrowdThresholdFn(beam.DoFn):
     """(crowd key, [(sub-key, set count)]) -> ((crowd key, sub-key), sets to delete, or WITHHELD)."""
 
     def __init__(self, specs: Iterable[AnalysisSpec], key: bytes):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._key = key
         self._released = Metrics.counter(NAMESPACE, "crowds_released")
         self._suppressed = Metrics.counter(NAMESPACE, "crowds_suppressed")
@@ -134,7 +134,7 @@ class ReleaseFn(beam.DoFn):
     """
 
     def __init__(self, specs: Iterable[AnalysisSpec], key: bytes):
-        self._specs = {s.spec_id: s for s in specs}
+        self._specs = SpecSet(specs)
         self._key = key
         self._deleted = Metrics.counter(NAMESPACE, "sets_deleted")
         self._released = Metrics.counter(NAMESPACE, "sets_released")

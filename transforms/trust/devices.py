@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from .ed25519 import SodiumSigner
 from .files import KeyFileError, atomic_write, read_key_file
+from .layout import KeysDir
 
 __all__ = ["DEVICE_ID_TAG", "DeviceRegistry", "SimulatedFleet", "device_id_of"]
 
@@ -264,7 +265,7 @@ class SimulatedFleet:
 
     @classmethod
     def from_keys_dir(cls, keys_dir: Path) -> SimulatedFleet:
-        return cls(read_key_file(Path(keys_dir) / "encoder" / "fleet.key"))
+        return cls(read_key_file(KeysDir(Path(keys_dir)).fleet_key))
 
     def _entry(self, client_id: str) -> tuple[SodiumSigner, bytes, str]:
         entry = self._cache.get(client_id)

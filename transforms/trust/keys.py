@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from transforms.state.files import create_exclusive
 
 from .files import KeyFileError, atomic_write, ensure_dir, read_key_file
+from .layout import KeysDir
 
 __all__ = [
     "KEY_ID_PATTERN",
@@ -61,14 +62,14 @@ def new_key_id(now: datetime | None = None) -> str:
 
 
 def _public_dir(keys_dir: Path) -> Path:
-    return ensure_dir(Path(keys_dir) / "public", mode=0o755)
+    return ensure_dir(KeysDir(Path(keys_dir)).public, mode=0o755)
 
 
 def generate_analyzer_key(keys_dir: Path) -> str:
     """Create a new analyzer X25519 key pair; returns its key id (senders pick it up as the newest)."""
     key = X25519PrivateKey.generate()
     key_id = new_key_id()
-    atomic_write(ensure_dir(Path(keys_dir) / "analyzer") / f"{key_id}.x25519", key.private_bytes_raw())
+    atomic_write(ensure_dir(KeysDir(Path(keys_dir)).analyzer) / f"{key_id}.x25519", key.private_bytes_raw())
     atomic_write(_public_dir(keys_dir) / f"analyzer-{key_id}.x25519.pub", key.public_key().public_bytes_raw(),
                  mode=0o644)
     return key_id
@@ -78,7 +79,7 @@ def generate_shuffler_key(keys_dir: Path) -> str:
     """Create a new shuffler Ed25519 signing key; returns its key id."""
     key = Ed25519PrivateKey.generate()
     key_id = new_key_id()
-    atomic_write(ensure_dir(Path(keys_dir) / "shuffler") / f"{key_id}.ed25519", key.private_bytes_raw())
+    atomic_write(ensure_dir(KeysDir(Path(keys_dir)).shuffler) / f"{key_id}.ed25519", key.private_bytes_raw())
     atomic_write(_public_dir(keys_dir) / f"shuffler-{key_id}.ed25519.pub", key.public_key().public_bytes_raw(),
                  mode=0o644)
     return key_id
@@ -91,7 +92,7 @@ def generate_shuffler_sealing_key(keys_dir: Path) -> str:
     is after its private file, and the shuffler keeps opening envelopes sealed to every id it holds."""
     key = X25519PrivateKey.generate()
     key_id = new_key_id()
-    atomic_write(ensure_dir(Path(keys_dir) / "shuffler") / f"{key_id}.x25519", key.private_bytes_raw())
+    atomic_write(ensure_dir(KeysDir(Path(keys_dir)).shuffler) / f"{key_id}.x25519", key.private_bytes_raw())
     atomic_write(_public_dir(keys_dir) / f"shuffler-{key_id}.x25519.pub", key.public_key().public_bytes_raw(),
                  mode=0o644)
     return key_id
@@ -121,40 +122,40 @@ def _newest(files: dict[str, Path]) -> tuple[str, Path]:
 
 def load_analyzer_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
     """Every analyzer private key by id, so blobs sealed to a retired key still open during rotation."""
-    files = _keyed_files(Path(keys_dir) / "analyzer", "", ".x25519", "analyzer private")
+    files = _keyed_files(KeysDir(Path(keys_dir)).analyzer, "", ".x25519", "analyzer private")
     return {key_id: X25519PrivateKey.from_private_bytes(read_key_file(path)) for key_id, path in files.items()}
 
 
 def load_analyzer_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
     """The newest analyzer public key (what encoders seal to) and its id, read from ``public/``."""
-    files = _keyed_files(Path(keys_dir) / "public", "analyzer-", ".x25519.pub", "analyzer public")
+    files = _keyed_files(KeysDir(Path(keys_dir)).public, "analyzer-", ".x25519.pub", "analyzer public")
     key_id, path = _newest(files)
     return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
 
 
 def load_shuffler_sealing_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:
     """Every shuffler sealing private key by id: envelopes sealed to a retired key still open."""
-    files = _keyed_files(Path(keys_dir) / "shuffler", "", ".x25519", "shuffler sealing")
+    files = _keyed_files(KeysDir(Path(keys_dir)).shuffler, "", ".x25519", "shuffler sealing")
     return {key_id: X25519PrivateKey.from_private_bytes(read_key_file(path)) for key_id, path in files.items()}
 
 
 def load_shuffler_sealing_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
     """The newest shuffler sealing public key (what devices seal their message sets to) and its id."""
-    files = _keyed_files(Path(keys_dir) / "public", "shuffler-", ".x25519.pub", "shuffler sealing public")
+    files = _keyed_files(KeysDir(Path(keys_dir)).public, "shuffler-", ".x25519.pub", "shuffler sealing public")
     key_id, path = _newest(files)
     return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
 
 
 def load_shuffler_signer(keys_dir: Path) -> tuple[str, Ed25519PrivateKey]:
     """The newest shuffler signing key and its id."""
-    files = _keyed_files(Path(keys_dir) / "shuffler", "", ".ed25519", "shuffler signing")
+    files = _keyed_files(KeysDir(Path(keys_dir)).shuffler, "", ".ed25519", "shuffler signing")
     key_id, path = _newest(files)
     return key_id, Ed25519PrivateKey.from_private_bytes(read_key_file(path))
 
 
 def load_shuffler_verifiers(keys_dir: Path) -> dict[str, Ed25519PublicKey]:
     """Every shuffler public key by id (from ``public/``): the analyzer accepts releases of any of them."""
-    files = _keyed_files(Path(keys_dir) / "public", "shuffler-", ".ed25519.pub", "shuffler public")
+    files = _keyed_files(KeysDir(Path(keys_dir)).public, "shuffler-", ".ed25519.pub", "shuffler public")
     out: dict[str, Ed25519PublicKey] = {}
     for key_id, path in files.items():
         try:
@@ -208,7 +209,7 @@ def init_keys(keys_dir: Path) -> dict[str, object]:
         load_or_create_secret(keys_dir / rel)
         if not existed:
             created.append(rel)
-    registry = keys_dir / "registry" / "devices.parquet"
+    registry = KeysDir(keys_dir).device_registry
     if not registry.exists():
         DeviceRegistry().save(registry)
         created.append("registry/devices.parquet")
