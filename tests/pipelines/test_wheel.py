@@ -46,7 +46,7 @@ def test_installed_wheel_runs_the_demo(tmp_path: Path) -> None:
     facts = json.loads((elsewhere / "out" / "summary.json").read_text())
     assert facts["accounting_balanced"] and facts["items"] == 64 and facts["n_clients"] > 1900
     assert "balanced" in done.stdout
-    probe = ("import pipelines, pipelines.cli as c; assert c.DEFAULT_SPEC.is_file(), c.DEFAULT_SPEC; "
+    probe = ("import pipelines, pipelines.cli_parser as c; assert c.DEFAULT_SPEC.is_file(), c.DEFAULT_SPEC; "
              "print(pipelines.__file__)")
     where = _run([str(venv / "bin" / "python"), "-c", probe], elsewhere, env, 60)
     assert str(venv) in where.stdout and str(REPO) not in where.stdout  # the wheel, not the checkout

@@ -6,9 +6,9 @@
 * ``composition`` — composition theorems and post-processing composition (report fragmenting);
 * ``crowd`` — crowd thresholding / randomized report deletion parameters;
 * ``report`` — the ``esa privacy`` report;
-* ``odometer`` (with ``shuffle_pld``, ``windows_report``, ``plan_windows``) — composition of many windows of one
-  population by privacy loss distributions. Import these modules directly: they load dp_accounting (~0.8 s),
-  which the single-window commands do not need.
+* ``odometer`` (with ``shuffle_pld`` and ``windows_report``) — composition of many windows of one
+  population by privacy loss distributions (the planners that use it are in ``transforms.planning``).
+  Import these modules directly: they load dp_accounting (~0.8 s), which single-window commands do not need.
 """
 
 from .closed_forms import (
