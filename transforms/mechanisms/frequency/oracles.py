@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.base import FrequencyEstimate, Randomness, check_values
+from transforms.mechanisms.blanket import BlanketRandomizer, check_dummies, rr_blanket_estimate
 from transforms.mechanisms.frequency.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
@@ -24,6 +25,7 @@ from transforms.mechanisms.frequency.counting import (
     structured,
 )
 from transforms.mechanisms.frequency.olh import OLH, OLHAccumulator
+from transforms.privacy.blanket import dummies_needed, epsilon_blanket, grr_blanket_weight
 from transforms.privacy.mixture import alpha_grr, alpha_oue
 
 __all__ = [
@@ -44,10 +46,11 @@ _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).asty
 
 
 @dataclass(frozen=True)
-class GRR:
+class GRR(BlanketRandomizer):
     """Generalized randomized response over [d]: keep the value w.p. ``p``, else a uniform other value.
 
-    Best of the three for small domains (variance grows with ``d``); one integer per report.
+    Best of the three for small domains (variance grows with ``d``); one integer per report. Its output is
+    (1 - d q) [v] + d q Uniform[d], so it has a blanket: dummies uniform over [d] (``transforms.mechanisms.blanket``).
     """
 
     name: ClassVar[str] = "grr"
@@ -115,6 +118,30 @@ class GRR:
         out = np.full(self.d, self.q)
         out[value] = self.p
         return out
+
+    # The blanket role (transforms.mechanisms.blanket): the uniform component, exactly accounted.
+    @property
+    def blanket_law(self) -> np.ndarray:
+        return np.full(self.d, 1.0 / self.d)
+
+    @property
+    def blanket_weight(self) -> float:
+        return grr_blanket_weight(self.epsilon, self.d)  # d q
+
+    def blanket_reports(self, m: int, rng: Randomness) -> np.ndarray:
+        """m values uniform over [d], drawn through ``rng`` (OS entropy in production)."""
+        m = check_dummies(m)
+        return structured(self.report_dtype, value=np.asarray(rng.integers(0, self.d, m), dtype=np.int64))
+
+    def blanket_epsilon(self, m: int, delta: float, reports_per_client: int = 1) -> float:
+        return epsilon_blanket(self.d, self.epsilon, check_dummies(m), delta, reports_per_client)
+
+    def dummies_needed(self, eps_target: float, delta: float, reports_per_client: int = 1) -> int:
+        return dummies_needed(self.d, self.epsilon, eps_target, delta, reports_per_client)
+
+    def blanket_estimate(self, counts: np.ndarray, released: int, m: int) -> FrequencyEstimate:
+        """GRRAccumulator's decoder with the dummies' expected counts m/d removed, variance + m (1/d)(1 - 1/d)."""
+        return rr_blanket_estimate(counts, released, m, self.p, self.q, self.blanket_law)
 
 
 class GRRAccumulator(CountAccumulator):
