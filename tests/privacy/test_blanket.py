@@ -8,8 +8,10 @@ evaluations (grid in log space, binomial tails) must agree with it to rounding, 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,3 +206,21 @@ def test_blanket_weight_and_bad_input() -> None:
             BlanketDivergence(args["d"], args["eps0"], args["m"])
     with pytest.raises(ValueError, match="delta"):
         epsilon_blanket(4, 1.0, 10, 1.0)
+
+
+def test_benchmark_runs_and_its_rows_hold(tmp_path, capsys) -> None:
+    """benchmarks/blanket.py --quick: every row reaches its target with the m it prints, and the stderr ratio is
+    the closed form sqrt(1 + m w (1 - w) / V)."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "blanket.py"
+    spec = importlib.util.spec_from_file_location("blanket_bench", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--quick", "--json", str(tmp_path / "rows.json")])
+    assert len(rows) == 2 and "eps time" in capsys.readouterr().out
+    for row in rows:
+        assert row["eps_blanket"] <= row["target"] < epsilon_blanket(16, 2.0, row["m"] - 1, 1e-6)
+        e = math.exp(2.0)
+        p, q = e / (e + 15), 1 / (e + 15)
+        real = 625 * p * (1 - p) + 9375 * q * (1 - q)
+        assert row["stderr_ratio"] == pytest.approx(math.sqrt(1 + row["m"] * (15 / 256) / real), rel=1e-12)

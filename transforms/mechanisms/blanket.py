@@ -13,7 +13,7 @@ A mechanism declares the role by subclassing :class:`BlanketRandomizer`; ``requi
 with a one-line error, so a spec that asks for dummies on a mechanism without an accounted blanket fails when
 it is loaded, not in the ledger. Supported: GRR (k-ary randomized response, binary RR being d = 2), the only
 randomizer whose view among dummies this project accounts exactly (the reasons for the others are in
-docs/mathematics.md, "Dummy reports against colluders").
+docs/mathematics.md §1.7).
 """
 
 from __future__ import annotations
