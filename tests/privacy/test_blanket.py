@@ -158,6 +158,9 @@ def test_k_reports_chain_like_the_analyzer() -> None:
     one = epsilon_blanket(d, eps0, m, delta / spread)
     assert epsilon_blanket(d, eps0, m, delta, k) == pytest.approx(k * one, rel=1e-12)
     assert chain_composition(one, delta / spread, k)[1] <= delta
+    with pytest.raises(ValueError, match="no per-report delta"):
+        dummies_needed(d, 300.0, 1.0, delta, 3)
+    assert epsilon_blanket(d, 300.0, m, delta, 3) == 900.0
     assert epsilon_blanket(d, eps0, m, delta, k) > epsilon_blanket(d, eps0, m, delta)
     m_k = dummies_needed(d, eps0, 1.5, delta, k)
     assert epsilon_blanket(d, eps0, m_k, delta, k) <= 1.5 < epsilon_blanket(d, eps0, m_k - 1, delta, k)

@@ -243,7 +243,11 @@ def dummies_needed(
     max_dummies = check_int("max_dummies", max_dummies, 1)
     delta_one = per_report_delta(eps0, delta, k)
     per_report = eps_target / k
-    if per_report >= eps0 and delta_one > 0.0:
+    if delta_one < 1e-300:  # epsilon_blanket reports k * eps0 here, whatever m is
+        if eps_target >= k * eps0:
+            return 0
+        raise ValueError(f"k * eps0 = {k * eps0!r} leaves no per-report delta: no number of dummies helps")
+    if per_report >= eps0:
         return 0
 
     def reaches(m: int) -> bool:
