@@ -1,8 +1,9 @@
 """The privacy blanket's accounting (transforms/privacy/blanket.py) against an independent brute force.
 
-The brute force enumerates every sequence (victim's value, dummy 1, ..., dummy m), maps it to the multiset the
-adversary sees (its histogram over [d]) and sums the probabilities of each multiset under x and x': no
-reduction to two counts, no binomial tail, no knowledge of which values are exchangeable. The module's two
+The brute force enumerates every sequence (victim's report, dummy 1, ..., dummy m), maps it to the multiset the
+adversary sees (its histogram over the outputs: GRR's d values, or OUE's 2^d whole bit patterns) and sums the
+probabilities of each multiset under x and x': no reduction to two counts, no binomial tail, no knowledge of
+which outputs are exchangeable. The module's two
 evaluations (grid in log space, binomial tails) must agree with it to rounding, for every pair of inputs.
 """
 
@@ -18,11 +19,12 @@ import pytest
 
 from transforms.privacy.blanket import (
     BlanketDivergence,
-    blanket_divergence_trinomial,
+    blanket_divergence_grid,
     dummies_needed,
     epsilon_against_colluders,
     epsilon_blanket,
     grr_blanket_weight,
+    oue_blanket_weight,
     per_report_delta,
 )
 from transforms.privacy.composition import chain_composition
@@ -81,7 +83,40 @@ def test_divergence_matches_brute_force_over_full_multisets(d: int, m: int, eps0
             want = brute_divergence(p_view, q_view, eps)
             assert exact(eps) == pytest.approx(want, rel=1e-11, abs=1e-16), (x, x_other, eps)
             assert windowed(eps) == pytest.approx(want, rel=1e-11, abs=1e-16), (x, x_other, eps)
-            assert blanket_divergence_trinomial(d, eps0, m, eps) == pytest.approx(want, rel=1e-11, abs=1e-16)
+            assert blanket_divergence_grid(d, eps0, m, eps) == pytest.approx(want, rel=1e-11, abs=1e-16)
+
+
+def oue_law(d: int, eps0: float, x: int | None) -> np.ndarray:
+    """OUE's law over the 2^d bit patterns (bit j of the index = item j) for input x; x = None: every bit Bern(q)
+    (the blanket). Written out independently of the module."""
+    q = 1.0 / (1.0 + math.exp(eps0))
+    one = np.full(d, q)
+    if x is not None:
+        one[x] = 0.5
+    patterns = (np.arange(2**d)[:, None] >> np.arange(d)[None, :]) & 1
+    return np.prod(np.where(patterns == 1, one, 1.0 - one), axis=1)
+
+
+@pytest.mark.parametrize(("d", "m"), [(2, 5), (3, 3), (3, 4), (4, 2)])
+@pytest.mark.parametrize("eps0", [0.5, 2.0, 5.0])
+def test_oue_divergence_matches_brute_force_over_whole_bit_patterns(d: int, m: int, eps0: float) -> None:
+    """(a) for OUE: the multiset of m + 1 whole bit patterns, so the sufficiency of the two columns' counts is
+    checked, not assumed."""
+    exact = BlanketDivergence(d, eps0, m, randomizer="oue", tail=None)
+    windowed = BlanketDivergence(d, eps0, m, randomizer="oue")
+    for x, x_other in itertools.permutations(range(d), 2):
+        p_view, q_view = view_laws([oue_law(d, eps0, x), oue_law(d, eps0, x_other)], oue_law(d, eps0, None), m)
+        for eps in (0.0, 0.1, 0.4, 1.0, eps0 * 0.9):
+            want = brute_divergence(p_view, q_view, eps)
+            assert exact(eps) == pytest.approx(want, rel=1e-11, abs=1e-16), (x, x_other, eps)
+            assert windowed(eps) == pytest.approx(want, rel=1e-11, abs=1e-16), (x, x_other, eps)
+            assert blanket_divergence_grid(d, eps0, m, eps, randomizer="oue") == pytest.approx(want, rel=1e-11,
+                                                                                                abs=1e-16)
+    if d == 3 and m == 3:
+        p_view, q_view = view_laws([oue_law(d, eps0, 0), oue_law(d, eps0, 1)], oue_law(d, eps0, None), m)
+        for delta in (1e-2, 1e-4):
+            want = brute_epsilon(p_view, q_view, delta, eps0)
+            assert epsilon_blanket(d, eps0, m, delta, randomizer="oue") == pytest.approx(want, abs=1e-12)
 
 
 @pytest.mark.parametrize(("d", "m", "eps0"), [(2, 10, 1.0), (4, 5, 2.0), (3, 7, 4.0)])
@@ -106,14 +141,15 @@ def test_returned_epsilon_is_certified(d: int, eps0: float, m: int) -> None:
         assert BlanketDivergence(d, eps0, m, tail=None)(eps - 1e-9) > delta  # and tight
 
 
-@pytest.mark.parametrize("d", [2, 5, 64])
-def test_tail_form_matches_log_space_grid_at_moderate_m(d: int) -> None:
+@pytest.mark.parametrize(("randomizer", "d"), [("grr", 2), ("grr", 5), ("grr", 64), ("oue", 16)])
+def test_tail_form_matches_log_space_grid_at_moderate_m(randomizer: str, d: int) -> None:
     """The O(m) binomial-tail form against the O(m^2) log-space grid where enumeration is impossible, down to
     divergences of 1e-40; the window's value is an upper bound within its tail mass of the exact one."""
     for m in (200, 700):
-        exact, windowed = BlanketDivergence(d, 2.0, m, tail=None), BlanketDivergence(d, 2.0, m)
+        exact = BlanketDivergence(d, 2.0, m, randomizer=randomizer, tail=None)
+        windowed = BlanketDivergence(d, 2.0, m, randomizer=randomizer)
         for eps in (0.05, 0.3, 0.8):
-            grid = blanket_divergence_trinomial(d, 2.0, m, eps)
+            grid = blanket_divergence_grid(d, 2.0, m, eps, randomizer=randomizer)
             if grid < 1e-40:
                 continue
             assert exact(eps) == pytest.approx(grid, rel=1e-9)
@@ -127,26 +163,36 @@ def test_no_dummies_gives_back_the_local_guarantee() -> None:
         q = 1.0 / (math.exp(eps0) + d - 1)
         for delta in (1e-3, 1e-6):
             assert epsilon_blanket(d, eps0, 0, delta) == pytest.approx(math.log(math.exp(eps0) - delta / q), abs=1e-12)
+    # OUE: only (x-bit, x'-bit) = (1, 0) favours x, with P = (1 - q)/2 and Q = q/2: eps = ln(e^eps0 - 2 delta/q)
+    for eps0 in (1.0, 2.0, 4.0):
+        q = 1.0 / (1.0 + math.exp(eps0))
+        for delta in (1e-3, 1e-6):
+            want = math.log(math.exp(eps0) - 2.0 * delta / q)
+            assert epsilon_blanket(16, eps0, 0, delta, randomizer="oue") == pytest.approx(want, abs=1e-12)
 
 
-@pytest.mark.parametrize(("d", "eps0"), [(2, 1.0), (16, 2.0), (128, 4.0)])
-def test_monotone_in_the_number_of_dummies(d: int, eps0: float) -> None:
+@pytest.mark.parametrize(("randomizer", "d", "eps0"), [("grr", 2, 1.0), ("grr", 16, 2.0), ("grr", 128, 4.0),
+                                                      ("oue", 64, 1.0), ("oue", 64, 4.0)])
+def test_monotone_in_the_number_of_dummies(randomizer: str, d: int, eps0: float) -> None:
     """(c) a dummy is post-processing: the divergence (exact) and the epsilon never grow with m."""
     ms = list(range(0, 60)) + list(range(60, 3000, 97))
-    divergences = [BlanketDivergence(d, eps0, m, tail=None)(0.3) for m in ms]
+    divergences = [BlanketDivergence(d, eps0, m, randomizer=randomizer, tail=None)(0.3) for m in ms]
     assert all(b <= a * (1 + 1e-12) + 1e-300 for a, b in itertools.pairwise(divergences))
-    eps = [epsilon_blanket(d, eps0, m, 1e-6) for m in ms]
+    eps = [epsilon_blanket(d, eps0, m, 1e-6, randomizer=randomizer) for m in ms]
     assert all(b <= a + 1e-12 for a, b in itertools.pairwise(eps))
     assert eps[-1] < 0.5 * eps[0]
 
 
-@pytest.mark.parametrize(("d", "eps0", "target"), [(2, 1.0, 0.5), (16, 2.0, 1.0), (128, 4.0, 0.5), (4, 2.0, 0.2)])
-def test_dummies_needed_is_the_smallest_m(d: int, eps0: float, target: float) -> None:
-    m = dummies_needed(d, eps0, target, 1e-6)
-    assert epsilon_blanket(d, eps0, m, 1e-6) <= target < epsilon_blanket(d, eps0, m - 1, 1e-6)
-    assert dummies_needed(d, eps0, eps0 + 0.1, 1e-6) == 0
+@pytest.mark.parametrize(("randomizer", "d", "eps0", "target"), [
+    ("grr", 2, 1.0, 0.5), ("grr", 16, 2.0, 1.0), ("grr", 128, 4.0, 0.5), ("grr", 4, 2.0, 0.2), ("oue", 32, 2.0, 0.5),
+    ("oue", 32, 4.0, 0.5)])
+def test_dummies_needed_is_the_smallest_m(randomizer: str, d: int, eps0: float, target: float) -> None:
+    kw = {"randomizer": randomizer}
+    m = dummies_needed(d, eps0, target, 1e-6, **kw)
+    assert epsilon_blanket(d, eps0, m, 1e-6, **kw) <= target < epsilon_blanket(d, eps0, m - 1, 1e-6, **kw)
+    assert dummies_needed(d, eps0, eps0 + 0.1, 1e-6, **kw) == 0
     with pytest.raises(ValueError, match="dummies would be needed"):
-        dummies_needed(d, eps0, 1e-3, 1e-6, max_dummies=100)
+        dummies_needed(d, eps0, 1e-3, 1e-6, max_dummies=100, **kw)
 
 
 def test_k_reports_chain_like_the_analyzer() -> None:
@@ -209,6 +255,9 @@ def test_blanket_weight_and_bad_input() -> None:
             BlanketDivergence(args["d"], args["eps0"], args["m"])
     with pytest.raises(ValueError, match="delta"):
         epsilon_blanket(4, 1.0, 10, 1.0)
+    with pytest.raises(ValueError, match="no blanket accounting for 'olh'"):
+        epsilon_blanket(4, 1.0, 10, 1e-6, randomizer="olh")
+    assert oue_blanket_weight(2.0) == pytest.approx((1 + math.exp(2.0)) / (2 * math.exp(2.0)))
 
 
 def test_benchmark_runs_and_its_rows_hold(tmp_path, capsys) -> None:

@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from transforms.mechanisms.base import FrequencyEstimate, Randomness, check_values
-from transforms.mechanisms.blanket import BlanketRandomizer, check_dummies, rr_blanket_estimate
+from transforms.mechanisms.base import Randomness, check_values
+from transforms.mechanisms.blanket import BlanketRandomizer, check_dummies
 from transforms.mechanisms.frequency.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
@@ -25,7 +25,7 @@ from transforms.mechanisms.frequency.counting import (
     structured,
 )
 from transforms.mechanisms.frequency.olh import OLH, OLHAccumulator
-from transforms.privacy.blanket import dummies_needed, epsilon_blanket, grr_blanket_weight
+from transforms.privacy.blanket import grr_blanket_weight, oue_blanket_weight
 from transforms.privacy.mixture import alpha_grr, alpha_oue
 
 __all__ = [
@@ -120,28 +120,23 @@ class GRR(BlanketRandomizer):
         return out
 
     # The blanket role (transforms.mechanisms.blanket): the uniform component, exactly accounted.
-    @property
-    def blanket_law(self) -> np.ndarray:
-        return np.full(self.d, 1.0 / self.d)
+    blanket_accounting: ClassVar[str] = "grr"
 
     @property
     def blanket_weight(self) -> float:
         return grr_blanket_weight(self.epsilon, self.d)  # d q
 
+    @property
+    def blanket_cell_probability(self) -> np.ndarray:
+        return np.full(self.d, 1.0 / self.d)
+
+    def blanket_output_distribution(self) -> np.ndarray:
+        return np.full(self.d, 1.0 / self.d)
+
     def blanket_reports(self, m: int, rng: Randomness) -> np.ndarray:
         """m values uniform over [d], drawn through ``rng`` (OS entropy in production)."""
         m = check_dummies(m)
         return structured(self.report_dtype, value=np.asarray(rng.integers(0, self.d, m), dtype=np.int64))
-
-    def blanket_epsilon(self, m: int, delta: float, reports_per_client: int = 1) -> float:
-        return epsilon_blanket(self.d, self.epsilon, check_dummies(m), delta, reports_per_client)
-
-    def dummies_needed(self, eps_target: float, delta: float, reports_per_client: int = 1) -> int:
-        return dummies_needed(self.d, self.epsilon, eps_target, delta, reports_per_client)
-
-    def blanket_estimate(self, counts: np.ndarray, released: int, m: int) -> FrequencyEstimate:
-        """GRRAccumulator's decoder with the dummies' expected counts m/d removed, variance + m (1/d)(1 - 1/d)."""
-        return rr_blanket_estimate(counts, released, m, self.p, self.q, self.blanket_law)
 
 
 class GRRAccumulator(CountAccumulator):
@@ -161,10 +156,11 @@ class GRRAccumulator(CountAccumulator):
 
 
 @dataclass(frozen=True)
-class OUE:
+class OUE(BlanketRandomizer):
     """Optimized unary encoding: the true bit is a fair coin, every other bit is 1 w.p. 1/(1+e^eps).
 
-    Variance independent of ``d`` (~4 n e^eps/(e^eps-1)^2) at the price of d bits per report.
+    Variance independent of ``d`` (~4 n e^eps/(e^eps-1)^2) at the price of d bits per report. Its blanket
+    sets every bit w.p. q independently (``transforms.mechanisms.blanket``).
     """
 
     name: ClassVar[str] = "oue"
@@ -242,6 +238,29 @@ class OUE:
         one = np.full(self.d, self.q)
         one[value] = self.p
         return np.prod(np.where(patterns == 1, one, 1.0 - one), axis=1)
+
+    # The blanket role (transforms.mechanisms.blanket): every bit Bern(q), exactly accounted.
+    blanket_accounting: ClassVar[str] = "oue"
+
+    @property
+    def blanket_weight(self) -> float:
+        return oue_blanket_weight(self.epsilon)  # 1 / (2 (1 - q))
+
+    @property
+    def blanket_cell_probability(self) -> np.ndarray:
+        return np.full(self.d, self.q)
+
+    def blanket_output_distribution(self) -> np.ndarray:
+        """P(bit pattern k) for one dummy, indexed like ``exact_output_distribution`` (d <= 12)."""
+        if self.d > MAX_ENUMERATED_OUE_DOMAIN:
+            raise ValueError(f"enumerating 2^d patterns needs d <= {MAX_ENUMERATED_OUE_DOMAIN}, got {self.d}")
+        patterns = (np.arange(2**self.d)[:, None] >> np.arange(self.d)[None, :]) & 1
+        return np.prod(np.where(patterns == 1, self.q, 1.0 - self.q), axis=1)
+
+    def blanket_reports(self, m: int, rng: Randomness) -> np.ndarray:
+        """m reports whose every bit is set w.p. q, independently; packed like ``encode``'s."""
+        m = check_dummies(m)
+        return structured(self.report_dtype, bits=np.packbits(rng.random((m, self.d)) < self.q, axis=1))
 
 
 class OUEAccumulator(CountAccumulator):
