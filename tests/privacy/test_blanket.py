@@ -262,17 +262,19 @@ def test_blanket_weight_and_bad_input() -> None:
 
 def test_benchmark_runs_and_its_rows_hold(tmp_path, capsys) -> None:
     """benchmarks/blanket.py --quick: every row reaches its target with the m it prints, and the stderr ratio is
-    the closed form sqrt(1 + m w (1 - w) / V)."""
+    the closed form sqrt(1 + m B (1 - B) / V)."""
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "blanket.py"
     spec = importlib.util.spec_from_file_location("blanket_bench", path)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rows = bench.main(["--quick", "--json", str(tmp_path / "rows.json")])
-    assert len(rows) == 2 and "eps time" in capsys.readouterr().out
+    assert len(rows) == 4 and "eps time" in capsys.readouterr().out
+    e = math.exp(2.0)
     for row in rows:
-        assert row["eps_blanket"] <= row["target"] < epsilon_blanket(16, 2.0, row["m"] - 1, 1e-6)
-        e = math.exp(2.0)
-        p, q = e / (e + 15), 1 / (e + 15)
+        kw = {"randomizer": row["randomizer"]}
+        assert row["eps_blanket"] <= row["target"] < epsilon_blanket(16, 2.0, row["m"] - 1, 1e-6, **kw)
+        grr = row["randomizer"] == "grr"
+        p, q, cell = (e / (e + 15), 1 / (e + 15), 1 / 16) if grr else (0.5, 1 / (1 + e), 1 / (1 + e))
         real = 625 * p * (1 - p) + 9375 * q * (1 - q)
-        assert row["stderr_ratio"] == pytest.approx(math.sqrt(1 + row["m"] * (15 / 256) / real), rel=1e-12)
+        assert row["stderr_ratio"] == pytest.approx(math.sqrt(1 + row["m"] * cell * (1 - cell) / real), rel=1e-12)
