@@ -208,8 +208,9 @@ def test_k_reports_chain_like_the_analyzer() -> None:
         dummies_needed(d, 300.0, 1.0, delta, 3)
     assert epsilon_blanket(d, 300.0, m, delta, 3) == 900.0
     assert epsilon_blanket(d, eps0, m, delta, k) > epsilon_blanket(d, eps0, m, delta)
-    m_k = dummies_needed(d, eps0, 1.5, delta, k)
-    assert epsilon_blanket(d, eps0, m_k, delta, k) <= 1.5 < epsilon_blanket(d, eps0, m_k - 1, delta, k)
+    for target in (1.5, 0.83, 1.55):  # 3 * (0.83 / 3) and 3 * (1.55 / 3) round above their targets
+        m_k = dummies_needed(d, eps0, target, delta, k)
+        assert epsilon_blanket(d, eps0, m_k, delta, k) <= target < epsilon_blanket(d, eps0, m_k - 1, delta, k)
 
 
 def test_min_of_honest_bound_and_blanket_holds_with_honest_others() -> None:

@@ -281,6 +281,8 @@ def dummies_needed(
     max_dummies = check_int("max_dummies", max_dummies, 1)
     delta_one = per_report_delta(eps0, delta, k)
     per_report = eps_target / k
+    while k * per_report > eps_target:  # k * (t / k) may round above t: keep the chained total within it
+        per_report = math.nextafter(per_report, 0.0)
     if delta_one < 1e-300:  # epsilon_blanket reports k * eps0 here, whatever m is
         if eps_target >= k * eps0:
             return 0
