@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from transforms.mechanisms.base import Randomizer, Randomness, check_values
+from transforms.mechanisms.frequency.blanket import BlanketRandomizer, check_dummies
 from transforms.mechanisms.frequency.counting import (
     CountAccumulator,
     empty_mask_if_malformed,
@@ -24,6 +25,7 @@ from transforms.mechanisms.frequency.counting import (
     structured,
 )
 from transforms.mechanisms.frequency.olh import OLH, OLHAccumulator
+from transforms.privacy.blanket import grr_blanket_weight, oue_blanket_weight
 from transforms.privacy.mixture import alpha_grr, alpha_oue
 
 __all__ = [
@@ -44,10 +46,11 @@ _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).asty
 
 
 @dataclass(frozen=True)
-class GRR(Randomizer):
+class GRR(Randomizer, BlanketRandomizer):
     """Generalized randomized response over [d]: keep the value w.p. ``p``, else a uniform other value.
 
-    Best of the three for small domains (variance grows with ``d``); one integer per report.
+    Best of the three for small domains (variance grows with ``d``); one integer per report. Its output is
+    (1 - d q) [v] + d q Uniform[d], so it has a blanket: dummies uniform over [d] (``frequency.blanket``).
     """
 
     name: ClassVar[str] = "grr"
@@ -116,6 +119,25 @@ class GRR(Randomizer):
         out[value] = self.p
         return out
 
+    # The blanket role (transforms.mechanisms.frequency.blanket): the uniform component, exactly accounted.
+    blanket_accounting: ClassVar[str] = "grr"
+
+    @property
+    def blanket_weight(self) -> float:
+        return grr_blanket_weight(self.epsilon, self.d)  # d q
+
+    @property
+    def blanket_cell_probability(self) -> np.ndarray:
+        return np.full(self.d, 1.0 / self.d)
+
+    def blanket_output_distribution(self) -> np.ndarray:
+        return np.full(self.d, 1.0 / self.d)
+
+    def blanket_reports(self, m: int, rng: Randomness) -> np.ndarray:
+        """m values uniform over [d], drawn through ``rng`` (OS entropy in production)."""
+        m = check_dummies(m)
+        return structured(self.report_dtype, value=np.asarray(rng.integers(0, self.d, m), dtype=np.int64))
+
 
 class GRRAccumulator(CountAccumulator):
     """Counts of each reported value; decoded by ``(C - n q)/(p - q)``."""
@@ -134,10 +156,11 @@ class GRRAccumulator(CountAccumulator):
 
 
 @dataclass(frozen=True)
-class OUE(Randomizer):
+class OUE(Randomizer, BlanketRandomizer):
     """Optimized unary encoding: the true bit is a fair coin, every other bit is 1 w.p. 1/(1+e^eps).
 
-    Variance independent of ``d`` (~4 n e^eps/(e^eps-1)^2) at the price of d bits per report.
+    Variance independent of ``d`` (~4 n e^eps/(e^eps-1)^2) at the price of d bits per report. Its blanket
+    sets every bit w.p. q independently (``transforms.mechanisms.frequency.blanket``).
     """
 
     name: ClassVar[str] = "oue"
@@ -215,6 +238,29 @@ class OUE(Randomizer):
         one = np.full(self.d, self.q)
         one[value] = self.p
         return np.prod(np.where(patterns == 1, one, 1.0 - one), axis=1)
+
+    # The blanket role (transforms.mechanisms.frequency.blanket): every bit Bern(q), exactly accounted.
+    blanket_accounting: ClassVar[str] = "oue"
+
+    @property
+    def blanket_weight(self) -> float:
+        return oue_blanket_weight(self.epsilon)  # 1 / (2 (1 - q))
+
+    @property
+    def blanket_cell_probability(self) -> np.ndarray:
+        return np.full(self.d, self.q)
+
+    def blanket_output_distribution(self) -> np.ndarray:
+        """P(bit pattern k) for one dummy, indexed like ``exact_output_distribution`` (d <= 12)."""
+        if self.d > MAX_ENUMERATED_OUE_DOMAIN:
+            raise ValueError(f"enumerating 2^d patterns needs d <= {MAX_ENUMERATED_OUE_DOMAIN}, got {self.d}")
+        patterns = (np.arange(2**self.d)[:, None] >> np.arange(self.d)[None, :]) & 1
+        return np.prod(np.where(patterns == 1, self.q, 1.0 - self.q), axis=1)
+
+    def blanket_reports(self, m: int, rng: Randomness) -> np.ndarray:
+        """m reports whose every bit is set w.p. q, independently; packed like ``encode``'s."""
+        m = check_dummies(m)
+        return structured(self.report_dtype, bits=np.packbits(rng.random((m, self.d)) < self.q, axis=1))
 
 
 class OUEAccumulator(CountAccumulator):
