@@ -56,6 +56,9 @@ def flink_home(version: str = FLINK_VERSION) -> Path:
     return unpacked_wheel(f"apache-flink-libraries=={version}", f"flink-{version}") / "pyflink"
 
 
+PORT_ATTEMPTS = 3  # start attempts when a port picked free was taken before the JobManager bound it
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
@@ -105,17 +108,21 @@ class LocalFlinkCluster:
         home = flink_home(self.version)
         for sub in ("conf", "log", "checkpoints", "savepoints", "tmp"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
-        self._write_config(home)
-        self.pids_path.write_text("{}")
-        try:
-            self._launch("jobmanager", JOBMANAGER_MAIN, "GET_JM_RESOURCE_PARAMS", home)
-            for index in range(1, self.taskmanagers + 1):
-                self.start_taskmanager(index, home)
-            self.wait_ready(self.taskmanagers, timeout_s)
-        except BaseException:
-            self.stop(grace_s=10.0)  # a cluster that did not come up leaves no process behind
-            raise
-        return self.rest
+        for attempt in range(PORT_ATTEMPTS):
+            self._write_config(home)
+            self.pids_path.write_text("{}")
+            try:
+                self._launch("jobmanager", JOBMANAGER_MAIN, "GET_JM_RESOURCE_PARAMS", home)
+                for index in range(1, self.taskmanagers + 1):
+                    self.start_taskmanager(index, home)
+                self.wait_ready(self.taskmanagers, timeout_s)
+                return self.rest
+            except BaseException as err:
+                self.stop(grace_s=10.0)  # a cluster that did not come up leaves no process behind
+                # A free port we picked can be taken by another process before the JVM binds it: pick again.
+                if self.rest_port or "BindException" not in str(err) or attempt + 1 == PORT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     def start_taskmanager(self, index: int, home: Path | None = None) -> int:
         """Start TaskManager ``index`` (again, after a crash); returns its pid."""
