@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import tomllib
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -68,25 +69,7 @@ def deployment(broker, tmp_path_factory: pytest.TempPathFactory):
     stage = Stage(base, broker.bootstrap, plain, now, topics)
     clients = ["victim"] + [f"colluder{i}" for i in range(COLLUDERS)]
     devices = _enrolled(stage.keys, clients)
-    rng = seeded_rng(26)
-    truth: dict[tuple[str, int], dict[bytes, tuple[str, int, int]]] = {}  # (spec, window end) -> blob -> who
-    records = []
-    for s in (plain, blanket):
-        mechanism = s.randomizer
-        for w in range(TRIALS):
-            start = now - (w + 3) * HOUR_MS
-            values = np.asarray([VICTIM_VALUE] + [COLLUDER_VALUE] * COLLUDERS)
-            reports = mechanism.encode(values, rng)["value"].tolist()
-            sent = truth.setdefault((s.spec_id, start + HOUR_MS), {})
-            for i, client in enumerate(clients):
-                t = start + 1000 * (i + 1)
-                messages = devices.sealed_messages(s, [(reports[i],)], None, t)
-                unsigned = MessageSet(s.spec_id, None, devices.device_id(client), t, secrets.token_bytes(16),
-                                      devices.analyzer_id, messages)
-                value = devices.envelope(encode_message_set(sign_message_set(unsigned,
-                                                                             devices.fleet.signing_key(client))))
-                records.append((devices.device_id(client).encode(), value))
-                sent[messages[0].sealed] = (client, int(values[i]), reports[i])
+    records, truth = reports_of(devices, (plain, blanket), clients, now)
     ensure_topics(broker.bootstrap, [topics["reports_topic"], topics["shuffled_topic"]], partitions=2)
     produce_records(broker.bootstrap, topics["reports_topic"], records)
     runs = {}
@@ -100,6 +83,32 @@ def deployment(broker, tmp_path_factory: pytest.TempPathFactory):
     rows = read_estimates(stage.out).to_pylist()
     return {"stage": stage, "plain": plain, "blanket": blanket, "truth": truth, "runs": runs,
             "releases": releases, "rows": rows}
+
+
+def reports_of(devices: Devices, specs: tuple[AnalysisSpec, ...], clients: list[str], now: int,
+               trials: int = TRIALS) -> tuple[list[tuple[bytes, bytes]], dict]:
+    """Per spec and window, the victim's and the colluders' signed sets (keyed by device id), and who sent which
+    sealed message: (spec, window end) -> blob -> (client, true value, report)."""
+    rng = seeded_rng(26)
+    truth: dict[tuple[str, int], dict[bytes, tuple[str, int, int]]] = {}
+    records = []
+    for s in specs:
+        mechanism = s.randomizer
+        for w in range(trials):
+            start = now - (w + 3) * HOUR_MS
+            values = np.asarray([VICTIM_VALUE] + [COLLUDER_VALUE] * COLLUDERS)
+            reports = mechanism.encode(values, rng)["value"].tolist()
+            sent = truth.setdefault((s.spec_id, start + HOUR_MS), {})
+            for i, client in enumerate(clients):
+                t = start + 1000 * (i + 1)
+                messages = devices.sealed_messages(s, [(reports[i],)], None, t)
+                unsigned = MessageSet(s.spec_id, None, devices.device_id(client), t, secrets.token_bytes(16),
+                                      devices.analyzer_id, messages)
+                value = devices.envelope(encode_message_set(sign_message_set(unsigned,
+                                                                             devices.fleet.signing_key(client))))
+                records.append((devices.device_id(client).encode(), value))
+                sent[messages[0].sealed] = (client, int(values[i]), reports[i])
+    return records, truth
 
 
 def _enrolled(keys: Path, clients: list[str]) -> Devices:
@@ -210,3 +219,60 @@ def test_the_blanket_estimate_is_unbiased(deployment) -> None:
     print({item: round(float(np.mean(scores)), 3) for item, scores in sorted(z.items())})
     for item, scores in z.items():
         assert abs(float(np.mean(scores))) < 4.0 / math.sqrt(TRIALS), (item, scores)
+
+
+# --- a rerun after a crash before or after sealing releases the same bytes ------------------------------------
+
+@pytest.fixture(scope="module")
+def crashed(broker, tmp_path_factory: pytest.TempPathFactory):
+    """Two windows of the blanket spec; a reference chain runs the shuffler once, a faulted one is SIGKILLed
+    after its pipeline (before sealing: the rerun draws everything again) and then after sealing (the rerun
+    republishes the sealed file), then completes. Both read one reports topic, with the same keys and seed."""
+    from tests.e2e.chain_harness import ledger_entries, new_chain, run_inline, run_job
+
+    base = tmp_path_factory.mktemp("blanket_crash")
+    s = spec("collude_crash", TARGET)
+    spec_file = base / "blanket.toml"
+    spec_file.write_text(SPEC_TOML)
+    assert spec_from_dict(tomllib.loads(SPEC_TOML)).spec_id == s.spec_id
+    clients = ["victim"] + [f"colluder{i}" for i in range(COLLUDERS)]
+    ref = new_chain(broker.bootstrap, base, "ref", now_ms=NOW_MS, spec_path=str(spec_file))
+    flt = new_chain(broker.bootstrap, base, "flt", now_ms=NOW_MS, spec_path=str(spec_file))
+    flt = replace(flt, reports=ref.reports)
+    devices = _enrolled(ref.keys, clients)
+    records, _ = reports_of(devices, (s,), clients, NOW_MS, trials=2)
+    produce_records(broker.bootstrap, ref.reports, records)
+    reference = run_inline(ref, ("shuffle",))["shuffle"]
+    runs = [run_job(flt, "shuffle", "shuffle:after_pipeline"), run_job(flt, "shuffle", "shuffle:after_seal"),
+            run_job(flt, "shuffle")]
+    return {"spec": s, "reference": reference, "runs": runs,
+            "ledgers": (ledger_entries(ref, "shuffle"), ledger_entries(flt, "shuffle")),
+            "topics": [sorted((r.key, r.value) for r in read_topic(broker.bootstrap, c.shuffled)) for c in (ref, flt)]}
+
+
+SPEC_TOML = """
+[analysis]
+name = "collude_crash"
+[domain]
+size = 4
+[mechanism]
+name = "grr"
+epsilon = 2.0
+[window]
+size_seconds = 3600
+[crowd]
+epsilon = 30.0
+delta = 0.5
+min_clients = 10
+subkeys = 4
+blanket_epsilon = 1.0
+"""
+
+
+def test_a_crash_before_or_after_sealing_reproduces_the_release_bytes(crashed) -> None:
+    reference, faulted = crashed["ledgers"]
+    assert len(reference) == 2 and all(e.published for e in reference + faulted)
+    assert [(e.key, e.digest, e.n_sets) for e in faulted] == [(e.key, e.digest, e.n_sets) for e in reference]
+    assert crashed["reference"].extra["dummies"] == 2 * crashed["spec"].crowd.blanket_dummies
+    ref_topic, flt_topic = crashed["topics"]
+    assert ref_topic and set(flt_topic) == set(ref_topic)  # republished batches are the same records
