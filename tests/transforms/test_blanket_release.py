@@ -226,3 +226,40 @@ def test_malformed_reals_lend_no_key_id_and_no_length(tmp_path: Path) -> None:
     good = devices.sealed_messages(SPEC, [(1,)], None, WIN_A)[0].sealed
     messages = PackedMessages.of([(0, good), (0, good + b"x"), (0, b"\x07garbage" + bytes(len(good) - 8))])
     assert key_id_counts(messages, blanket.plaintext_bytes) == {devices.analyzer_id: 1}
+
+
+# --- the streaming shuffler's release agent ----------------------------------------------------------------
+
+def test_the_release_agent_writes_the_same_blanket_release(broker, released: dict[str, Any], tmp_path: Path
+                                                           ) -> None:
+    """The streaming path (``pipelines.release_agent``) adds the dummies by the same rule: the parts staged as
+    its workers stage them become the bounded path's very release file, published to a real topic."""
+    import pickle
+
+    from pipelines.job_config import JobConfig
+    from pipelines.release_agent import ReleaseAgent
+    from transforms.io.kafka.bounded import ensure_topics, read_topic
+    from transforms.io.staging import write_batch
+    from transforms.shuffler.streaming import MARKER, PART, StagedRelease, release_dir
+    from transforms.state.ledger import ReleaseLedger
+
+    devices, parts, bounded = released["devices"], released["parts"], released["files"][0]
+    topic = f"blanket-agent-{tmp_path.name}"
+    ensure_topics(broker.bootstrap, [topic], partitions=1)
+    # the shuffler's PRF key is job_key_from_seed(seed + 0x5EED) = KEY = job_key_from_seed(7)
+    config = JobConfig(bootstrap=broker.bootstrap, specs=(SPEC,), out_dir=tmp_path / "out",
+                       state_dir=tmp_path / "state", keys_dir=devices.keys_dir, shuffled_topic=topic,
+                       seed=7 - 0x5EED)
+    agent = ReleaseAgent(config, ReleaseLedger(config.state / "ledger"), str(tmp_path / "staging"), "stream")
+    directory = release_dir(agent._root, parts[0])
+    Path(directory).mkdir(parents=True)
+    for part in parts:
+        write_batch(directory, PART, [(f"{part.subkey:05d}", pickle.dumps(part))])
+    marker = StagedRelease((SPEC.spec_id, None, END), tuple(p.subkey for p in parts), {"reports/0": N})
+    write_batch(directory, MARKER, [(MARKER, pickle.dumps(marker))])
+    assert agent.step() == 1
+    assert (agent.totals.released, agent.totals.dummies) == (1, M)
+    (path,) = (config.state / "releases").glob("*.bin")
+    assert path.read_bytes() == bounded.temp.read_bytes()
+    published = [decode_release_batch(r.value) for r in read_topic(broker.bootstrap, topic)]
+    assert sum(len(b.messages) for b in published) == bounded.n_messages + M
