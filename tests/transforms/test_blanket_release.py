@@ -106,6 +106,36 @@ def test_dummies_take_uniformly_random_slots(tmp_path: Path) -> None:
     assert slot_statistic(appended, n + m) > 500 * limit
 
 
+@pytest.mark.parametrize("mechanism", ["grr", "oue"])
+def test_a_dummy_opens_and_decodes_like_a_device_report(mechanism: str, tmp_path: Path) -> None:
+    """Each dummy is a valid report of the spec's mechanism sealed to the analyzer (channel 0, the release's
+    associated data), as long as a device's; their values follow the blanket law (GRR uniform: 400 dummies,
+    each value 100 +- 45, a false alarm below 1e-6; OUE: every bit set w.p. q, 1,600 bits at q = 0.119, the
+    count within 6 sd of its mean)."""
+    from transforms.trust.keys import load_analyzer_private
+    from transforms.trust.sealing import associated_data, open_sealed
+    from transforms.wire.avro_payload import decode_payload
+
+    spec = blanket_spec(mechanism)
+    spec = dataclasses.replace(spec, crowd=dataclasses.replace(spec.crowd, blanket_dummies=400))
+    devices = Devices.enrol(tmp_path / "keys", 1)
+    device = devices.sealed_messages(spec, [tuple(spec.randomizer.encode(np.array([1]), np.random.default_rng(1))
+                                                   .tolist()[0])], None, WIN_A)[0].sealed
+    dummies = ReleaseBlanket(spec, KEY, load_analyzer_publics(devices.keys_dir)).dummies(
+        None, END, 10, {devices.analyzer_id: 10})
+    private = load_analyzer_private(devices.keys_dir)
+    rows = [decode_payload(spec.randomizer, open_sealed(private, blob, associated_data(spec.spec_id, None, END, 0)),
+                           channel) for channel, blob in dummies.messages]
+    assert {len(b) for _, b in dummies.messages} == {len(device)}
+    if mechanism == "grr":
+        counts = np.bincount([r[0] for r in rows], minlength=4)
+        assert all(abs(c - 100) < 45 for c in counts), counts
+    else:
+        bits = np.unpackbits(np.frombuffer(b"".join(r[0] for r in rows), np.uint8).reshape(400, -1), axis=1)[:, :4]
+        q = spec.randomizer.q
+        assert abs(bits.sum() - 1600 * q) < 6 * np.sqrt(1600 * q * (1 - q)), bits.sum()
+
+
 # --- a release file with its dummies -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
