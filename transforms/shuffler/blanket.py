@@ -87,6 +87,7 @@ def key_id_counts(messages: PackedMessages, plaintext_bytes: int) -> dict[str, i
 
 
 def merge_counts(total: dict[str, int], more: Mapping[str, int]) -> dict[str, int]:
+    """``total`` with ``more``'s counts added (one part's ``key_id_counts`` into the release's)."""
     for key, count in more.items():
         total[key] = total.get(key, 0) + count
     return total
@@ -119,9 +120,11 @@ class ReleaseBlanket:
         rng = keyed_generator(self.prf_key, LABEL, spec.spec_id, str(crowd_id), window_end_ms)
         positions = np.sort(rng.choice(n_real + m, size=m, replace=False)).astype(np.int64)
         rows = array_to_rows(mechanism.blanket_reports(m, rng))
-        unknown = sorted(set(key_ids) - set(self.analyzer_keys))
-        if unknown and KEY_ID_PATTERN.fullmatch(unknown[0]):
-            raise KeyFileError(f"no analyzer public key {unknown[0]} in the keys directory's public/: the shuffler "
+        # A well-formed key id without its public key: a rotation whose public file never reached the shuffler.
+        # Skipping it would let the analyzer tell every message sealed to it real, so the release stops here.
+        missing = sorted(k for k in set(key_ids) - set(self.analyzer_keys) if KEY_ID_PATTERN.fullmatch(k))
+        if missing:
+            raise KeyFileError(f"no analyzer public key {missing[0]} in the keys directory's public/: the shuffler "
                                "cannot seal dummies like the real messages sealed to it")
         ids = sorted(k for k in key_ids if k in self.analyzer_keys)
         if not ids:  # no well-formed real message: the newest key (there is no honest report to hide)
