@@ -41,7 +41,6 @@ from transforms.io.staging import (
     staged_entries,
     staged_files,
 )
-from transforms.shuffler.release_files import write_release
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
@@ -109,8 +108,7 @@ class ReleaseAgent:
             self.totals.withheld += 1
         else:
             self._signer = self._signer or load_shuffler_signer(self._config.keys)
-            written = write_release(self._config.state_layout.releases, parts, *self._signer, headers=parts.headers,
-                                    blanket=self._blankets.of(key.spec_id))
+            written = self._blankets.write(parts, *self._signer)
             del parts
             if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1

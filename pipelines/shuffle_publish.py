@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from pipelines.exit_codes import ConfigError
 from pipelines.job import BoundedRun
 from pipelines.job_config import JobConfig, crash_point
 from transforms.io.staging import (
@@ -28,7 +29,7 @@ from transforms.shuffler.publish import publisher_for
 from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
 from transforms.spec import SpecSet
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
-from transforms.trust.keys import load_analyzer_publics, load_or_create_secret, load_shuffler_signer
+from transforms.trust.keys import KeyFileError, load_analyzer_publics, load_or_create_secret, load_shuffler_signer
 from transforms.trust.release import release_id_of
 
 LOG = logging.getLogger("pipelines.shuffle")
@@ -59,6 +60,15 @@ class Blankets:
         if self._keys is None:
             self._keys = load_analyzer_publics(self._config.keys)
         return ReleaseBlanket(spec, shuffler_prf_key(self._config), self._keys)
+
+    def write(self, parts: StagedParts, key_id: str, signer: object) -> ReleaseFile:
+        """``write_release`` of one staged release with its spec's blanket; a missing analyzer public key is
+        the operator's to fix (exit 3, naming the key id), never a traceback."""
+        try:
+            return write_release(self._config.state_layout.releases, parts, key_id, signer, headers=parts.headers,
+                                 blanket=self.of(parts.key.spec_id))
+        except KeyFileError as err:
+            raise ConfigError(f"cannot add the blanket's dummies to {parts.key.spec_id}: {err}") from None
 
 
 def release_file(config: JobConfig, release_id: str) -> Path:
@@ -194,8 +204,7 @@ def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger, counts: dict[str, i
             withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
             continue
         signer = signer or load_shuffler_signer(config.keys)
-        written = write_release(config.state_layout.releases, parts, *signer, headers=parts.headers,
-                                blanket=blankets.of(parts.key.spec_id))
+        written = blankets.write(parts, *signer)
         del parts  # the release is in its file: hold one release's messages at a time, never two
         if seal_written(config, ledger, written, run.source_ends, run.key):
             released += 1

@@ -260,26 +260,23 @@ def test_malformed_reals_lend_no_key_id_and_no_length(tmp_path: Path) -> None:
 
 # --- the streaming shuffler's release agent ----------------------------------------------------------------
 
-def test_the_release_agent_writes_the_same_blanket_release(broker, released: dict[str, Any], tmp_path: Path
-                                                           ) -> None:
-    """The streaming path (``pipelines.release_agent``) adds the dummies by the same rule: the parts staged as
-    its workers stage them become the bounded path's very release file, published to a real topic."""
+def staged_agent(bootstrap: str, released: dict[str, Any], tmp_path: Path, keys: Path) -> tuple[Any, Any]:
+    """A release agent (``pipelines.release_agent``) with the fixture's parts staged as its workers stage them."""
     import pickle
 
     from pipelines.job_config import JobConfig
     from pipelines.release_agent import ReleaseAgent
-    from transforms.io.kafka.bounded import ensure_topics, read_topic
+    from transforms.io.kafka.bounded import ensure_topics
     from transforms.io.staging import write_batch
     from transforms.shuffler.streaming import MARKER, PART, StagedRelease, release_dir
     from transforms.state.ledger import ReleaseLedger
 
-    devices, parts, bounded = released["devices"], released["parts"], released["files"][0]
+    parts = released["parts"]
     topic = f"blanket-agent-{tmp_path.name}"
-    ensure_topics(broker.bootstrap, [topic], partitions=1)
+    ensure_topics(bootstrap, [topic], partitions=1)
     # the shuffler's PRF key is job_key_from_seed(seed + 0x5EED) = KEY = job_key_from_seed(7)
-    config = JobConfig(bootstrap=broker.bootstrap, specs=(SPEC,), out_dir=tmp_path / "out",
-                       state_dir=tmp_path / "state", keys_dir=devices.keys_dir, shuffled_topic=topic,
-                       seed=7 - 0x5EED)
+    config = JobConfig(bootstrap=bootstrap, specs=(SPEC,), out_dir=tmp_path / "out", state_dir=tmp_path / "state",
+                       keys_dir=keys, shuffled_topic=topic, seed=7 - 0x5EED)
     agent = ReleaseAgent(config, ReleaseLedger(config.state / "ledger"), str(tmp_path / "staging"), "stream")
     directory = release_dir(agent._root, parts[0])
     Path(directory).mkdir(parents=True)
@@ -287,9 +284,39 @@ def test_the_release_agent_writes_the_same_blanket_release(broker, released: dic
         write_batch(directory, PART, [(f"{part.subkey:05d}", pickle.dumps(part))])
     marker = StagedRelease((SPEC.spec_id, None, END), tuple(p.subkey for p in parts), {"reports/0": N})
     write_batch(directory, MARKER, [(MARKER, pickle.dumps(marker))])
+    return agent, config
+
+
+def test_the_release_agent_writes_the_same_blanket_release(broker, released: dict[str, Any], tmp_path: Path
+                                                           ) -> None:
+    """The streaming path adds the dummies by the same rule: the parts staged as its workers stage them become
+    the bounded path's very release file, published to a real topic."""
+    from transforms.io.kafka.bounded import read_topic
+
+    bounded = released["files"][0]
+    agent, config = staged_agent(broker.bootstrap, released, tmp_path, released["devices"].keys_dir)
     assert agent.step() == 1
     assert (agent.totals.released, agent.totals.dummies) == (1, M)
     (path,) = (config.state / "releases").glob("*.bin")
     assert path.read_bytes() == bounded.temp.read_bytes()
-    published = [decode_release_batch(r.value) for r in read_topic(broker.bootstrap, topic)]
+    published = [decode_release_batch(r.value) for r in read_topic(broker.bootstrap, config.shuffled_topic)]
     assert sum(len(b.messages) for b in published) == bounded.n_messages + M
+
+
+def test_a_missing_analyzer_public_key_is_a_one_line_config_error(broker, released: dict[str, Any],
+                                                                  tmp_path: Path) -> None:
+    """A shuffler whose public/ lacks the analyzer key the reals were sealed to writes nothing (exit 3)."""
+    import shutil
+
+    from pipelines.exit_codes import ConfigError
+
+    keys = tmp_path / "keys"
+    shutil.copytree(released["devices"].keys_dir, keys)
+    key_id = released["devices"].analyzer_id
+    generate_analyzer_key(keys)  # another key is there: only the one the reals need is missing
+    (keys / "public" / f"analyzer-{key_id}.x25519.pub").unlink()
+    agent, config = staged_agent(broker.bootstrap, released, tmp_path, keys)
+    with pytest.raises(ConfigError, match=f"no analyzer public key {key_id}") as err:
+        agent.step()
+    assert "\n" not in str(err.value) and err.value.exit_code == 3
+    assert not list((config.state / "releases").glob("*.bin"))
