@@ -29,7 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.job_config import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
-from pipelines.shuffle_publish import StagedParts, seal_written, withheld_entry
+from pipelines.shuffle_publish import Blankets, StagedParts, seal_written, withheld_entry
 from transforms.io.sinks import avro_bytes
 from transforms.io.staging import (
     StagingError,
@@ -41,7 +41,6 @@ from transforms.io.staging import (
     staged_entries,
     staged_files,
 )
-from transforms.shuffler.release_files import write_release
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
@@ -57,6 +56,7 @@ class AgentTotals:
     withheld: int = 0
     conflicts: int = 0
     dead_letters: int = 0
+    dummies: int = 0  # the blanket's dummy reports in the releases published
     windows: list[tuple[str, str | None, int]] = field(default_factory=list)
 
 
@@ -80,6 +80,7 @@ class ReleaseAgent:
     def __init__(self, config: JobConfig, ledger: ReleaseLedger, root: str, run_key: str):
         self._config, self._ledger, self._root, self._run_key = config, ledger, root, run_key
         self._signer: tuple | None = None
+        self._blankets = Blankets(config)
         self.totals = AgentTotals()
 
     def step(self) -> int:
@@ -107,10 +108,11 @@ class ReleaseAgent:
             self.totals.withheld += 1
         else:
             self._signer = self._signer or load_shuffler_signer(self._config.keys)
-            written = write_release(self._config.state_layout.releases, parts, *self._signer, headers=parts.headers)
+            written = self._blankets.write(parts, *self._signer)
             del parts
             if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1
+                self.totals.dummies += written.dummies
                 self.totals.windows.append((key.spec_id, key.crowd_id, key.window_end_ms))
                 LOG.info("released window ending %d of %s crowd %s (%d sets)", key.window_end_ms, key.spec_id,
                          key.crowd_id, written.n_sets)

@@ -104,7 +104,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         crash_point("shuffle:before_pipeline")
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")
-        releases, conflicts = seal_and_publish(bounded, ledger)
+        added: dict[str, int] = {}
+        releases, conflicts = seal_and_publish(bounded, ledger, added)
         keep_dead_letters(bounded, config.state_layout.dead_letters)
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         times = {k: v for k, v in load_staged(bounded.staging, "time")}
@@ -118,7 +119,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "duplicate": counters.get("sets_duplicate", 0),
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
-                      {"releases": releases, "conflicts": conflicts, "run_key": bounded.key,
+                      {"releases": releases, "conflicts": conflicts, "dummies": added.get("dummies", 0),
+                       "run_key": bounded.key,
                        "progress": bounded.observed})
 
 

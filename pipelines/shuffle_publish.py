@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from pipelines.exit_codes import ConfigError
 from pipelines.job import BoundedRun
 from pipelines.job_config import JobConfig, crash_point
 from transforms.io.staging import (
@@ -22,11 +23,13 @@ from transforms.io.staging import (
     iter_staged_entries,
 )
 from transforms.mechanisms.randomness import job_key_from_seed
+from transforms.shuffler.blanket import ReleaseBlanket
 from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
 from transforms.shuffler.publish import publisher_for
 from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
+from transforms.spec import SpecSet
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
-from transforms.trust.keys import load_or_create_secret, load_shuffler_signer
+from transforms.trust.keys import KeyFileError, load_analyzer_publics, load_or_create_secret, load_shuffler_signer
 from transforms.trust.release import release_id_of
 
 LOG = logging.getLogger("pipelines.shuffle")
@@ -40,6 +43,32 @@ def shuffler_prf_key(config: JobConfig) -> bytes:
     if config.seed is not None:
         return job_key_from_seed(config.seed + 0x5EED)
     return load_or_create_secret(config.keys_layout.shuffler_prf_key)[:16]
+
+
+class Blankets:
+    """The privacy blanket of each spec the shuffler serves (``transforms.shuffler.blanket``), None for a spec
+    without dummies; the analyzer's public keys are read once, when a spec first needs them."""
+
+    def __init__(self, config: JobConfig):
+        self._config, self._specs = config, SpecSet(config.specs)
+        self._keys: dict | None = None
+
+    def of(self, spec_id: str) -> ReleaseBlanket | None:
+        spec = self._specs.get(spec_id)
+        if spec is None or not spec.crowd.blanket_dummies:
+            return None
+        if self._keys is None:
+            self._keys = load_analyzer_publics(self._config.keys)
+        return ReleaseBlanket(spec, shuffler_prf_key(self._config), self._keys)
+
+    def write(self, parts: StagedParts, key_id: str, signer: object) -> ReleaseFile:
+        """``write_release`` of one staged release with its spec's blanket; a missing analyzer public key is
+        the operator's to fix (exit 3, naming the key id), never a traceback."""
+        try:
+            return write_release(self._config.state_layout.releases, parts, key_id, signer, headers=parts.headers,
+                                 blanket=self.of(parts.key.spec_id))
+        except KeyFileError as err:
+            raise ConfigError(f"cannot add the blanket's dummies to {parts.key.spec_id}: {err}") from None
 
 
 def release_file(config: JobConfig, release_id: str) -> Path:
@@ -159,12 +188,15 @@ def seal_written(config: JobConfig, ledger: ReleaseLedger, written: ReleaseFile,
     return True
 
 
-def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
+def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger, counts: dict[str, int] | None = None
+                     ) -> tuple[int, int]:
     """The release step, one staged release at a time (``seal_written``). Withheld windows are sealed
     together at the end (one durable batch). Each part's messages are read by ``write_release`` alone (see
-    there how often); grouping and withholding use the parts' staged headers."""
+    there how often); grouping and withholding use the parts' staged headers. A spec with a blanket gets
+    its dummies in each release (never in a withheld one); ``counts["dummies"]`` adds those released."""
     config = run.config
     released, conflicts = 0, 0
+    blankets = Blankets(config)
     withheld: list[ReleaseEntry] = []
     signer: tuple | None = None
     for parts in staged_releases(run.staging):
@@ -172,10 +204,12 @@ def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger) -> tuple[int, int]:
             withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
             continue
         signer = signer or load_shuffler_signer(config.keys)
-        written = write_release(config.state_layout.releases, parts, *signer, headers=parts.headers)
+        written = blankets.write(parts, *signer)
         del parts  # the release is in its file: hold one release's messages at a time, never two
         if seal_written(config, ledger, written, run.source_ends, run.key):
             released += 1
+            if counts is not None:
+                counts["dummies"] = counts.get("dummies", 0) + written.dummies
         else:
             conflicts += 1
     # A window another attempt sealed stays as it was sealed; this attempt's "withheld" is then not recorded.

@@ -237,4 +237,5 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     totals = agent.totals
     return RunSummary(counters, config.out_dir, seconds, STAGE, parts,
                       {"releases": totals.released, "conflicts": totals.conflicts, "withheld": totals.withheld,
-                       "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters})
+                       "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters,
+                       "dummies": totals.dummies})

@@ -23,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from transforms.mechanisms.base import Mechanism, is_single_message
+from transforms.mechanisms.frequency.blanket import blanket_dummies_for
 from transforms.mechanisms.registry import build_mechanism, mechanisms_for
+from transforms.privacy.blanket import MAX_DUMMIES
 from transforms.privacy.crowd_count import count_charges, design, neighbouring_notion, windows_per_year
+from transforms.spec_tables import SpecError, _domain, _Reader
 
 KINDS = ("histogram", "kv_mean", "vector_mean", "range", "quantile", "heavy_hitters")
 POSTPROCESS = ("none", "clip", "simplex")
@@ -38,15 +41,11 @@ KNOWN_FIELDS: dict[str, set[str] | None] = {
     "mechanism": None,
     "window": {"size_seconds", "allowed_lateness_seconds"},
     "crowd": {"epsilon", "delta", "subkeys", "publish_deletions", "partition", "min_clients", "membership",
-              "epsilon_year", "delta_year"},
+              "epsilon_year", "delta_year", "blanket_epsilon", "blanket_dummies"},
     "privacy": {"delta"},
     "clients": {"max_reports_per_window"},
 }
 DEFAULT_SPEC = Path(__file__).resolve().parents[1] / "examples" / "app_language.toml"
-
-
-class SpecError(ValueError):
-    """An analysis spec that cannot be used; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,16 @@ class CrowdSpec:
     # (transforms.privacy.crowd_count); epsilon/delta above then do not apply.
     epsilon_year: float = 1.0
     delta_year: float = 1e-6
+    # The shuffler's blanket (transforms.shuffler.blanket): m dummy reports per release so that a central epsilon
+    # (replacement) of at most blanket_epsilon holds against ANY number of colluding enrolled devices. m is
+    # computed when the spec is loaded (or given as blanket_dummies) and hashed, so shuffler and analyzer agree.
+    blanket_epsilon: float | None = None
+    blanket_dummies: int = 0
+
+    @property
+    def blanket(self) -> bool:
+        """Whether the shuffler adds dummies (or the spec states a blanket target), so rows account for them."""
+        return self.blanket_epsilon is not None or self.blanket_dummies > 0
 
     @property
     def charges(self) -> int:
@@ -92,7 +101,8 @@ class CrowdSpec:
 
 # [crowd] fields added after specs were deployed: left out of the hash at their defaults, so every existing
 # spec keeps its spec_id (devices in the field keep being accepted); any other value is hashed as usual.
-_UNHASHED_DEFAULTS = {"membership": False, "epsilon_year": 1.0, "delta_year": 1e-6}
+_UNHASHED_DEFAULTS = {"membership": False, "epsilon_year": 1.0, "delta_year": 1e-6, "blanket_epsilon": None,
+                      "blanket_dummies": 0}
 
 
 @dataclass(frozen=True)
@@ -172,7 +182,7 @@ class AnalysisSpec:
         spec = dataclasses.replace(self, **changes)
         _check_numbers(spec, _Reader({}, "<override>"))
         _check_mechanism(spec, "<override>")
-        return spec
+        return _with_blanket(spec, "<override>")
 
 
 class SpecSet(Mapping[str, "AnalysisSpec"]):
@@ -244,7 +254,13 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
         membership=reader.get("crowd", "membership", bool, CrowdSpec.membership),
         epsilon_year=float(reader.get("crowd", "epsilon_year", (int, float), CrowdSpec.epsilon_year)),
         delta_year=float(reader.get("crowd", "delta_year", (int, float), CrowdSpec.delta_year)),
+        blanket_dummies=reader.get("crowd", "blanket_dummies", int, 0),
     )
+    blanket_epsilon = reader.get("crowd", "blanket_epsilon", (int, float), None)
+    if blanket_epsilon is not None:
+        if "blanket_dummies" in reader.table("crowd"):
+            reader.fail("crowd", "blanket_dummies", "and blanket_epsilon exclude each other (give one)")
+        crowd = dataclasses.replace(crowd, blanket_epsilon=float(blanket_epsilon))
     spec = AnalysisSpec(
         name=name,
         kind=kind,
@@ -263,7 +279,7 @@ def spec_from_dict(raw: dict[str, Any], source: str = "<spec>") -> AnalysisSpec:
     )
     _check_numbers(spec, reader)
     _check_mechanism(spec, source)
-    return spec
+    return _with_blanket(spec, source)
 
 
 def _check_known_fields(raw: dict[str, Any], source: str) -> None:
@@ -278,97 +294,6 @@ def _check_known_fields(raw: dict[str, Any], source: str) -> None:
                 raise SpecError(f"{source}: [{table}] {key} is not a known field (known: {', '.join(sorted(allowed))})")
 
 
-def _domain(reader: _Reader, kind: str) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...]]:
-    """(item names, other domain values) of ``[domain]``, checked for the analysis kind."""
-    domain = reader.table("domain")
-    allowed = {"histogram": {"categories", "size", "grid"}, "kv_mean": {"keys", "s", "value_range"},
-               "vector_mean": {"dimension", "value_range"}, "range": {"bits", "value_range"},
-               "quantile": {"bits", "value_range", "quantiles"}, "heavy_hitters": {"bits", "top"}}[kind]
-    for key in domain:
-        if key not in allowed:
-            reader.fail("domain", key, f"is not a field of a {kind} domain (fields: {', '.join(sorted(allowed))})")
-    params: dict[str, Any] = {}
-    if kind == "histogram":
-        names = _categories(reader)
-        grid = domain.get("grid")
-        return names, ((("grid", (int(grid[0]), int(grid[1]))),) if grid else ())
-    if kind == "kv_mean":
-        keys = _names(reader, "keys")
-        s = reader.get("domain", "s", int, 1)
-        if not 1 <= s <= len(keys):
-            reader.fail("domain", "s", f"must be in [1, number of keys = {len(keys)}] (got {s})")
-        params = {"s": s, "value_range": _value_range(reader, (-1.0, 1.0))}
-        return keys, tuple(params.items())
-    if kind == "vector_mean":
-        dim = reader.get("domain", "dimension", int)
-        if dim < 1:
-            reader.fail("domain", "dimension", f"must be >= 1 (got {dim})")
-        return tuple(str(i) for i in range(dim)), (("value_range", _value_range(reader, (0.0, 1.0))),)
-    bits = reader.get("domain", "bits", int)
-    limit = 64 if kind == "heavy_hitters" else 24
-    if not 1 <= bits <= limit:
-        reader.fail("domain", "bits", f"must be in [1, {limit}] (got {bits})")
-    params["bits"] = bits
-    if kind in ("range", "quantile") and "value_range" in domain:
-        params["value_range"] = _value_range(reader, None)
-    if kind == "quantile":
-        qs = reader.get("domain", "quantiles", list, [0.25, 0.5, 0.75])
-        if not qs or not all(isinstance(q, int | float) and not isinstance(q, bool) and 0 < q < 1 for q in qs):
-            reader.fail("domain", "quantiles", f"must list numbers in (0, 1) (got {qs!r})")
-        params["quantiles"] = tuple(float(q) for q in qs)
-    if kind == "heavy_hitters":
-        top = reader.get("domain", "top", int, 10)
-        if top < 1:
-            reader.fail("domain", "top", f"must be >= 1 (got {top})")
-        params["top"] = top
-    return (), tuple(params.items())
-
-
-def _names(reader: _Reader, key: str) -> tuple[str, ...]:
-    names = reader.get("domain", key, list)
-    if len(names) < 1 or not all(isinstance(c, str) and c for c in names):
-        reader.fail("domain", key, "must list non-empty strings")
-    if len(set(names)) != len(names):
-        reader.fail("domain", key, "must not repeat a name")
-    return tuple(names)
-
-
-def _value_range(reader: _Reader, default: tuple[float, float] | None) -> tuple[float, float]:
-    raw = reader.get("domain", "value_range", list, list(default) if default else reader._MISSING)
-    ok = (len(raw) == 2 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw)
-          and all(math.isfinite(v) for v in raw) and raw[0] < raw[1])
-    if not ok:
-        reader.fail("domain", "value_range", f"must be [lo, hi] with finite lo < hi (got {raw!r})")
-    return float(raw[0]), float(raw[1])
-
-
-def _categories(reader: _Reader) -> tuple[str, ...]:
-    domain = reader.table("domain")
-    given = [k for k in ("categories", "size", "grid") if k in domain]
-    if len(given) != 1:
-        reader.fail("domain", "categories", "give exactly one of categories = [...], size = N or grid = [W, H]")
-    if "grid" in domain:
-        grid = reader.get("domain", "grid", list)
-        if len(grid) != 2 or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid):
-            reader.fail("domain", "grid", f"must be [width, height] of positive integers (got {grid!r})")
-        width, height = grid
-        if width * height < 2:
-            reader.fail("domain", "grid", "must have at least 2 cells")
-        # row-major cells named "x,y": item index = y * width + x
-        return tuple(f"{x},{y}" for y in range(height) for x in range(width))
-    if "size" in domain:
-        size = reader.get("domain", "size", int)
-        if size < 2:
-            reader.fail("domain", "size", f"must be >= 2 (got {size})")
-        return tuple(str(i) for i in range(size))
-    cats = reader.get("domain", "categories", list)
-    if len(cats) < 2 or not all(isinstance(c, str) and c for c in cats):
-        reader.fail("domain", "categories", "must list at least 2 non-empty strings")
-    if len(set(cats)) != len(cats):
-        reader.fail("domain", "categories", "must not repeat a category")
-    return tuple(cats)
-
-
 def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
     checks = [
         ("mechanism", "epsilon", spec.epsilon, 0 < spec.epsilon <= 30, "must be in (0, 30]"),
@@ -379,6 +304,10 @@ def _check_numbers(spec: AnalysisSpec, reader: _Reader) -> None:
         ("crowd", "delta", spec.crowd.delta, 0 < spec.crowd.delta < 1, "must be in (0, 1)"),
         ("crowd", "epsilon_year", spec.crowd.epsilon_year, 0 < spec.crowd.epsilon_year <= 30, "must be in (0, 30]"),
         ("crowd", "delta_year", spec.crowd.delta_year, 0 < spec.crowd.delta_year < 1e-3, "must be in (0, 1e-3)"),
+        ("crowd", "blanket_epsilon", spec.crowd.blanket_epsilon,
+         spec.crowd.blanket_epsilon is None or 0 < spec.crowd.blanket_epsilon <= 30, "must be in (0, 30]"),
+        ("crowd", "blanket_dummies", spec.crowd.blanket_dummies, 0 <= spec.crowd.blanket_dummies <= MAX_DUMMIES,
+         f"must be in [0, {MAX_DUMMIES}]"),
         ("crowd", "subkeys", spec.crowd.subkeys, 1 <= spec.crowd.subkeys <= 4096, "must be in [1, 4096]"),
         ("crowd", "min_clients", spec.crowd.min_clients, 1 <= spec.crowd.min_clients <= 10**9,
          "must be in [1, 1e9]"),
@@ -404,31 +333,16 @@ def _check_mechanism(spec: AnalysisSpec, source: str) -> None:
                         f"send several messages per report (got {spec.max_reports_per_client})")
 
 
-class _Reader:
-    """Typed access to TOML tables with errors of the form 'file: [table] key ...'."""
-
-    def __init__(self, raw: dict[str, Any], source: str):
-        self.raw, self.source = raw, source
-
-    def fail(self, table: str, key: str, message: str) -> None:
-        raise SpecError(f"{self.source}: [{table}] {key} {message}")
-
-    def table(self, name: str) -> dict[str, Any]:
-        value = self.raw.get(name, {})
-        if not isinstance(value, dict):
-            raise SpecError(f"{self.source}: [{name}] must be a table")
-        return value
-
-    _MISSING = object()
-
-    def get(self, table: str, key: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
-        values = self.table(table)
-        if key not in values:
-            if default is self._MISSING:
-                self.fail(table, key, "is required")
-            return default
-        value = values[key]
-        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            self.fail(table, key, f"must be {names} (got {value!r})")
-        return value
+def _with_blanket(spec: AnalysisSpec, source: str) -> AnalysisSpec:
+    """``spec`` with ``[crowd] blanket_dummies`` computed from ``blanket_epsilon`` (a one-line error if the
+    mechanism has no accounted blanket; ``mechanisms.frequency.blanket.blanket_dummies_for`` says why)."""
+    crowd = spec.crowd
+    if not crowd.blanket:
+        return spec
+    key = "blanket_epsilon" if crowd.blanket_epsilon is not None else "blanket_dummies"
+    try:
+        m = blanket_dummies_for(spec.randomizer, crowd.blanket_epsilon, spec.delta, spec.max_reports_per_client,
+                                crowd.blanket_dummies)
+    except ValueError as err:
+        raise SpecError(f"{source}: [crowd] {key}: {err}") from None
+    return dataclasses.replace(spec, crowd=dataclasses.replace(crowd, blanket_dummies=m))

@@ -37,6 +37,7 @@ class Chain:
     seed: int = 7
     drain: bool = True
     now_ms: int | None = None
+    spec_path: str = str(SPEC_PATH)
 
     def state(self, stage: str) -> Path:
         return self.out / "state" / stage
@@ -45,7 +46,7 @@ class Chain:
         from pipelines.job_config import JobConfig
         from transforms.spec import load_spec
 
-        return JobConfig(bootstrap=self.bootstrap, specs=(load_spec(SPEC_PATH),), out_dir=self.out,
+        return JobConfig(bootstrap=self.bootstrap, specs=(load_spec(self.spec_path),), out_dir=self.out,
                          state_dir=self.state(stage), keys_dir=self.keys, raw_topic=self.raw,
                          reports_topic=self.reports, shuffled_topic=self.shuffled, group_id=f"{self.group}-{stage}",
                          seed=self.seed, drain=self.drain, now_ms=self.now_ms, create_topics=True)

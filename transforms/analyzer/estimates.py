@@ -5,7 +5,10 @@ O(n)); the finished accumulator is decoded once into per-item estimates (``reado
 analysis kind), each row carrying the closed-form standard error, the raw unbiased estimate next to the post-
 processed one, the numbers of messages and clients released, the local epsilon and the central epsilon for
 exactly that many clients. Multi-message mechanisms are counted by their presence markers
-(``records.count_clients``).
+(``records.count_clients``). A spec with a blanket (``[crowd] blanket_epsilon``) has m dummy reports in every
+release: the counts are debiased for them, ``n_clients``/``n_reports`` are net of them, ``eps_central`` stays
+the honest crowd's for the real clients (what the odometer composes), and ``parameters`` adds what holds
+against any number of colluding devices.
 
 The analyzer does not learn how many reports the shuffler deleted: ``n_deleted`` is null, because
 publishing it next to ``n_reports`` would reveal the exact crowd size that the randomized deletion hides
@@ -23,6 +26,8 @@ from typing import Any
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.readout import readout, readout_parameters
 from transforms.mechanisms.base import Accumulator, Mechanism, replacement_local_epsilon
+from transforms.mechanisms.frequency.blanket import require_blanket
+from transforms.privacy.blanket import epsilon_against_colluders
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.spec import AnalysisSpec
 
@@ -68,9 +73,13 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
                   window_end_ms: int) -> list[dict[str, Any]]:
     """Decode one crowd's accumulator into Estimate records (schemas/Estimate.avsc), one per item."""
     mechanism = spec.randomizer
-    result = accumulator.counts.estimate()
+    m = spec.crowd.blanket_dummies
+    if m:  # the shuffler's dummies: removed from the counts in expectation (mechanisms.frequency.blanket)
+        result = require_blanket(mechanism).blanket_estimate(accumulator.counts.counts, accumulator.n, m)
+    else:
+        result = accumulator.counts.estimate()
     k = spec.max_reports_per_client
-    clients = int(accumulator.n)
+    clients = int(accumulator.n) - m  # real clients: eps_central is the honest crowd's, of these alone
     common = {
         "schema_version": SCHEMA_VERSION,
         "spec_id": spec.spec_id,
@@ -78,7 +87,7 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "window_start": window_start_ms,
         "window_end": window_end_ms,
         "crowd_id": crowd_id,
-        "n_reports": int(accumulator.messages),
+        "n_reports": int(accumulator.messages) - m,
         "n_clients": clients,
         "n_deleted": accumulator.deleted,
         # replacement notion like eps_central (rappor's removal budget is in parameters); k reports compose
@@ -95,20 +104,36 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
 COLLUDING_FRACTION = 0.1  # the published what-if: this share of the crowd's devices colludes with the analyst
 
 
+HONEST_CROWD = "honest crowd: the other reports of the window come from devices that do not collude with the analyst"
+
+
 def _honest_crowd(spec: AnalysisSpec, mechanism: Mechanism, n: int) -> dict[str, Any]:
-    """eps_central's assumption, and what it becomes when a tenth of the crowd colludes with the analyst.
+    """eps_central's assumption, what it becomes when a tenth of the crowd colludes with the analyst, and
+    what holds against any number of colluders.
 
     Colluding enrolled devices send reports the analyst knows, so they hide nobody: a victim is amplified only
     by the honest others. With c colluders the guarantee is the tight bound for the n - c honest reports
-    (the victim's included); a lone victim among colluders keeps only its local epsilon.
+    (the victim's included); a lone victim among colluders keeps only its local epsilon -- unless the spec has
+    a blanket: the shuffler's m dummies then hide it whoever colludes (``eps_central_any_colluders``), and
+    with c colluders the smaller of the two bounds holds (``privacy.blanket.epsilon_against_colluders``).
     """
     colluders = math.ceil(COLLUDING_FRACTION * n)
     single = not mechanism.accounts_central and math.isfinite(float(mechanism.epsilon_local))
-    out: dict[str, Any] = {"eps_central_assumes": "honest crowd: the other reports of the window come from "
-                                                  "devices that do not collude with the analyst"}
-    if single and n >= 2:
-        out["eps_central_if_10pct_collude"] = central_epsilon(mechanism, n - colluders, spec.delta,
-                                                              spec.max_reports_per_client)
+    k = spec.max_reports_per_client
+    if not spec.crowd.blanket:
+        out: dict[str, Any] = {"eps_central_assumes": f"{HONEST_CROWD}; against colluding enrolled devices only "
+                                                      "eps_local holds for a device alone among them"}
+        if single and n >= 2:
+            out["eps_central_if_10pct_collude"] = central_epsilon(mechanism, n - colluders, spec.delta, k)
+        return out
+    m = spec.crowd.blanket_dummies
+    any_colluders = require_blanket(mechanism).blanket_epsilon(m, spec.delta, k)
+    out = {"eps_central_assumes": f"{HONEST_CROWD}; against any number of colluding enrolled devices "
+                                  f"eps_central_any_colluders holds (the shuffler's {m} dummy reports)",
+           "blanket_dummies": m, "eps_central_any_colluders": any_colluders}
+    if n >= 2:
+        honest = central_epsilon(mechanism, n - colluders, spec.delta, k)
+        out["eps_central_if_10pct_collude"] = epsilon_against_colluders(honest, any_colluders)
     return out
 
 

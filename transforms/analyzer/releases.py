@@ -6,10 +6,10 @@ it belongs to a spec this analyzer serves. A release is used only *whole*: every
 present, with one header, and as many messages as the header says; a release missing batches is held
 (the driver resumes at its earliest batch next run), a release whose window is already in the
 analyst's ledger is a replay (re-read batches below the read that analyzed it are skipped), and a
-release claiming fewer sets than the spec's ``min_clients`` is refused. Each message is then opened
-with the analyzer's private key (the routing fields are its associated data, so a message moved to
-another crowd, window or channel does not open) and its payload validated against the mechanism's
-domain; a message that fails is dead-lettered on its own (counts only: no bytes reach the analyst).
+release claiming fewer sets than the spec's ``min_clients`` (plus its blanket's dummies) is refused. Each
+message is then opened with the analyzer's private key (the routing fields are its associated data, so
+a message moved to another crowd, window or channel does not open) and its payload validated against the
+mechanism's domain; a message that fails is dead-lettered on its own (counts only: no bytes reach the analyst).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class OpenedRelease(NamedTuple):
     spec_id: str
     crowd_id: str | None
     window_end_ms: int
-    n_sets: int
+    n_sets: int  # real sets: the header's count less the spec's blanket dummies
     accumulator: CrowdAccumulator
     source_ends: dict[str, int]  # per partition: one past the last batch of this release that was read
 
@@ -322,10 +322,12 @@ class AssembleReleaseFn(beam.DoFn):
             outcome.append("refused")
             yield from self._refuse(whole, "partial release: fewer messages than its header claims")
             return
-        if n_sets < spec.crowd.min_clients:
+        dummies = spec.crowd.blanket_dummies  # the shuffler's blanket: counted in the header, never a client
+        if n_sets < spec.crowd.min_clients + dummies:
             outcome.append("refused")
             yield from self._refuse(whole, f"release of {n_sets} sets, below the spec's minimum crowd "
-                                           f"({spec.crowd.min_clients})")
+                                           f"({spec.crowd.min_clients}" + (f" + {dummies} dummies)" if dummies
+                                                                           else ")"))
             return
         accumulator = CrowdAccumulator(spec.randomizer.new_accumulator(), deleted=deleted)
         for item in whole:
@@ -339,7 +341,7 @@ class AssembleReleaseFn(beam.DoFn):
             ends[pkey] = max(ends.get(pkey, 0), item.source.offset + 1)
         self._analyzed.inc(len(whole))
         outcome.append("released")
-        yield OpenedRelease(release_id, spec_id, crowd_id, window_end_ms, n_sets, accumulator, ends)
+        yield OpenedRelease(release_id, spec_id, crowd_id, window_end_ms, n_sets - dummies, accumulator, ends)
         for item in whole:
             for reason in item.failures:
                 self._messages_dead.inc()

@@ -24,6 +24,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from transforms.shuffler.blanket import (
+    Dummies,
+    ReleaseBlanket,
+    insert_layout,
+    interleave,
+    key_id_counts,
+    merge_counts,
+)
 from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
 from transforms.shuffler.packed import PackedMessages
 from transforms.state.files import ensure_dir
@@ -42,9 +50,10 @@ class ReleaseFile:
     path: Path
     temp: Path
     digest: str
-    n_sets: int
+    n_sets: int  # the real sets and messages (what the shuffler consumed), dummies not included
     n_messages: int
     batches: int
+    dummies: int = 0  # dummy reports added by the blanket; the signed batches count them in their totals
 
     def commit(self) -> None:
         """Rename into place and make the name durable (the content was fsynced when written)."""
@@ -68,7 +77,8 @@ def part_name(part: ReleasePart) -> str:
 
 
 def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, signer: Any,
-                  headers: Sequence[PartHeader] | None = None) -> ReleaseFile:
+                  headers: Sequence[PartHeader] | None = None, blanket: ReleaseBlanket | None = None
+                  ) -> ReleaseFile:
     """Number, sign and encode one release's batches into a fsynced temporary file beside its final path.
 
     ``parts`` are the staged parts of one (spec, crowd, window), in sub-key order; at least one set. They may
@@ -82,6 +92,10 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     read once and checked against its header. Otherwise two passes: the layout first (12 bytes per message),
     then the batches. That first pass goes backwards, so the part it ends on (the first) is the one the
     second pass starts with: a part is read twice at most, and a release of one part once.
+
+    With a ``blanket`` (``transforms.shuffler.blanket``), the first pass also counts the real messages' key
+    ids, and its m dummies are inserted at their slots: the batches' signed totals count them, the returned
+    ``ReleaseFile`` counts real sets and messages and its ``dummies`` apart.
     """
     from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
     from transforms.trust.message_set import SealedMessage
@@ -89,11 +103,13 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
 
     if not len(parts) or (headers is not None and len(headers) != len(parts)):
         raise ValueError("write_release needs at least one part (and one header per part, if headers are given)")
-    layout = _layout_of_headers(headers) if headers is not None else None
+    dummies = None
+    layout = _layout_of_headers(headers) if headers is not None and not (blanket and blanket.m) else None
     first = None
     if layout is None:
-        layout, first = _layout_of_parts(parts)
+        layout, first, dummies = _layout_of_parts(parts, blanket)
     spec_id, crowd, end, n_sets, n_messages, deleted, bounds = layout
+    m = len(dummies.positions) if dummies is not None else 0
     rid = release_id_of(spec_id, crowd, end)
     path = Path(directory) / f"{rid}.bin"
     ensure_dir(path.parent)
@@ -102,11 +118,13 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     try:
         with open(temp, "wb") as handle:
             stream = _messages(parts, first, headers)  # one part at a time (the first maybe already in hand)
+            if dummies is not None:
+                stream = interleave(stream, dummies)
             del first
             for i, (start, stop) in enumerate(bounds):
                 chunk = tuple(SealedMessage(c, m) for c, m in itertools.islice(stream, stop - start))
-                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets, n_messages, deleted,
-                                     chunk)
+                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets + m, n_messages + m,
+                                     deleted, chunk)
                 data = encode_release_batch(sign_release_batch(batch, key_id, signer))
                 for piece in (FRAME.pack(len(data)), data):
                     handle.write(piece)
@@ -120,7 +138,7 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
             temp.unlink()
         raise
     return ReleaseFile(ReleaseKey(spec_id, crowd, end), rid, path, temp, digest.hexdigest(), n_sets, n_messages,
-                       len(bounds))
+                       len(bounds), m)
 
 
 class _Layout(NamedTuple):
@@ -155,24 +173,36 @@ def _layout_of_headers(headers: Sequence[PartHeader]) -> _Layout | None:
     return _Layout(spec_id, crowd, end, sum(h.n_sets for h in headers), n_messages, _deleted(headers), bounds)
 
 
-def _layout_of_parts(parts: Sequence[ReleasePart]) -> tuple[_Layout, ReleasePart]:
-    """The layout read from the parts, last to first (see ``write_release``); and the first part, still held."""
+def _layout_of_parts(parts: Sequence[ReleasePart], blanket: ReleaseBlanket | None = None
+                     ) -> tuple[_Layout, ReleasePart, Dummies | None]:
+    """The layout read from the parts, last to first (see ``write_release``); the first part, still held; and
+    the release's dummies, with the layout counting them where they go (the totals stay the real ones)."""
     part: ReleasePart | None = None
-    kept, channels, lengths = [], [], []
+    kept, channels, lengths, key_ids = [], [], [], {}
+    use = blanket if blanket is not None and blanket.m > 0 else None
     for i in reversed(range(len(parts))):
         part = parts[i]
         kept.append(part._replace(messages=()))  # its key and counts, not its messages
         pack = PackedMessages.of(part.messages)
         channels.append(pack.channels)
         lengths.append(np.diff(pack.offsets))
+        if use is not None:
+            merge_counts(key_ids, key_id_counts(pack, use.plaintext_bytes))
         del pack
         if i:
             part = None  # let it go before the next is read: one part at a time
     assert part is not None
     spec_id, crowd, end = _one_release(kept)
-    bounds = batch_bounds_of(np.concatenate(channels[::-1]), np.concatenate(lengths[::-1]))
-    n_messages = sum(len(c) for c in channels)
-    return _Layout(spec_id, crowd, end, sum(p.n_sets for p in kept), n_messages, _deleted(kept), bounds), part
+    all_channels, all_lengths = np.concatenate(channels[::-1]), np.concatenate(lengths[::-1])
+    n_messages, dummies = len(all_channels), None
+    if use is not None and sum(p.n_sets for p in kept):
+        if spec_id != use.spec.spec_id:
+            raise ValueError(f"the blanket of {use.spec.spec_id} given for a release of {spec_id}")
+        dummies = use.dummies(crowd, end, n_messages, key_ids)
+        all_channels, all_lengths = insert_layout(all_channels, all_lengths, dummies)
+    bounds = batch_bounds_of(all_channels, all_lengths)
+    return (_Layout(spec_id, crowd, end, sum(p.n_sets for p in kept), n_messages, _deleted(kept), bounds), part,
+            dummies)
 
 
 def _messages(parts: Sequence[ReleasePart], first: ReleasePart | None,

@@ -43,6 +43,7 @@ __all__ = [
     "init_keys",
     "load_analyzer_private",
     "load_analyzer_public",
+    "load_analyzer_publics",
     "load_or_create_secret",
     "load_shuffler_sealing_private",
     "load_shuffler_sealing_public",
@@ -131,6 +132,21 @@ def load_analyzer_public(keys_dir: Path) -> tuple[str, X25519PublicKey]:
     files = _keyed_files(KeysDir(Path(keys_dir)).public, "analyzer-", ".x25519.pub", "analyzer public")
     key_id, path = _newest(files)
     return key_id, X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
+
+
+def load_analyzer_publics(keys_dir: Path) -> dict[str, X25519PublicKey]:
+    """Every analyzer public key by id (from ``public/``): the shuffler seals its dummy reports to the key of
+    the real messages they stand beside (``transforms.shuffler.blanket``), whichever ids a rotation left."""
+    files = _keyed_files(KeysDir(Path(keys_dir)).public, "analyzer-", ".x25519.pub", "analyzer public")
+    out: dict[str, X25519PublicKey] = {}
+    for key_id, path in files.items():
+        try:
+            out[key_id] = X25519PublicKey.from_public_bytes(read_key_file(path, private=False))
+        except ValueError as err:
+            if isinstance(err, KeyFileError):
+                raise
+            raise KeyFileError(f"{path}: not a valid X25519 public key") from None
+    return out
 
 
 def load_shuffler_sealing_private(keys_dir: Path) -> dict[str, X25519PrivateKey]:

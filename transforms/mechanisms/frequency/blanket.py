@@ -30,6 +30,7 @@ from transforms.privacy.blanket import dummies_needed, epsilon_blanket
 __all__ = [
     "BlanketRandomizer",
     "blanket_count_moments",
+    "blanket_dummies_for",
     "check_dummies",
     "require_blanket",
     "rr_blanket_estimate",
@@ -99,6 +100,23 @@ def require_blanket(mechanism: Any) -> BlanketRandomizer:
         f"mechanism {name!r} has no accounted blanket component, so the shuffler cannot add dummy reports "
         "for it (supported: grr, oue)"
     )
+
+
+def blanket_dummies_for(mechanism: Any, eps_target: float | None, delta: float, reports_per_client: int,
+                        dummies: int = 0) -> int:
+    """The dummies per release a spec asks for: the smallest m reaching ``eps_target`` (or ``dummies`` as given).
+
+    One report per device per window only: the shuffler keeps a device's reports in one sub-crowd, so with
+    k > 1 the release's order is not a uniform permutation of its messages and the dummies would not be
+    exchangeable with a device's other reports (``transforms.shuffler.blanket`` needs that exchangeability).
+    """
+    role = require_blanket(mechanism)
+    if reports_per_client != 1:
+        raise ValueError("a blanket needs max_reports_per_window = 1 (the shuffler keeps a device's reports "
+                         f"together, so dummies would not hide one of them; got {reports_per_client})")
+    if eps_target is None:
+        return check_dummies(dummies)
+    return role.dummies_needed(eps_target, delta, 1)
 
 
 def blanket_count_moments(m: int, cell_probability: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
