@@ -31,7 +31,9 @@ from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import DEAD, TIMES, VERIFIED
 from transforms.shuffler.ingress import IngressFn
 from transforms.state.prior_runs import PriorRuns
-from transforms.trust.message_set import decode_message_set, encode_message_set
+from transforms.trust.message_set import SealedMessage, decode_message_set, encode_message_set, sign_message_set
+from transforms.trust.sealing import associated_data, seal
+from transforms.wire.avro_payload import encode_payload
 from transforms.wire.rows import PRESENCE
 
 SPEC = make_spec()
@@ -279,3 +281,30 @@ def test_the_shuffler_sealing_key_rotates_without_loss(tmp_path: Path) -> None:
     for fn in (running, ingress_fn([SPEC], devices)):
         main, tagged = split_outputs(fn.process([old, new]))
         assert not tagged.get(DEAD) and sum(len(pickle.loads(blob)) for _, blob in main) == 2
+
+
+def test_a_blanket_set_sealed_to_an_unknown_analyzer_key_is_dead_lettered(devices: Devices) -> None:
+    """The shuffler seals its dummies to the key ids of the real messages beside them: one set sealed to a
+    made-up (well-formed) analyzer key id would stop every release of the spec. It is dead-lettered with the
+    reason instead, and the same set sealed to the real key passes; a spec without a blanket does not check."""
+    blanket = replace(SPEC, crowd=replace(SPEC.crowd, blanket_dummies=3))
+    fn = ingress_fn([blanket, SPEC], devices)
+    end = WIN_A + WINDOW_MS
+    ad = associated_data(blanket.spec_id, None, end, 0)
+    ghost = SealedMessage(0, seal(devices.analyzer_public, "20990101-ghost", encode_payload(blanket.randomizer, (1,)),
+                                  ad))
+    honest = devices.message_set(blanket, "c1", WIN_A + 9, [(1,)])
+    forged = decode_message_set(devices.peel(devices.message_set(blanket, "c2", WIN_A + 9, [(1,)])))
+    forged = replace(forged, messages=(ghost,))
+    forged_value = devices.envelope(encode_message_set(sign_message_set(forged, devices.fleet.signing_key("c2"))))
+    plain = decode_message_set(devices.peel(devices.message_set(SPEC, "c3", WIN_A + 9, [(1,)])))
+    plain = replace(plain, messages=(SealedMessage(0, seal(devices.analyzer_public, "20990101-ghost",
+                                                            encode_payload(SPEC.randomizer, (1,)),
+                                                            associated_data(SPEC.spec_id, None, end, 0))),))
+    plain_value = devices.envelope(encode_message_set(sign_message_set(plain, devices.fleet.signing_key("c3"))))
+    records = [devices.record(v, partition=2) for v in (honest, forged_value, plain_value)]
+    main, tagged = split_outputs(fn.process(records))
+    (letter,) = tagged[DEAD]
+    assert letter["offset"] == records[1].offset
+    assert "sealed to analyzer key id '20990101-ghost', which has no public key at the shuffler" in letter["reason"]
+    assert len(main) == 2  # the honest blanket set and the plain spec's set (no blanket: no check)

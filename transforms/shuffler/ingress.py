@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import pickle
 import time
@@ -63,8 +64,10 @@ from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.prior_runs import PriorRuns, partition_key
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
-from transforms.trust.keys import load_shuffler_sealing_private
+from transforms.trust.files import KeyFileError
+from transforms.trust.keys import load_analyzer_publics, load_shuffler_sealing_private
 from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
+from transforms.trust.sealing import key_id_of
 from transforms.wire.elements import SourceRef
 from transforms.wire.rows import PRESENCE
 
@@ -147,10 +150,39 @@ class IngressFn(beam.DoFn):
         tune_worker_gc(self._python_gc)
         self._registry = shared_registry(self._registry_path)
         self._load_sealing_keys()
+        self._analyzer_ids: frozenset[str] = frozenset()
+        self._analyzer_ids_loaded = -math.inf
 
     def _load_sealing_keys(self) -> None:
         self._sealing = load_shuffler_sealing_private(self._keys_dir)
         self._sealing_loaded = time.monotonic()
+
+    def _analyzer_key_problem(self, spec: AnalysisSpec, messages: tuple[tuple[int, bytes], ...]) -> str | None:
+        """Why a blanket spec's set cannot be released: a message sealed to an analyzer key id with no public
+        key here. The shuffler seals its dummies to the key ids of the real messages beside them, so an unknown
+        id would stop the whole release; the set is dead-lettered instead (reloading the public keys at most
+        every ``_KEY_RELOAD_S``, so a key distributed after the job started is picked up)."""
+        if not spec.crowd.blanket:
+            return None
+        try:
+            ids = {key_id_of(blob) for _, blob in messages}
+        except SealError as err:
+            return f"sealed payload: {err}"
+        unknown = ids - self._analyzer_ids
+        if unknown and time.monotonic() - self._analyzer_ids_loaded > _KEY_RELOAD_S:
+            self._load_analyzer_ids()
+            unknown = ids - self._analyzer_ids
+        if unknown:
+            return f"sealed to analyzer key id {sorted(unknown)[0]!r}, which has no public key at the shuffler"
+        return None
+
+    def _load_analyzer_ids(self) -> None:
+        try:
+            self._analyzer_ids = frozenset(load_analyzer_publics(self._keys_dir))
+        except KeyFileError as err:  # no public analyzer key at all: every blanket set waits in dead letters
+            LOG.error("analyzer public keys: %s", err)
+            self._analyzer_ids = frozenset()
+        self._analyzer_ids_loaded = time.monotonic()
 
     def _open(self, records: Sequence[KafkaRecord]) -> list[bytes | str | None]:
         """Each record's encoded set (the outer layer peeled), the reason it does not open, or None if empty.
@@ -317,7 +349,7 @@ class IngressFn(beam.DoFn):
             return f"crowd_id given but {spec.name} has no crowd partition"
         problem = self._times.problem(message_set.event_time_ms, self._prior.first_clock(pkey, record.offset))
         messages = tuple([(m.channel, m.sealed) for m in message_set.messages])
-        problem = problem or self._channel_problem(spec, messages)
+        problem = problem or self._channel_problem(spec, messages) or self._analyzer_key_problem(spec, messages)
         if problem:
             return problem
         signed: tuple[bytes, bytes] | str | None = None
