@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from transforms.trust.devices import DeviceRegistry, SimulatedFleet
+from transforms.trust.keys import init_keys
 from transforms.trust.layout import KeysDir
 
 LOG = logging.getLogger(__name__)
@@ -23,9 +25,6 @@ def registry_path(keys_dir: Path) -> Path:
 
 def enrol_simulated(keys_dir: Path, client_ids: Iterable[str]) -> int:
     """Create missing keys, derive the simulated devices' keys and enrol them; returns the registry size."""
-    from transforms.trust.devices import DeviceRegistry, SimulatedFleet
-    from transforms.trust.keys import init_keys
-
     init_keys(Path(keys_dir))
     path = registry_path(keys_dir)
     registry = DeviceRegistry.load(path)

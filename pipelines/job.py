@@ -34,6 +34,7 @@ from pipelines.options import (
     local_runner_requested,
 )
 from pipelines.preflight import domain_dead_letter_topic, existing_topics, publishable, require_topics
+from schemas import encode_record
 from transforms.io.kafka.bounded import (
     PartitionRange,
     ReadFromKafkaBounded,
@@ -41,9 +42,11 @@ from transforms.io.kafka.bounded import (
     committed_offsets,
     ensure_topics,
     plan_bounded_read,
+    produce_records,
 )
 from transforms.io.sinks import avro_bytes, load_staged_avro
 from transforms.io.staging import clear_staging, join, prepare_staging
+from transforms.state.dead_letters import ReasonCounts, write_counts
 from transforms.state.files import StateLock, atomic_write_bytes, create_exclusive
 from transforms.state.run_state import RunState, run_key
 
@@ -54,7 +57,6 @@ DEAD_LETTERS = "dead_letters"  # the staged dead letters' file prefix (``transfo
 @dataclass
 class BoundedRun:
     """One run of a job: its plan, its run key, its staging directory and its prior state."""
-
     config: JobConfig
     stage: str
     topic: str
@@ -269,10 +271,6 @@ def keep_dead_letters(run: BoundedRun, directory: Path) -> Path | None:
     stage and reason class (``dead_letter_counts/``: what may be shown outside the domain), and publish them
     to ``--dead_letter_topic`` if one is configured. Named by the run key, so a rerun replaces a crashed
     attempt's file and a later run adds a new one."""
-    from schemas import encode_record
-    from transforms.io.kafka.bounded import produce_records
-    from transforms.state.dead_letters import ReasonCounts, write_counts
-
     letters = load_staged_avro(run.staging, DEAD_LETTERS)
     if not letters:
         run.observed["dead_by_reason"] = {}

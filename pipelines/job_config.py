@@ -14,7 +14,7 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
-from pipelines.exit_codes import JobUsageError
+from pipelines.exit_codes import ConfigError, JobUsageError
 from pipelines.options import (
     EsaKafkaOptions,
     EsaOptions,
@@ -22,6 +22,7 @@ from pipelines.options import (
     load_kafka_config,
     local_runner_requested,
 )
+from pipelines.paths import output_location
 from pipelines.runners import prepare_runner
 from transforms.io.kafka.config import DEFAULT_CLIENT
 from transforms.io.staging import check_location, is_url
@@ -48,9 +49,6 @@ def local_output_dir(location: str) -> Path:
     The analyzer writes each release's Parquet part with an atomic rename, which object stores such as
     gs:// do not offer; write to a local or mounted directory and publish with --estimates_topic.
     """
-    from pipelines.exit_codes import ConfigError
-    from pipelines.paths import output_location
-
     where = output_location(location)
     if where.is_url:
         raise ConfigError(f"--output_dir {location}: the jobs write estimates with atomic renames, which URLs do "
@@ -78,7 +76,6 @@ class GroupInUse(StateLocked):
 @dataclass(frozen=True)
 class JobConfig:
     """Everything a job needs; built from the command-line options or directly in code."""
-
     bootstrap: str
     specs: tuple[AnalysisSpec, ...]
     out_dir: Path
@@ -133,7 +130,6 @@ class JobConfig:
 @dataclass
 class RunSummary:
     """Beam counters of one run and the record accounting of its stage."""
-
     counters: dict[str, int]
     out_dir: Path
     seconds: float
@@ -207,8 +203,6 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
 
 def check_kafka_io(options: PipelineOptions) -> None:
     """``--kafka_io``: python (bounded runs) or sdf (the streaming shuffler); xlang stays refused."""
-    from pipelines.exit_codes import ConfigError
-
     kafka, service = options.view_as(EsaKafkaOptions), options.view_as(EsaServiceOptions)
     if kafka.kafka_io == "xlang":
         raise ConfigError("--kafka_io xlang (Beam's unbounded Java KafkaIO) is not wired to the release ledger: use "
@@ -230,8 +224,6 @@ def check_kafka_io(options: PipelineOptions) -> None:
 
 def refuse_streaming(config: JobConfig, stage: str) -> None:
     """``--kafka_io sdf`` streams the shuffler only: the encoder and analyzer are bounded runs (``--follow``)."""
-    from pipelines.exit_codes import ConfigError
-
     if config.kafka_io == "sdf":
         raise ConfigError(f"--kafka_io sdf streams the shuffler only (esa shuffle, or esa run for the chain); "
                           f"esa {stage} runs bounded: drop --kafka_io sdf (and add --follow to keep it running)")
@@ -242,8 +234,6 @@ def staging_location_of(options: PipelineOptions) -> str | None:
 
     On Dataflow it is required: the workers cannot write the driver's local state directory.
     """
-    from pipelines.exit_codes import ConfigError
-
     location = options.view_as(GoogleCloudOptions).staging_location or None
     runner = str(options.view_as(StandardOptions).runner or "")
     if runner.endswith("DataflowRunner") and not (location and is_url(location)):

@@ -21,6 +21,8 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from pipelines.exit_codes import ConfigError
+
 LOG = logging.getLogger(__name__)
 
 # The accounting term each stage's "released" and "deleted" counters are read from (RunSummary.parts).
@@ -32,7 +34,6 @@ UNHEALTHY = ("out_of_space",)
 
 class JobMetrics:
     """The metrics of one job process; ``observe(summary)`` after every run."""
-
     def __init__(self, job: str) -> None:
         self.job = job
         self.registry = CollectorRegistry(auto_describe=True)
@@ -129,14 +130,12 @@ class JobMetrics:
 
 class MetricsServer:
     """``GET /metrics`` (Prometheus text format) and ``GET /healthz`` (JSON) on a daemon thread."""
-
     def __init__(self, metrics: JobMetrics, port: int, host: str = "127.0.0.1") -> None:
         self.metrics = metrics
         handler = _handler(metrics)
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as err:
-            from pipelines.exit_codes import ConfigError
 
             raise ConfigError(f"--metrics_port {port}: cannot listen on {host}:{port}: {err.strerror or err}") \
                 from None

@@ -30,6 +30,8 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines.job_config import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
 from pipelines.shuffle_publish import Blankets, StagedParts, seal_written, withheld_entry
+from schemas import encode_record
+from transforms.io.kafka.bounded import committed_offsets, produce_records
 from transforms.io.sinks import avro_bytes
 from transforms.io.staging import (
     StagingError,
@@ -42,8 +44,10 @@ from transforms.io.staging import (
     staged_files,
 )
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
+from transforms.state.dead_letters import ReasonCounts, write_counts
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
+from transforms.trust.keys import load_shuffler_signer
 
 LOG = logging.getLogger("esa.release_agent")
 
@@ -51,7 +55,6 @@ LOG = logging.getLogger("esa.release_agent")
 @dataclass
 class AgentTotals:
     """What the agent did so far (for the progress log and the job's summary)."""
-
     released: int = 0
     withheld: int = 0
     conflicts: int = 0
@@ -76,7 +79,6 @@ def _remove(paths: list[str]) -> None:
 
 class ReleaseAgent:
     """Seals and publishes the releases staged under ``root`` (see the module doc)."""
-
     def __init__(self, config: JobConfig, ledger: ReleaseLedger, root: str, run_key: str):
         self._config, self._ledger, self._root, self._run_key = config, ledger, root, run_key
         self._signer: tuple | None = None
@@ -93,7 +95,6 @@ class ReleaseAgent:
         return len(markers)
 
     def _release(self, directory: str) -> None:
-        from transforms.trust.keys import load_shuffler_signer
 
         marker: StagedRelease = load_staged(directory, MARKER)[0]
         # In sub-key order (their staging names); headers only: each part is read when the release is written.
@@ -121,7 +122,6 @@ class ReleaseAgent:
         clear_staging(directory)
 
     def _collect_dead_letters(self) -> None:
-        from transforms.state.dead_letters import ReasonCounts, write_counts
 
         files = staged_files(join(self._root, DEAD_DIR), "dead-*.pkl")
         if not files:
@@ -140,8 +140,6 @@ class ReleaseAgent:
         write_counts(directory / "counts", f"stream-{digest}", ReasonCounts().add_letters(ordered))
         topic = domain_dead_letter_topic(self._config.dead_letter_topic, "shuffle")
         if topic:
-            from schemas import encode_record
-            from transforms.io.kafka.bounded import produce_records
 
             produce_records(self._config.bootstrap, topic,
                             (encode_record("DeadLetter", letter, check=False) for letter in ordered),
@@ -153,8 +151,6 @@ class ReleaseAgent:
 def committed_total(config: JobConfig) -> int:
     """Records the source has committed for the group so far (summed over partitions): the progress measure
     a streaming job has without asking its runner."""
-    from transforms.io.kafka.bounded import committed_offsets
-
     try:
         found = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,
                                   client=config.kafka_client)

@@ -19,13 +19,13 @@ from typing import Any
 
 from pipelines.metrics import DELETED_PART, RELEASED_PART, JobMetrics
 from pipelines.out_of_space import out_of_space
+from pipelines.preflight import MissingTopicsError
 
 LOG = logging.getLogger("esa.service")
 
 
 class StopRequest:
     """SIGINT/SIGTERM -> ``requested``; the second signal raises KeyboardInterrupt."""
-
     def __init__(self) -> None:
         self.requested = False
         self._previous: dict[int, Any] = {}
@@ -120,8 +120,6 @@ def follow(run_once: Callable[[], Any], poll_seconds: float, max_runs: int | Non
     Each run logs one progress line at INFO (its fields also as the ``esa`` extra, for ``--log_format json``)
     and, with ``metrics``, updates the job's Prometheus metrics and health status.
     """
-    from pipelines.preflight import MissingTopicsError
-
     summaries: list[Any] = []
     waiting_for = ""
     refused = 0  # runs in a row that failed for lack of space

@@ -46,6 +46,7 @@ from pipelines.preflight import require_topics
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
+from transforms.io.kafka.bounded import committed_offsets
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
@@ -86,7 +87,6 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
 
 class PipelineThread:
     """Runs a pipeline to its end on a thread, so the driver's release agent works meanwhile."""
-
     def __init__(self, build_fn: Callable[[beam.Pipeline], None], options: PipelineOptions | None):
         options = options or PipelineOptions([])
         runner = FnApiRunner() if local_runner_requested(options) else None
@@ -134,8 +134,6 @@ class PipelineThread:
 def claim_group(config: JobConfig) -> None:
     """A fresh state directory refuses a consumer group that another job has committed for (as bounded runs
     do), unless ``--adopt_consumer_group``; once claimed (``stream_group.json``) the group is this job's."""
-    from transforms.io.kafka.bounded import committed_offsets
-
     path = config.state / GROUP_FILE
     claim = {"group": config.group_id, "topic": config.reports_topic}
     if path.exists():

@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from transforms.mechanisms.frequency.counting import grr_probabilities
+from transforms.mechanisms.heavy_hitters.prefix_tree import item_hash
 from transforms.mechanisms.registry import MECHANISMS
 
 ITEM_KINDS = ("histogram", "heavy_hitters", "kv_mean")
@@ -54,8 +56,6 @@ def hash_candidates(candidates: Iterable[str], bits: int) -> dict[str, list[str]
     """Map each candidate string to the hex item name the analyzer stores for it (the encoder's
     ``item_hash`` at ``bits`` bits, zero-padded to ``ceil(bits / 4)`` digits): {hex: [candidates]}.
     Several candidates can share one hash; all of them are listed."""
-    from transforms.mechanisms.heavy_hitters.prefix_tree import item_hash
-
     names = [str(c) for c in candidates]
     if not names:
         return {}
@@ -79,8 +79,6 @@ def read_candidates(path: str) -> list[str]:
 def grr_sum_variance(counts: np.ndarray, variances: np.ndarray, n: int, d: int, epsilon: float) -> float:
     """Variance of a sum of GRR frequency estimates (fractions of n): the stored per-item variances plus the
     multinomial covariances of every ordered pair (module docstring), at plug-in counts ``counts``."""
-    from transforms.mechanisms.frequency.counting import grr_probabilities
-
     p, q = grr_probabilities(epsilon, d)
     c = np.clip(np.asarray(counts, dtype=np.float64), 0.0, float(n))
     k, total = c.size, float(c.sum())

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from transforms.state.dead_letters import read_counts
 from transforms.state.estimate_columns import neighbouring_notion
 from transforms.state.estimates_store import read_estimates
 
@@ -44,7 +45,6 @@ def _when(ms: float) -> str:
 
 class _Axes:
     """Maps data to the SVG's pixels; ``frame`` draws the axes with min/max labels."""
-
     def __init__(self, xs: list[float], lows: list[float], highs: list[float]) -> None:
         self.x0, self.x1 = min(xs), max(xs)
         self.y0, self.y1 = min([*lows, 0.0]), max([*highs, 0.0])
@@ -179,8 +179,6 @@ def spec_page(spec: str, rows: list[dict[str, Any]], dead: list[dict[str, Any]],
 
 def write_reports(output_dir: Path, target: Path | None = None, top: int = 8) -> list[Path]:
     """One ``<spec name>.html`` per spec of ``output_dir`` in ``target`` (default ``output_dir/report``)."""
-    from transforms.state.dead_letters import read_counts
-
     output_dir = Path(output_dir)
     table = read_estimates(output_dir, columns=COLUMNS)
     if table.num_rows == 0:

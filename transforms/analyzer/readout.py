@@ -13,12 +13,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from transforms.mechanisms.postprocess import postprocess
 from transforms.spec import AnalysisSpec
+from transforms.wire.event_values import from_input_range, kv_encoder
 
 
 class Item(NamedTuple):
     """One estimated quantity of one window."""
-
     name: str
     index: int
     estimate: float
@@ -36,7 +37,6 @@ def postprocessed(method: str, values: np.ndarray, total: float = 1.0) -> np.nda
     """Apply the spec's post-processing to a frequency vector (``total``: what it sums to)."""
     if method == "none":
         return values
-    from transforms.mechanisms.postprocess import postprocess
 
     return np.asarray(postprocess(method, values, total=total), dtype=np.float64)
 
@@ -51,8 +51,6 @@ def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     """Per key: non-missing frequency, mean (normalised units, a missing key counting as the range middle)
     and conditional mean (value units). ``[postprocess] method = "simplex"`` projects f/s onto the simplex
     of the 2d items and multiplies back by s (docs/mathematics.md §2.9) before the per-key quantities are formed."""
-    from transforms.wire.event_values import kv_encoder
-
     s = spec.domain["s"]
     freq = np.asarray(result.frequency, dtype=np.float64)
     proc = postprocessed(spec.postprocess, freq / s) * s if spec.postprocess != "none" else freq
@@ -72,8 +70,6 @@ def kv_items(spec: AnalysisSpec, result: Any) -> list[Item]:
 
 def vector_items(spec: AnalysisSpec, result: Any) -> list[Item]:
     """Per coordinate: the mean in value units (a mechanism's own input range is mapped back)."""
-    from transforms.wire.event_values import from_input_range
-
     mean, stderr = from_input_range(spec, np.asarray(result.mean, dtype=np.float64),
                                     np.asarray(result.stderr, dtype=np.float64))
     return _items(spec.categories, mean, stderr, mean)

@@ -23,11 +23,17 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 
+from schemas import WireFormatError
 from transforms.analyzer.estimates import CrowdAccumulator
 from transforms.io.dead_letters import dead_letter
 from transforms.io.kafka.bounded import KafkaRecord
+from transforms.runtime.worker_gc import tune_worker_gc
 from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.prior_runs import PriorRuns, partition_key
+from transforms.trust.keys import KEY_ID_PATTERN, load_analyzer_private, load_shuffler_verifiers
+from transforms.trust.message_set import AuthError
+from transforms.trust.release import decode_release_batch, release_id_of, verify_release_batch
+from transforms.trust.sealing import associated_data, open_many
 from transforms.wire.elements import SourceRef
 from transforms.wire.payload_batch import decode_payload_array
 from transforms.wire.rows import count_clients
@@ -40,14 +46,12 @@ HELD = "held"
 
 class BatchElement(NamedTuple):
     """A verified release batch and where it was read."""
-
     batch: Any  # transforms.trust.release.ReleaseBatch
     source: SourceRef
 
 
 class OpenedRelease(NamedTuple):
     """A whole release, opened and folded into the mechanism's count arrays."""
-
     release_id: str
     spec_id: str
     crowd_id: str | None
@@ -79,7 +83,6 @@ class DecodeReleaseFn(beam.DoFn):
     shuffler's principal may write the shuffled topic (broker ACLs), so a hold cannot be forced by anyone
     else; after the wait, or for any other unknown id, the batch is dead-lettered as before.
     """
-
     def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, prior: PriorRuns, now_ms: int | None = None,
                  key_wait_ms: int = KEY_WAIT_MS):
         self._specs = SpecSet(specs)
@@ -91,7 +94,6 @@ class DecodeReleaseFn(beam.DoFn):
         self._replayed = Metrics.counter(NAMESPACE, "batches_replayed")
 
     def setup(self) -> None:
-        from transforms.trust.keys import load_shuffler_verifiers
 
         self._verifiers = load_shuffler_verifiers(Path(self._keys_dir))
 
@@ -133,8 +135,6 @@ class DecodeReleaseFn(beam.DoFn):
     def _rotated(self, key_id: Any) -> bool:
         """Whether an unknown key id can be a rotation: a well-formed id no older (by its date) than the newest
         shuffler key this analyzer holds (a rotation always adds a newer one; an older unknown id is a forgery)."""
-        from transforms.trust.keys import KEY_ID_PATTERN
-
         if not isinstance(key_id, str) or not KEY_ID_PATTERN.fullmatch(key_id):
             return False
         return not self._verifiers or key_id[:8] >= max(self._verifiers)[:8]
@@ -145,9 +145,6 @@ class DecodeReleaseFn(beam.DoFn):
             self._now_ms - timestamp_ms < self._key_wait_ms
 
     def _admit(self, value: bytes | None) -> tuple[Any, str | None]:
-        from schemas import WireFormatError
-        from transforms.trust.message_set import AuthError
-        from transforms.trust.release import decode_release_batch, release_id_of, verify_release_batch
 
         if value is None:
             return None, "empty record"
@@ -176,7 +173,6 @@ class DecodeReleaseFn(beam.DoFn):
 class OpenedBatch(NamedTuple):
     """One release batch after opening: what assembly needs of it, with its messages already folded into the
     mechanism's count arrays (O(domain) instead of O(messages): the GroupByKey of a release carries these)."""
-
     header: tuple  # release id, spec, crowd, window end, batch count, sets, messages, deletions
     batch_index: int
     signature: bytes
@@ -196,7 +192,6 @@ class OpenBatchFn(beam.DoFn):
     release costs its batch count times the accumulator size. A batch of a release that turns out incomplete
     is opened again by the run that completes it; nothing is counted until the release is assembled.
     """
-
     def __init__(self, specs: Sequence[AnalysisSpec], keys_dir: str, threads: int = 0, python_gc: str = "tuned"):
         self._specs = SpecSet(specs)
         self._keys_dir = keys_dir
@@ -204,8 +199,6 @@ class OpenBatchFn(beam.DoFn):
         self._python_gc = python_gc  # transforms.runtime.worker_gc
 
     def setup(self) -> None:
-        from transforms.runtime.worker_gc import tune_worker_gc
-        from transforms.trust.keys import load_analyzer_private
 
         tune_worker_gc(self._python_gc)
 
@@ -220,8 +213,6 @@ def open_batch(spec: AnalysisSpec, private: Any, element: BatchElement, threads:
     """Open every message of one batch (its X25519 work on ``threads``), decode the payloads and check their
     domain over the whole batch at once (``transforms.wire.payload_batch``), and fold the usable ones into counts.
     A message that fails is counted with its reason, on its own."""
-    from transforms.trust.sealing import associated_data, open_many
-
     batch, mechanism = element.batch, spec.randomizer
     channels = [m.channel for m in batch.messages]
     ads = {ch: associated_data(spec.spec_id, batch.crowd_id, batch.window_end_ms, ch) for ch in set(channels)}
@@ -250,7 +241,6 @@ class AssembleReleaseFn(beam.DoFn):
     is taken (or, while incomplete, held with the rest), the later ones are dead-lettered as a conflict and
     counted (``releases_conflicting``). Refusing both, as before, lost the window for good.
     """
-
     def __init__(self, specs: Sequence[AnalysisSpec]):
         self._specs = SpecSet(specs)
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")

@@ -20,7 +20,12 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from transforms.device.wire import EventRows, ShufflerKey, signed_message_sets
+from transforms.encoder.keys import EncoderKeys
+from transforms.runtime.worker_gc import tune_worker_gc
 from transforms.spec import AnalysisSpec, SpecSet
+from transforms.trust.devices import SimulatedFleet
+from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
 from transforms.wire.elements import ReportElement
 
 NAMESPACE = "esa"
@@ -42,7 +47,6 @@ class SealSetsFn(beam.DoFn):
     multiplications per message, the signature) run on ``threads`` (``transforms.runtime.parallel``), everything in
     Python on this thread (``transforms.device.wire.signed_message_sets``, what a device client sends too).
     """
-
     def __init__(self, specs: list[AnalysisSpec], keys_dir: str, threads: int = 0, python_gc: str = "tuned"):
         self._specs = SpecSet(specs)
         self._keys_dir = keys_dir
@@ -52,11 +56,6 @@ class SealSetsFn(beam.DoFn):
         self._fleet: Any = None
 
     def setup(self) -> None:
-        from transforms.device.wire import ShufflerKey
-        from transforms.encoder.keys import EncoderKeys
-        from transforms.runtime.worker_gc import tune_worker_gc
-        from transforms.trust.devices import SimulatedFleet
-        from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
 
         tune_worker_gc(self._python_gc)
 
@@ -80,7 +79,6 @@ class SealSetsFn(beam.DoFn):
             yield self._seal_all(sets)
 
     def _seal_all(self, sets: list[list[ReportElement]]) -> list[tuple[bytes, bytes]]:
-        from transforms.device.wire import EventRows, signed_message_sets
 
         self._fleet.prepare((reports[0].client_id for reports in sets), self._threads)
         events = []

@@ -62,6 +62,7 @@ from transforms.shuffler.packed_sets import PackedSets
 from transforms.shuffler.spill import SpillBuffer
 from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.prior_runs import PriorRuns, partition_key
+from transforms.trust.devices import DeviceRegistry
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
 from transforms.trust.files import KeyFileError
@@ -99,8 +100,6 @@ _REGISTRIES: dict[str, tuple[tuple[int, int, int] | None, Any]] = {}
 def shared_registry(path: str) -> Any:
     """The device registry at ``path``, loaded once per process while the file is unchanged: a runner may
     set up several ``IngressFn`` instances in one worker, and each copy costs ~56 bytes per enrolled device."""
-    from transforms.trust.devices import DeviceRegistry
-
     try:
         st = os.stat(path)
         stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -124,7 +123,6 @@ class IngressFn(beam.DoFn):
     time) per input batch: the watermark is computed from authenticated, in-range records only, read for
     the first time.
     """
-
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, prior: PriorRuns, times: TimePolicy,
                  threads: int = 0, buckets: int = DEDUPE_BUCKETS, *, keys_dir: str, spill: Location | None = None,
                  spill_bytes: int | None = None, python_gc: str = "tuned"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from transforms.shuffler.elements import SetElement
 from transforms.shuffler.packed import PackedMessages
 from transforms.wire.elements import SourceRef
 
@@ -26,7 +27,6 @@ DIGEST_BYTES = 16  # SHA-256 prefix: tells byte-identical copies of one device's
 
 class PackedSets:
     """Sets of one (spec, crowd, window): columns per set and one ``PackedMessages`` (see the module doc)."""
-
     __slots__ = ("crowd_id", "devices", "digests", "event_ms", "messages", "n_messages", "offsets", "source_index",
                  "sources", "spec_id", "window_end_ms")
 
@@ -145,8 +145,6 @@ class PackedSets:
 
     def __iter__(self) -> Iterator[Any]:
         """Each set as a ``SetElement`` (digest: its 16-byte prefix): the unpacked view, for inspection."""
-        from transforms.shuffler.elements import SetElement
-
         messages = iter(self.messages)
         for row in range(len(self)):
             yield SetElement(self.spec_id, self.crowd_id, self.devices[row].tobytes().hex(),

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from transforms.shuffler.elements import DEDUPE_BUCKETS
 from transforms.spec import AnalysisSpec
 from transforms.state.run_state import watermark_ms
 
@@ -36,12 +37,10 @@ class ScaleOut:
     rerun of a crashed attempt that plans a little more data keeps the same count; one that crosses a power
     of two produces a different release, which the ledger refuses (the sealed one is republished).
     """
-
     records: int
 
     @property
     def buckets(self) -> int:
-        from transforms.shuffler.elements import DEDUPE_BUCKETS
 
         return min(max(_pow2_at_least(self.records / RECORDS_PER_BUCKET), DEDUPE_BUCKETS), MAX_BUCKETS)
 
@@ -58,7 +57,6 @@ class WindowClock:
     over this run's records and what earlier runs saw (``state.run_state.watermark_ms``); ``drain``
     closes every window (end of a bounded backfill, or an operator's explicit drain).
     """
-
     now_ms: int
     out_of_orderness_ms: int
     idle_timeout_ms: int

@@ -40,12 +40,17 @@ from apache_beam.utils.timestamp import Timestamp
 from transforms.io.dead_letters import dead_letter
 from transforms.io.kafka.clients import KafkaRecord
 from transforms.io.kafka.unbounded import wall_ms
-from transforms.io.staging import StagingDoFn, is_url, join, stable_name, write_batch
-from transforms.shuffler.elements import DEAD, NAMESPACE, SetElement, TimePolicy
-from transforms.shuffler.graph import ReleasePart, part_header
+from transforms.io.staging import StageFn, StagingDoFn, is_url, join, stable_name, write_batch
+from transforms.shuffler.elements import DEAD, NAMESPACE, TIMES, VERIFIED, SetElement, TimePolicy
+from transforms.shuffler.graph import ReleasePart, Shuffle, WindowClock, part_header
 from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec
 from transforms.state.prior_runs import PriorRuns
+from transforms.trust.devices import DeviceRegistry
+from transforms.trust.envelope import open_envelopes
+from transforms.trust.keys import load_shuffler_sealing_private
+from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
+from transforms.trust.release import release_id_of
 
 LOG = logging.getLogger(__name__)
 ENDS = "source_ends"
@@ -62,7 +67,6 @@ def _ms(timestamp_ms: int) -> Timestamp:
 class WallClockTimePolicy(TimePolicy):
     """Ingress's event-time bounds against the wall clock of each check, not a run's start: a streaming
     pipeline runs for months (``now_ms`` is only the clock at start, kept for the error messages)."""
-
     def problem(self, event_time_ms: int, now_ms: int | None = None) -> str | None:
         return super().problem(event_time_ms, wall_ms() if now_ms is None else now_ms)
 
@@ -70,7 +74,6 @@ class WallClockTimePolicy(TimePolicy):
 class RegistryWatch:
     """Whether the enrolment registry file changed since last asked (looked at every ``every_s`` seconds):
     a pipeline that runs for months must see devices enrolled after it started."""
-
     def __init__(self, path: str, every_s: float = 30.0):
         self._path, self._every_s = path, every_s
         self._stamp: tuple[int, int] | None = None
@@ -96,7 +99,6 @@ class RegistryWatch:
 
 class StreamingIngressFn(IngressFn):
     """``IngressFn`` as it is, reloading the device registry (through its own ``setup``) when the file changes."""
-
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, *args: Any, **kwargs: Any):
         super().__init__(specs, registry_path, *args, **kwargs)
         self._watch = RegistryWatch(registry_path)
@@ -122,7 +124,6 @@ class SetEventTimes:
     chunk instead of one per record. A sample can only under-estimate the maximum, which delays windows,
     never closes one early.
     """
-
     def __init__(self, specs: Sequence[AnalysisSpec], registry_path: str, max_age_ms: int, max_skew_ms: int,
                  sample: int = 256, tries: int = 4, *, keys_dir: str):
         self._keys_dir = keys_dir  # the shuffler's sealing keys: every set arrives sealed to them
@@ -135,8 +136,6 @@ class SetEventTimes:
 
     def setup(self) -> None:
         import schemas  # noqa: F401  (schemas must import before trust's decoders)
-        from transforms.trust.devices import DeviceRegistry
-        from transforms.trust.keys import load_shuffler_sealing_private
 
         self._registry = DeviceRegistry.load(self._registry_path)
         self._sealing = load_shuffler_sealing_private(self._keys_dir)
@@ -145,9 +144,6 @@ class SetEventTimes:
     def max_event_ms(self, records: Sequence[KafkaRecord]) -> int | None:
         """The largest authenticated event time of the sample, never later than the wall clock: a device whose
         clock runs fast (or lies) must not move the watermark past what has actually happened."""
-        from transforms.trust.envelope import open_envelopes
-        from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
-
         if self._watch.changed():
             self.setup()
 
@@ -177,7 +173,6 @@ class SetEventTimes:
 class CrowdWindows(window.NonMergingWindowFn):
     """Each ingress group ``((spec, crowd, window_end, bucket), sets)`` in ``[end - size + L, end + L)``, L the
     spec's allowed lateness (see the module doc). Assigned from the key, not the element's timestamp."""
-
     def __init__(self, specs: Iterable[AnalysisSpec]):
         self._shape = {s.spec_id: (s.window_seconds * 1000, s.allowed_lateness_seconds * 1000) for s in specs}
 
@@ -200,7 +195,6 @@ class LateGateFn(beam.DoFn):
     """A crowd window's grouped sets: an on-time pane goes on to the shuffle (and says where the window's
     records end, per partition); a LATE pane -- sets for a window the runner already fired -- is dead-lettered,
     set by set, and never released."""
-
     def __init__(self) -> None:
         self._late = Metrics.counter(NAMESPACE, "sets_late")
         self._dead = Metrics.counter(NAMESPACE, "dead_lettered")
@@ -234,7 +228,6 @@ class GateWindows(beam.PTransform):
     ``late_for_seconds``: how long after a window fired the runner keeps its trigger state, so later sets are
     dead-lettered as late rather than dropped silently (the ingress's ``max_age``).
     """
-
     def __init__(self, specs: Iterable[AnalysisSpec], late_for_seconds: int):
         super().__init__()
         self._specs, self._late_for = list(specs), late_for_seconds
@@ -253,7 +246,6 @@ class GateWindows(beam.PTransform):
 
 
 def release_dir(root: str, part: ReleasePart | tuple[str, str | None, int]) -> str:
-    from transforms.trust.release import release_id_of
 
     spec_id, crowd, end = (part.spec_id, part.crowd_id, part.window_end_ms) if isinstance(part, ReleasePart) else part
     return join(root, RELEASES, release_id_of(spec_id, crowd, end))
@@ -268,7 +260,6 @@ def _stage(directory: str, prefix: str, named: list[tuple[str, bytes]], headers:
 class StagePartFn(StagingDoFn):
     """Stage one release part in its own file now (not at the end of the bundle) and say so downstream:
     the token leaves only after the file is written, so the marker that follows them is written last."""
-
     def process(self, part: ReleasePart) -> Iterator[tuple[tuple[str, str | None, int], int]]:
         name = f"{part.subkey:05d}"  # the header lets the release agent read the part's messages once
         _stage(release_dir(self._directory, part), PART, [(name, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))],
@@ -278,7 +269,6 @@ class StagePartFn(StagingDoFn):
 
 class StagedRelease(NamedTuple):
     """The marker of a staged release: its crowd, the sub-keys of its parts, its records' end offsets."""
-
     crowd: tuple[str, str | None, int]
     subkeys: tuple[int, ...]
     source_ends: dict[str, int]
@@ -286,7 +276,6 @@ class StagedRelease(NamedTuple):
 
 class MarkReleaseFn(StagingDoFn):
     """(crowd, {"parts": sub-keys, "ends": (partition, end)}) -> the release's marker, written last."""
-
     def __init__(self, directory: str):
         super().__init__(directory)
         self._staged = Metrics.counter(NAMESPACE, "releases_staged")
@@ -315,7 +304,6 @@ class StreamShuffle(beam.PTransform):
     """Batches of Kafka records (from the unbounded source) -> staged releases, markers and dead letters: the
     whole streaming shuffle after its source (see the module doc). ``times`` is ingress's event-time policy
     (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location."""
-
     def __init__(self, specs: Sequence[AnalysisSpec], registry: str, prior: PriorRuns, times: TimePolicy, key: bytes,
                  root: str, late_for_seconds: int, crypto_threads: int = 0, python_gc: str = "tuned", *,
                  keys_dir: str):
@@ -328,9 +316,6 @@ class StreamShuffle(beam.PTransform):
     def expand(self, records: beam.PCollection) -> beam.pvalue.PDone:
         from apache_beam.transforms import trigger
 
-        from transforms.io.staging import StageFn
-        from transforms.shuffler.elements import TIMES, VERIFIED
-        from transforms.shuffler.graph import Shuffle, WindowClock
 
         specs, pipeline = self._specs, records.pipeline
         ingress = (records

@@ -20,6 +20,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nacl.bindings import crypto_sign, crypto_sign_open, crypto_sign_seed_keypair
 from nacl.exceptions import BadSignatureError, CryptoError
 
+from transforms.runtime.parallel import map_ordered
+
 __all__ = ["PUBLIC_KEY_BYTES", "SEED_BYTES", "SIGNATURE_BYTES", "Signer", "SodiumSigner", "derive_signers", "sign_many",
            "verify_detached"]
 
@@ -30,7 +32,6 @@ SIGNATURE_BYTES = 64
 
 class Signer(Protocol):
     """What signs a set or a release batch: ``cryptography``'s Ed25519PrivateKey or a ``SodiumSigner``."""
-
     def sign(self, data: bytes) -> bytes: ...
 
     def public_key(self) -> Ed25519PublicKey: ...
@@ -39,7 +40,6 @@ class Signer(Protocol):
 class SodiumSigner:
     """An Ed25519 private key held as libsodium's expanded secret key, derived from a 32-byte seed (the
     same seed ``Ed25519PrivateKey.from_private_bytes`` takes, giving the same key and signatures)."""
-
     __slots__ = ("_public", "_secret")
 
     def __init__(self, seed: bytes) -> None:
@@ -68,8 +68,6 @@ class SodiumSigner:
 def sign_many(signers: Sequence[Signer], data: Sequence[bytes], threads: int = 1) -> list[bytes]:
     """``signer.sign(d)`` for each pair; libsodium keys sign on ``threads`` (the call is all the pool runs),
     any other key on the calling thread."""
-    from transforms.runtime.parallel import map_ordered
-
     sodium = [i for i, s in enumerate(signers) if isinstance(s, SodiumSigner)]
     jobs = [(signers[i]._secret, bytes(data[i])) for i in sodium]  # type: ignore[attr-defined]
     signed = map_ordered(_sign, jobs, threads)
@@ -89,8 +87,6 @@ def _sign(job: tuple[bytes, bytes]) -> bytes:
 
 def derive_signers(seeds: Sequence[bytes], threads: int = 1) -> list[SodiumSigner]:
     """``SodiumSigner(seed)`` for each seed, the key expansion (18 microseconds each here) on ``threads``."""
-    from transforms.runtime.parallel import map_ordered
-
     for seed in seeds:
         if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
             raise ValueError(f"an Ed25519 seed is {SEED_BYTES} bytes")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from transforms.mechanisms.base import Randomness
+from transforms.mechanisms.heavy_hitters.prefix_tree import item_hash
 from transforms.mechanisms.keyvalue.kv_encoding import KeyValueEncoder
 from transforms.spec import AnalysisSpec
 
@@ -120,7 +121,6 @@ def hashed_item(spec: AnalysisSpec, value: Any) -> int:
     """A heavy-hitter item (string or integer) as its ``bits``-bit hash."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError(f"a {_kind_name(value)} value cannot feed heavy_hitters analysis {spec.name}")
-    from transforms.mechanisms.heavy_hitters.prefix_tree import item_hash
 
     return int(item_hash([str(value)], spec.domain["bits"])[0])
 
