@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.shuffler.test_ingress import CROWDED, RAPPOR, SPEC, refusals
 from tests.transforms.release_inputs import TIMES_POLICY, WIN_A, Devices, ingress_fn, make_spec, split_outputs
-from tests.transforms.test_ingress import CROWDED, RAPPOR, SPEC, refusals
 from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import DEAD, VERIFIED, TimePolicy
 from transforms.shuffler.ingress import IngressFn
