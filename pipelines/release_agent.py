@@ -95,7 +95,6 @@ class ReleaseAgent:
         return len(markers)
 
     def _release(self, directory: str) -> None:
-
         marker: StagedRelease = load_staged(directory, MARKER)[0]
         # In sub-key order (their staging names); headers only: each part is read when the release is written.
         parts = StagedParts(list(iter_staged_entries(directory, PART)))
@@ -122,7 +121,6 @@ class ReleaseAgent:
         clear_staging(directory)
 
     def _collect_dead_letters(self) -> None:
-
         files = staged_files(join(self._root, DEAD_DIR), "dead-*.pkl")
         if not files:
             return

@@ -94,7 +94,6 @@ class DecodeReleaseFn(beam.DoFn):
         self._replayed = Metrics.counter(NAMESPACE, "batches_replayed")
 
     def setup(self) -> None:
-
         self._verifiers = load_shuffler_verifiers(Path(self._keys_dir))
 
     def process(self, element: KafkaRecord | list[KafkaRecord]) -> Iterator[Any]:
@@ -145,7 +144,6 @@ class DecodeReleaseFn(beam.DoFn):
             self._now_ms - timestamp_ms < self._key_wait_ms
 
     def _admit(self, value: bytes | None) -> tuple[Any, str | None]:
-
         if value is None:
             return None, "empty record"
         try:
@@ -199,7 +197,6 @@ class OpenBatchFn(beam.DoFn):
         self._python_gc = python_gc  # transforms.runtime.worker_gc
 
     def setup(self) -> None:
-
         tune_worker_gc(self._python_gc)
 
         self._private = load_analyzer_private(Path(self._keys_dir))

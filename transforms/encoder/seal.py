@@ -56,7 +56,6 @@ class SealSetsFn(beam.DoFn):
         self._fleet: Any = None
 
     def setup(self) -> None:
-
         tune_worker_gc(self._python_gc)
 
         keys = Path(self._keys_dir)
@@ -79,7 +78,6 @@ class SealSetsFn(beam.DoFn):
             yield self._seal_all(sets)
 
     def _seal_all(self, sets: list[list[ReportElement]]) -> list[tuple[bytes, bytes]]:
-
         self._fleet.prepare((reports[0].client_id for reports in sets), self._threads)
         events = []
         for reports in sets:

@@ -41,7 +41,6 @@ class ScaleOut:
 
     @property
     def buckets(self) -> int:
-
         return min(max(_pow2_at_least(self.records / RECORDS_PER_BUCKET), DEDUPE_BUCKETS), MAX_BUCKETS)
 
     def subkeys(self, spec: AnalysisSpec) -> int:
