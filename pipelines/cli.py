@@ -94,10 +94,19 @@ def _run_job(command: str, argv: Sequence[str]) -> int:
     service = _service_options(job.beam_argv)
     if service.follow:
         return _follow(command, module, job, service)
-    if service.metrics_port:
-        raise JobUsageError("--metrics_port is served by --follow jobs (a single run exits before a scrape; the "
-                         "streaming shuffler, --kafka_io sdf, logs its progress but serves no metrics yet)")
+    if service.metrics_port and not _streams(job.beam_argv):
+        raise JobUsageError("--metrics_port is served by --follow jobs and by the streaming shuffler (--kafka_io "
+                            "sdf): a single bounded run exits before a scrape")
     return _report_run(command, module.run_from_argv(job.beam_argv), job.max_dead_letter_fraction)
+
+
+def _streams(argv: Sequence[str]) -> bool:
+    """Whether the job is the streaming shuffler (``--kafka_io sdf``), which serves its own metrics."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.options import EsaKafkaOptions
+
+    return PipelineOptions(list(argv)).view_as(EsaKafkaOptions).kafka_io == "sdf"
 
 
 def _service_options(argv: Sequence[str]) -> Any:

@@ -103,6 +103,8 @@ class JobConfig:
     python_gc: str = "tuned"  # the workers' garbage collector: "tuned" or "default"; see transforms.runtime.worker_gc
     staging_location: str | None = None  # where workers stage a run's results; default: STATE/staging
     stop_after_idle_seconds: float | None = None  # --kafka_io sdf: end the stream after this long without data
+    metrics_port: int = 0  # --kafka_io sdf: serve Prometheus metrics here while the stream runs (0: none)
+    metrics_host: str = "127.0.0.1"
 
     @property
     def state(self) -> Path:
@@ -198,6 +200,8 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         crypto_threads=service.crypto_threads,
         python_gc=service.python_gc,
         staging_location=staging_location_of(options),
+        metrics_port=service.metrics_port if kafka.kafka_io == "sdf" else 0,
+        metrics_host=service.metrics_host,
     )
 
 

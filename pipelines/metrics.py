@@ -67,6 +67,10 @@ class JobMetrics:
                              "(docs/mathematics.md)", ["spec", "crowd", "notion"], registry=r)
         self.up = Gauge("esa_service_status", "1 for the service loop's current status, 0 for the others",
                         ["status"], registry=r)
+        self.stream = Gauge("esa_stream_total", "The streaming shuffler so far: releases, withheld windows, "
+                            "refused releases, dead letters, dummy reports and records committed", ["stage", "what"],
+                            registry=r)
+        self._stream_released = 0
         self.status = "starting"
         self.runs_done = 0
         self.last_run_at: float | None = None
@@ -116,6 +120,25 @@ class JobMetrics:
         for (spec, crowd, notion), epsilon in progress.get("epsilon", {}).items():
             if epsilon is not None:
                 self.epsilon.labels(spec, crowd, notion).set(float(epsilon))
+
+    def observe_stream(self, stage: str, totals: Any, committed: int, lag: int | None) -> None:
+        """The streaming shuffler's progress, between its releases (it has no runs to ``observe``): releases,
+        windows withheld, dead letters and dummies so far, records committed and the consumer lag."""
+        now = time.time()
+        with self._lock:
+            for name, value in (("releases", totals.released), ("withheld", totals.withheld),
+                                ("refused", totals.conflicts), ("dead_letters", totals.dead_letters),
+                                ("dummies", totals.dummies)):
+                self.stream.labels(stage, name).set(float(value))
+            if committed >= 0:
+                self.stream.labels(stage, "committed_records").set(float(committed))
+            if lag is not None:
+                self.consumer_lag.labels(stage).set(float(lag))
+            if totals.released > self._stream_released:
+                self.last_release.labels(stage).set(now)
+            self._stream_released = totals.released
+            self.runs_done += 1  # each observation is a live step of the loop: /healthz reports its age
+            self.last_run_at = now
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body) of ``/healthz``: 503 while runs fail for lack of space, else 200."""

@@ -41,12 +41,13 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from pipelines.exit_codes import JobUsageError
 from pipelines.job import esa_counters, locked, require_outputs, staging_root, use_filesystem_options
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary
+from pipelines.metrics import JobMetrics
 from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
-from transforms.io.kafka.bounded import committed_offsets
+from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
@@ -60,6 +61,7 @@ LOG = logging.getLogger("esa.stream_shuffle")
 AGENT_POLL_SECONDS = 0.5  # between two looks at a local staging directory
 AGENT_POLL_SECONDS_URL = 5.0  # ... at an object store (each look is a listing request)
 PROGRESS_SECONDS = 10.0
+METRICS_SECONDS = 2.0  # between two updates of the metrics endpoint (each asks the broker for offsets)
 GROUP_FILE = "stream_group.json"
 
 
@@ -173,18 +175,36 @@ def stop_request() -> Iterator[Any]:
         yield types.SimpleNamespace(requested=False)
 
 
+def _observe(metrics: JobMetrics | None, agent: ReleaseAgent, config: JobConfig) -> None:
+    """Fold the agent's totals and the group's offsets into the metrics endpoint (never stops the agent)."""
+    if metrics is None:
+        return
+    try:
+        committed, lag = consumer_lag(config.bootstrap, config.group_id, str(config.reports_topic),
+                                      config.kafka_config, client=config.kafka_client)
+    except Exception as err:  # metrics only: a broker hiccup is the next update's problem
+        LOG.debug("consumer lag unavailable: %s", err)
+        committed, lag = -1, None
+    metrics.observe_stream(STAGE, agent.totals, committed, lag)
+
+
 def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: JobConfig, started: float,
-           start_committed: int) -> dict[str, int]:
+           start_committed: int, metrics: JobMetrics | None = None) -> dict[str, int]:
     """The release agent's loop, until the pipeline ends; a signal writes the stop file (a drain)."""
-    last_log = time.monotonic()
+    last_log = last_metrics = time.monotonic()
     with stop_request() as stop:
         stopping = False
         while pipeline.running():
             agent.step()
             if stop.requested and not stopping:
                 stopping = True
+                if metrics is not None:
+                    metrics.set_status("stopping")
                 LOG.warning("stopping: the source finishes, every open window fires, then the agent drains")
                 write_staged(join(root, STOP_FILE), b"stop\n")
+            if time.monotonic() - last_metrics >= METRICS_SECONDS:
+                last_metrics = time.monotonic()
+                _observe(metrics, agent, config)
             if time.monotonic() - last_log >= PROGRESS_SECONDS:
                 last_log = time.monotonic()
                 LOG.info("%s", progress(agent.totals, committed_total(config), start_committed,
@@ -219,11 +239,19 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,
                  config.shuffled_topic, config.group_id, root)
         pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
-        try:
-            counters = _serve(pipeline, agent, root, config, started, start_committed)
-        except BaseException:
-            pipeline.cancel()  # a cluster job must not outlive the driver that releases its windows
-            raise
+        with contextlib.ExitStack() as stack:
+            metrics = None
+            if config.metrics_port:
+                metrics = JobMetrics("shuffle")
+                server = stack.enter_context(metrics.serve(config.metrics_port, config.metrics_host))
+                LOG.info("metrics on http://%s:%d/metrics", config.metrics_host, server.port)
+                metrics.set_status("running")
+            try:
+                counters = _serve(pipeline, agent, root, config, started, start_committed, metrics)
+            except BaseException:
+                pipeline.cancel()  # a cluster job must not outlive the driver that releases its windows
+                raise
+            _observe(metrics, agent, config)
         remove_stop_file(root)
     seconds = time.perf_counter() - started
     LOG.info("streaming shuffle %s ended after %.1f s: %s", run_key, seconds,

@@ -132,6 +132,23 @@ def committed_offsets(bootstrap: str, group_id: str, topic: str,
     return {p: int(o) for p, o in found.items() if o is not None}
 
 
+def consumer_lag(bootstrap: str, group_id: str, topic: str, consumer_config: Mapping[str, Any] | None = None,
+                 *, client: str = DEFAULT_CLIENT) -> tuple[int, int]:
+    """(records committed, records between the group's committed offsets and the log's end), summed over the
+    topic's partitions (a partition without a commit counts from its beginning)."""
+    config = dict(consumer_config or {})
+    grouped = consumer(client, bootstrap, group_id, **config)
+    try:
+        partitions = grouped.partitions(topic)
+        begin, ends = grouped.offsets(topic, partitions)
+        committed = grouped.committed(topic, partitions)
+    finally:
+        grouped.close()
+    done = {p: begin[p] if committed.get(p) is None else max(int(committed[p]), begin[p]) for p in partitions}
+    return (sum(int(committed[p]) for p in partitions if committed.get(p) is not None),
+            sum(max(ends[p] - done[p], 0) for p in partitions))
+
+
 def commit_plan(bootstrap: str, group_id: str, plan: Iterable[PartitionRange],
                 consumer_config: Mapping[str, Any] | None = None, *, client: str = DEFAULT_CLIENT) -> None:
     """Commit `stop` of every range for `group_id`."""
