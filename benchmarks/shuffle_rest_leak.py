@@ -1,11 +1,14 @@
-"""The shuffled k-RR histogram against the §1.2 pair, exactly: what the bins outside the victim's two leak.
+"""The shuffled k-RR histogram against the clone pair, exactly: why the ledger certifies at the generic alpha.
 
-A crowd of 15 k-RR reports (d = 4, eps0 = 2): the victim holds 0 or 1, the 14 others hold 2. The §1.2 pair
-is exactly the law of the two bins (c0, c1) the victim moves between; the analyst also sees (c2, c3), and
-there the victim's leftover law (uniform on {2, 3}) differs from the others' ((p, q)/(p + q)), so the split
-of c2 and c3 says something about whether the victim's report is in {0, 1}. This enumerates all 816
-histograms, computes the exact central epsilon of the full view and of the (c0, c1) view at delta = 1e-3,
-and prints them beside the ledger's claim (``shuffle_bound.epsilon_central``).
+A crowd of n k-RR reports; the victim holds 0 or 1 and the n - 1 others all hold one value v (each v in turn;
+v = 0, the victim's own value, is the worst crowd found). The clone pair at k-RR's own alpha
+1/(e^eps0 + d - 1) is exactly the law of the two bins (c0, c1) the victim moves between, but the analyst sees
+the whole histogram, and for d >= 3 the bins outside those two say something about whether the victim's
+report landed in {0, 1} (the victim's leftover law, uniform on {2, ..., d-1}, is not the others'). This
+enumerates every histogram (multinomial laws, independent of the accountant), computes the exact central
+epsilon of the full view and of the (c0, c1) view at delta = 1e-3, and prints them beside the pair at
+k-RR's alpha (the accountant before the fix) and the certified claim (``shuffle_bound.epsilon_central``, the
+pair at the generic alpha). Every exact value must stay at or below the claim.
 
     .venv/bin/python benchmarks/shuffle_rest_leak.py
 """
@@ -25,49 +28,70 @@ from scipy.stats import multinomial
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transforms.privacy.mixture import alpha_grr
-from transforms.privacy.shuffle_bound import epsilon_central
+from transforms.privacy.shuffle_bound import ClonePairDivergence, epsilon_central
 
-D, N, DELTA = 4, 15, 1e-3
+DELTA = 1e-3
+SETTINGS = [(4, 15, 1.0), (4, 15, 2.0), (4, 15, 3.0), (3, 15, 2.0), (5, 12, 2.0)]  # (d, n, eps0)
 
 
-def laws(eps0: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    p, q = math.exp(eps0) / (math.exp(eps0) + D - 1), 1.0 / (math.exp(eps0) + D - 1)
-    others = [q, q, p, q]
-    hists = np.array([h for h in itertools.product(range(N + 1), repeat=D) if sum(h) == N])
+def laws(d: int, n: int, eps0: float, others_value: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every histogram of n reports and its probability with the victim at 0 and at 1."""
+    p, q = math.exp(eps0) / (math.exp(eps0) + d - 1), 1.0 / (math.exp(eps0) + d - 1)
+    others = [p if r == others_value else q for r in range(d)]
+    hists = np.array([h for h in itertools.product(range(n + 1), repeat=d) if sum(h) == n])
     out = []
     for victim in (0, 1):
-        mine = [p if r == victim else q for r in range(D)]
+        mine = [p if r == victim else q for r in range(d)]
         total = np.zeros(len(hists))
-        for r in range(D):
+        for r in range(d):
             rest = hists.copy()
             rest[:, r] -= 1
             ok = (rest >= 0).all(axis=1)
-            total[ok] += mine[r] * multinomial.pmf(rest[ok], N - 1, others)
+            total[ok] += mine[r] * multinomial.pmf(rest[ok], n - 1, others)
         out.append(total)
     return hists, out[0], out[1]
 
 
 def epsilon(p: np.ndarray, q: np.ndarray, delta: float) -> float:
+    """Smallest eps with both hockey-stick divergences <= delta (bisection, upper end)."""
+    def divergence(eps: float) -> float:
+        return max(np.maximum(p - math.exp(eps) * q, 0.0).sum(), np.maximum(q - math.exp(eps) * p, 0.0).sum())
+
     lo, hi = 0.0, 20.0
     for _ in range(80):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if np.maximum(p - math.exp(mid) * q, 0.0).sum() > delta else (lo, mid)
+        lo, hi = (mid, hi) if divergence(mid) > delta else (lo, mid)
+    return hi
+
+
+def pair_claim(n: int, alpha: float, eps0: float, delta: float) -> float:
+    """The clone pair's epsilon at exactly this alpha (the accountant before the fix)."""
+    divergence = ClonePairDivergence(n, alpha, eps0)
+    lo, hi = 0.0, eps0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if divergence(mid) <= delta else (mid, hi)
     return hi
 
 
 def main() -> None:
     results = {}
-    for eps0 in (1.0, 2.0, 3.0):
-        hists, p, q = laws(eps0)
-        p2, q2 = defaultdict(float), defaultdict(float)
-        for h, a, b in zip(map(tuple, hists), p, q, strict=True):
-            p2[h[:2]] += a
-            q2[h[:2]] += b
-        keys = list(p2)
-        results[f"eps0={eps0:g}"] = {
-            "claim": epsilon_central(N, alpha_grr(eps0, D), eps0, DELTA),
-            "exact_two_bins": epsilon(np.array([p2[k] for k in keys]), np.array([q2[k] for k in keys]), DELTA),
-            "exact_full_histogram": epsilon(p, q, DELTA)}
+    for d, n, eps0 in SETTINGS:
+        row: dict[str, object] = {
+            "pair_at_krr_alpha (old claim)": round(pair_claim(n, alpha_grr(eps0, d), eps0, DELTA), 4),
+            "certified claim": round(epsilon_central(n, alpha_grr(eps0, d), eps0, DELTA), 4)}
+        for value in range(d):
+            hists, p, q = laws(d, n, eps0, value)
+            p2, q2 = defaultdict(float), defaultdict(float)
+            for h, a, b in zip(map(tuple, hists), p, q, strict=True):
+                p2[h[:2]] += a
+                q2[h[:2]] += b
+            keys = list(p2)
+            row[f"others hold {value}"] = {
+                "exact_two_bins": round(epsilon(np.array([p2[k] for k in keys]), np.array([q2[k] for k in keys]),
+                                                DELTA), 4),
+                "exact_full_histogram": round(epsilon(p, q, DELTA), 4)}
+        results[f"d={d} n={n} eps0={eps0:g}"] = row
     print(json.dumps(results, indent=2))
 
 
