@@ -21,13 +21,14 @@ from transforms.privacy.mixture import alpha_generic, alpha_grr, alpha_oue
 from transforms.privacy.odometer import (
     PrivacyOdometer,
     WindowRelease,
+    capped_clients,
     compose_releases,
     compose_with_delta,
     cumulative_epsilon,
     quantize_clients,
 )
 from transforms.privacy.shuffle_bound import certified_alpha, epsilon_central
-from transforms.privacy.shuffle_pld import crowd_count_pmfs, shuffle_loss_pmf
+from transforms.privacy.shuffle_pld import DEFAULT_INTERVAL, crowd_count_pmfs, shuffle_loss_pmf
 
 ALPHA = alpha_grr(4.0, 64)
 DELTA = 1e-6
@@ -210,3 +211,27 @@ def test_grouped_masses_equal_the_four_cdf_formula(monkeypatch: pytest.MonkeyPat
     assert fast[2] == reference[2]
     ungrouped = shuffle_loss_pmf(n, alpha, 2.0)
     assert ungrouped[0].size > fast[0].size  # the groups exist: the test exercises _grouped_mass
+
+
+def test_too_large_windows_may_enter_as_the_largest_crowd_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a cap that 20,000 clients exceed but 5,000 meet, a year-like run of windows is published as the
+    exact PLD of the largest grid crowd that fits (fewer clients never certify more privacy): above the
+    exact value at 20,000, equal to the uncapped value at the fitted crowd (so it beat the (eps, delta)
+    pairs), below basic composition."""
+    from transforms.privacy import shuffle_pld as module
+
+    windows = 60
+    exact = cumulative_epsilon([_krr(20_000)] * windows, DELTA)
+    cap = module._layout(quantize_clients(5_000), certified_alpha(ALPHA, 4.0), 4.0, module.PLD_WINDOW_SDS,
+                         DEFAULT_INTERVAL)[-1].sum()
+    module.shuffle_pld.cache_clear()
+    monkeypatch.setattr(module, "MAX_POINTS", int(cap))
+    fit = capped_clients(_krr(20_000), DEFAULT_INTERVAL)
+    eps, method = compose_releases([_krr(20_000)] * windows, DELTA)
+    at_fit = cumulative_epsilon([_krr(fit)] * windows, DELTA)
+    module.shuffle_pld.cache_clear()
+    assert "too large" in method
+    assert quantize_clients(5_000) <= fit < quantize_clients(20_000)
+    assert not module.pld_fits(quantize_clients(20_000), ALPHA, 4.0)
+    assert exact < eps == pytest.approx(at_fit, rel=1e-8)  # the same PLD, composed along another path
+    assert eps < windows * epsilon_central(20_000, ALPHA, 4.0, DELTA / windows)  # below basic composition
