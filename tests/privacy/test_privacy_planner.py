@@ -50,13 +50,12 @@ def test_plan_inverts_spec_11_4(mechanism, d, s, t, eps, n, delta, eps_c) -> Non
 
 @pytest.mark.parametrize("row", [row for row in SPEC_11_4 if row[0] == "collision"])
 def test_paper_rule_recovers_spec_11_4_t(row) -> None:
-    # The rows' t are [CoCo]'s floor(s e^eps + 2s - 1). The rule makes t jump by one where s e^eps crosses an
-    # integer, and alpha jumps down with it, so near a jump the feasible set is not an interval: for the s=16
-    # row (eps=2 sits 0.03 above a jump) the bisection lands on the boundary just below, t=148, eps 1e-3 lower.
+    # The rows' t are [CoCo]'s floor(s e^eps + 2s - 1). The certified bound does not depend on t (§1.2), so the
+    # feasible set is an interval in eps and the rule's t at the recovered eps is the row's t.
     mechanism, d, s, t, eps, n, delta, eps_c = row
     plan = plan_kv_mean(mechanism, d, s, n, eps_c, delta, t_rule="paper")
     assert plan.t == collision_t_paper(plan.eps_local, s)
-    assert abs(plan.t - t) <= 1
+    assert plan.t == t
     assert plan.eps_local == pytest.approx(eps, rel=1.5e-3)
     assert plan.eps_central <= eps_c * (1.0 + 1e-12)
 
