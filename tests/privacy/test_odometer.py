@@ -213,6 +213,7 @@ def test_grouped_masses_equal_the_four_cdf_formula(monkeypatch: pytest.MonkeyPat
     assert ungrouped[0].size > fast[0].size  # the groups exist: the test exercises _grouped_mass
 
 
+@pytest.mark.slow  # ~4 s: builds the PLDs of two crowds and composes 60 windows
 def test_too_large_windows_may_enter_as_the_largest_crowd_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a cap that 20,000 clients exceed but 5,000 meet, a year-like run of windows is published as the
     exact PLD of the largest grid crowd that fits (fewer clients never certify more privacy): above the
