@@ -17,17 +17,18 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy.stats import binom
 
 from transforms.privacy.crowd import crowd_threshold
-from transforms.privacy.mixture import alpha_grr, alpha_oue
+from transforms.privacy.mixture import alpha_generic, alpha_grr, alpha_oue
 from transforms.privacy.odometer import (
     PrivacyOdometer,
     WindowRelease,
+    capped_clients,
     compose_releases,
     compose_with_delta,
     cumulative_epsilon,
     quantize_clients,
 )
-from transforms.privacy.shuffle_bound import epsilon_central
-from transforms.privacy.shuffle_pld import crowd_count_pmfs, shuffle_loss_pmf
+from transforms.privacy.shuffle_bound import certified_alpha, epsilon_central
+from transforms.privacy.shuffle_pld import DEFAULT_INTERVAL, crowd_count_pmfs, shuffle_loss_pmf
 
 ALPHA = alpha_grr(4.0, 64)
 DELTA = 1e-6
@@ -37,9 +38,11 @@ def _krr(n: int) -> WindowRelease:
     return WindowRelease(ALPHA, 4.0, n)
 
 
+# Measured with cumulative_epsilon (k-RR d = 64, eps0 = 4, delta = 1e-6; the pair at the generic alpha,
+# docs/mathematics.md §1.2).
 @pytest.mark.parametrize(("n", "windows", "quoted"), [
-    (10**5, 1, 0.079), (10**5, 10, 0.271), (10**5, 30, 0.488), (10**5, 365, 1.89),
-    (10**6, 1, 0.0229), (10**6, 30, 0.143), (10**6, 365, 0.569),
+    (10**5, 1, 0.1186), (10**5, 10, 0.4057), (10**5, 30, 0.7307), (10**5, 365, 2.842),
+    (10**6, 1, 0.03453), (10**6, 30, 0.2139), (10**6, 365, 0.8157),
 ])
 def test_quoted_composed_values(n: int, windows: int, quoted: float) -> None:
     eps = cumulative_epsilon([_krr(n)] * windows, DELTA)
@@ -59,8 +62,9 @@ def test_single_window_equals_tight_bound(n: int, alpha: float, eps0: float) -> 
 
 
 def _optimistic(n: int, windows: int) -> float:
-    """The same pair's PLD rounded *down* and without its infinite mass: a lower bound on the exact value."""
-    loss, prob, _ = shuffle_loss_pmf(n, ALPHA, 4.0)
+    """The same pair's PLD (at the certified alpha) rounded *down* and without its infinite mass: a lower bound
+    on the exact value."""
+    loss, prob, _ = shuffle_loss_pmf(n, certified_alpha(ALPHA, 4.0), 4.0)
     interval = 1e-5
     index = np.floor(loss / interval).astype(np.int64)
     lo = int(index.min())
@@ -104,7 +108,7 @@ def test_two_windows_against_exact_enumeration() -> None:
     n, eps0 = 40, 2.0
     alpha = alpha_grr(eps0, 4)
     delta = 1e-3
-    p, q = _exact_pair(n, alpha, eps0)
+    p, q = _exact_pair(n, alpha_generic(eps0), eps0)  # the pair the odometer certifies with (§1.2)
     pp, qq = np.outer(p, p).ravel(), np.outer(q, q).ravel()
 
     def hockey(eps: float) -> float:
@@ -207,3 +211,28 @@ def test_grouped_masses_equal_the_four_cdf_formula(monkeypatch: pytest.MonkeyPat
     assert fast[2] == reference[2]
     ungrouped = shuffle_loss_pmf(n, alpha, 2.0)
     assert ungrouped[0].size > fast[0].size  # the groups exist: the test exercises _grouped_mass
+
+
+@pytest.mark.slow  # ~4 s: builds the PLDs of two crowds and composes 60 windows
+def test_too_large_windows_may_enter_as_the_largest_crowd_that_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a cap that 20,000 clients exceed but 5,000 meet, a year-like run of windows is published as the
+    exact PLD of the largest grid crowd that fits (fewer clients never certify more privacy): above the
+    exact value at 20,000, equal to the uncapped value at the fitted crowd (so it beat the (eps, delta)
+    pairs), below basic composition."""
+    from transforms.privacy import shuffle_pld as module
+
+    windows = 60
+    exact = cumulative_epsilon([_krr(20_000)] * windows, DELTA)
+    cap = module._layout(quantize_clients(5_000), certified_alpha(ALPHA, 4.0), 4.0, module.PLD_WINDOW_SDS,
+                         DEFAULT_INTERVAL)[-1].sum()
+    module.shuffle_pld.cache_clear()
+    monkeypatch.setattr(module, "MAX_POINTS", int(cap))
+    fit = capped_clients(_krr(20_000), DEFAULT_INTERVAL)
+    eps, method = compose_releases([_krr(20_000)] * windows, DELTA)
+    at_fit = cumulative_epsilon([_krr(fit)] * windows, DELTA)
+    module.shuffle_pld.cache_clear()
+    assert "too large" in method
+    assert quantize_clients(5_000) <= fit < quantize_clients(20_000)
+    assert not module.pld_fits(quantize_clients(20_000), ALPHA, 4.0)
+    assert exact < eps == pytest.approx(at_fit, rel=1e-8)  # the same PLD, composed along another path
+    assert eps < windows * epsilon_central(20_000, ALPHA, 4.0, DELTA / windows)  # below basic composition

@@ -24,6 +24,7 @@ KEYS = {
     "delta",
     "alpha",
     "alpha_rule",
+    "alpha_certified",
     "eps_central",
     "closed_forms",
 }
@@ -46,6 +47,7 @@ def test_report_contents(mechanism: str) -> None:
     assert set(report) == KEYS
     assert set(report["closed_forms"]) == CLOSED_FORMS
     assert report["alpha"] == expected_alpha(mechanism, domain, eps)
+    assert report["alpha_certified"] == pytest.approx(alpha_generic(eps), rel=1e-15)  # §1.2: no leftover law
     assert report["eps_central"] == epsilon_central(n, report["alpha"], eps, delta)
     assert 0.0 < report["eps_central"] < eps
     for form in report["closed_forms"].values():

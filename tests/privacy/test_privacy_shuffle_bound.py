@@ -1,5 +1,7 @@
 """Tight shuffle bound (docs/mathematics.md §1.2) against reference values and an independent brute-force
-enumeration."""
+enumeration of the clone pair. The pair at any alpha checks the O(n) algorithm; the certified accountant
+(``epsilon_central``, ``hockey_stick``) evaluates it at the generic alpha (tests/privacy/test_shuffle_exact.py
+shows why)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,13 @@ from typing import Any
 import pytest
 
 from transforms.privacy.mixture import alpha_collision, alpha_generic, alpha_grr
-from transforms.privacy.shuffle_bound import ShuffleDivergence, epsilon_central, hockey_stick
+from transforms.privacy.shuffle_bound import (
+    ClonePairDivergence,
+    ShuffleDivergence,
+    epsilon_central,
+    hockey_stick,
+    pair_hockey_stick,
+)
 
 # Hockey-stick values: (n, alpha, eps_local, eps_central, D_{e^eps_c}(P || Q)), brute-force verified.
 HOCKEY_STICK_VECTORS = [
@@ -23,20 +31,43 @@ HOCKEY_STICK_VECTORS = [
     (1000, 0.01, 2.0, 0.2, 1.2768247987997714e-14),
 ]
 
-# Regression values: (label, n, alpha, eps_local, delta, eps_central) with 60 bisection steps.
-EPSILON_CENTRAL_VECTORS = [
+# The clone pair's central epsilon at exactly the given alpha, 60 bisection steps: (label, n, alpha, eps_local,
+# delta, eps_central). Regression values of the O(n) algorithm; below the generic alpha NOT privacy bounds.
+PAIR_EPSILON_VECTORS = [
     ("collision s=4 eps=1 t=17", 10**4, alpha_collision(1.0, 4, 17), 1.0, 1e-4, 0.019295),
     ("collision s=4 eps=2 t=36", 10**4, alpha_collision(2.0, 4, 36), 2.0, 1e-4, 0.051825),
     ("collision s=16 eps=2 t=149", 10**5, alpha_collision(2.0, 16, 149), 2.0, 1e-5, 0.018891),
     ("collision s=64 eps=3 t=1412", 10**5, alpha_collision(3.0, 64, 1412), 3.0, 1e-5, 0.037380),
     ("collision s=8 eps=4 t=451", 10**6, alpha_collision(4.0, 8, 451), 4.0, 1e-6, 0.023716),
+    ("k-RR d=10", 10**4, alpha_grr(2.0, 10), 2.0, 1e-4, 0.049966),
+    ("k-RR d=100", 10**5, alpha_grr(4.0, 100), 4.0, 1e-6, 0.068430),
+]
+
+# Certified central epsilon (replacement DP), 60 bisection steps: (label, n, alpha, eps_local, delta, eps_central).
+# A mechanism-specific alpha certifies the generic value (the pair at 1/(e^eps + 1)).
+EPSILON_CENTRAL_VECTORS = [
+    ("collision s=4 eps=1 t=17", 10**4, alpha_collision(1.0, 4, 17), 1.0, 1e-4, 0.025582),
+    ("collision s=4 eps=2 t=36", 10**4, alpha_collision(2.0, 4, 36), 2.0, 1e-4, 0.073586),
+    ("collision s=16 eps=2 t=149", 10**5, alpha_collision(2.0, 16, 149), 2.0, 1e-5, 0.026812),
+    ("collision s=64 eps=3 t=1412", 10**5, alpha_collision(3.0, 64, 1412), 3.0, 1e-5, 0.054104),
+    ("collision s=8 eps=4 t=451", 10**6, alpha_collision(4.0, 8, 451), 4.0, 1e-6, 0.034280),
     ("generic eps0=1 n=1e4", 10**4, alpha_generic(1.0), 1.0, 1e-4, 0.025582),
     ("generic eps0=2 n=1e4", 10**4, alpha_generic(2.0), 2.0, 1e-4, 0.073586),
     ("generic eps0=1 n=1e5", 10**5, alpha_generic(1.0), 1.0, 1e-5, 0.009677),
     ("generic eps0=3 n=1e5", 10**5, alpha_generic(3.0), 3.0, 1e-5, 0.054104),
-    ("k-RR d=10", 10**4, alpha_grr(2.0, 10), 2.0, 1e-4, 0.049966),
-    ("k-RR d=100", 10**5, alpha_grr(4.0, 100), 4.0, 1e-6, 0.068430),
+    ("k-RR d=10", 10**4, alpha_grr(2.0, 10), 2.0, 1e-4, 0.073586),
+    ("k-RR d=100", 10**5, alpha_grr(4.0, 100), 4.0, 1e-6, 0.118153),
 ]
+
+
+def pair_epsilon(n: int, alpha: float, eps: float, delta: float, steps: int = 60) -> float:
+    """The pair's central epsilon at exactly ``alpha`` (windowed as ``epsilon_central``), by bisection."""
+    divergence = ClonePairDivergence(n, alpha, eps, window_sds=12.0)
+    low, high = 0.0, eps
+    for _ in range(steps):
+        middle = 0.5 * (low + high)
+        low, high = (low, middle) if divergence(middle) <= delta else (middle, high)
+    return high
 
 
 def brute_force_hockey_stick(n: int, alpha: float, eps: float, eps_c: float) -> float:
@@ -61,7 +92,7 @@ def brute_force_hockey_stick(n: int, alpha: float, eps: float, eps_c: float) -> 
 def test_hockey_stick_reference_vectors(
     n: int, alpha: float, eps: float, eps_c: float, expected: float
 ) -> None:
-    assert hockey_stick(n, alpha, eps, eps_c) == pytest.approx(expected, rel=1e-10, abs=0.0)
+    assert pair_hockey_stick(n, alpha, eps, eps_c) == pytest.approx(expected, rel=1e-10, abs=0.0)
 
 
 def test_hockey_stick_matches_brute_force_enumeration() -> None:
@@ -72,7 +103,7 @@ def test_hockey_stick_matches_brute_force_enumeration() -> None:
         alpha = rng.uniform(0.05, 1.0) / (1.0 + math.exp(eps))
         eps_c = rng.uniform(0.0, eps)
         expected = brute_force_hockey_stick(n, alpha, eps, eps_c)
-        assert hockey_stick(n, alpha, eps, eps_c) == pytest.approx(expected, rel=0.0, abs=1e-13)
+        assert pair_hockey_stick(n, alpha, eps, eps_c) == pytest.approx(expected, rel=0.0, abs=1e-13)
 
 
 def test_hockey_stick_brute_force_reproduces_reference_vectors() -> None:
@@ -131,6 +162,23 @@ def test_epsilon_central_reference_vectors(
     assert epsilon_central(n, alpha, eps, delta) == pytest.approx(expected, rel=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("label", "n", "alpha", "eps", "delta", "expected"),
+    [pytest.param(*row, id=row[0]) for row in PAIR_EPSILON_VECTORS],
+)
+def test_pair_epsilon_reference_vectors(label: str, n: int, alpha: float, eps: float, delta: float,
+                                        expected: float) -> None:
+    assert pair_epsilon(n, alpha, eps, delta) == pytest.approx(expected, rel=1e-3)
+
+
+def test_certified_divergence_is_the_pair_at_the_generic_alpha() -> None:
+    n, eps = 3000, 1.5
+    for alpha in (alpha_grr(eps, 3), alpha_grr(eps, 64), alpha_generic(eps)):
+        for eps_c in (0.0, 0.05, 0.2):
+            assert hockey_stick(n, alpha, eps, eps_c) == pair_hockey_stick(n, alpha_generic(eps), eps, eps_c)
+    assert pair_hockey_stick(n, alpha_grr(eps, 3), eps, 0.05) < hockey_stick(n, alpha_grr(eps, 3), eps, 0.05)
+
+
 def test_epsilon_central_is_certified_by_the_exact_divergence() -> None:
     n, alpha, eps, delta = 5000, alpha_grr(2.0, 10), 2.0, 1e-5
     eps_c = epsilon_central(n, alpha, eps, delta)
@@ -143,11 +191,13 @@ def test_epsilon_central_without_amplification_returns_eps_local() -> None:
     assert epsilon_central(1000, 0.1, 1.0, 1e-3, window_sds=0.5) == 1.0
 
 
-def test_epsilon_central_non_decreasing_in_alpha() -> None:
+def test_pair_epsilon_non_decreasing_in_alpha() -> None:
     eps, n, delta = 2.0, 20000, 1e-6
     alphas = [a / (1.0 + math.exp(eps)) for a in (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)]
-    values = [epsilon_central(n, alpha, eps, delta) for alpha in alphas]
+    values = [pair_epsilon(n, alpha, eps, delta) for alpha in alphas]
     assert values == sorted(values)
+    # The certified value does not depend on alpha: every admissible alpha certifies the generic pair's.
+    assert {epsilon_central(n, alpha, eps, delta) for alpha in alphas} == {values[-1]}
 
 
 def test_epsilon_central_non_increasing_in_n() -> None:

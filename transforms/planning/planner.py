@@ -1,20 +1,22 @@
 """The accounting planner behind ``esa plan``: from a central target (eps_c, delta) and n users to the local
 parameters of a mechanism (docs/mathematics.md §1.2, §3, §4.1).
 
-``plan_kv_mean`` returns the largest local epsilon whose TIGHT shuffle bound (§1.2, with the mechanism's
-alpha) meets the target, the output size t where the mechanism has one, the expected squared errors from the
-closed-form variances, and [Collision]'s closed-form plan (privacy blanket "given a central target", §1.3) beside it.
+``plan_kv_mean`` returns the largest local epsilon whose TIGHT shuffle bound (§1.2: certified at the generic
+alpha; the mechanism's alpha is validated and reported) meets the target, the output size t where the
+mechanism has one, the expected squared errors from the closed-form variances, and [Collision]'s
+closed-form plan (privacy blanket "given a central target", §1.3) beside it.
 ``plan_vector_mean`` ([VecSum], §4.1) lives in ``planner_vector`` and is re-exported here.
 
-Choosing t (Collision, CoCo). A larger t lowers alpha = s/(s e^eps + t - s) and so buys privacy, which allows
-a larger eps; at a fixed eps it changes the variance. Three rules:
+Choosing t (Collision, CoCo). A larger t lowers alpha = s/(s e^eps + t - s), which the clone pair at that alpha
+would count as privacy; the certified bound does not (§1.2: that alpha leaves the victim a leftover law), so
+eps_max no longer depends on t and t only trades variance at a fixed eps. Three rules:
 
 * ``"joint"`` (default): minimise the mean estimator's variance over the pairs (eps, t) that meet the
   target: for each t the best eps is the largest feasible one eps_max(t) (the variance falls as eps grows),
   so minimise V(eps_max(t), t) over integer t by golden-section (V is unimodal in t in every case we looked
-  at; a non-unimodal V would only cost optimality, never privacy). This is the real optimum of the problem.
-* ``"min-variance"``: t(eps) minimises the variance at each candidate eps, then bisection on eps. It ignores
-  that t also moves alpha, so it can be ~20 % worse than "joint" for small n (the textbook inversion of the bound).
+  at; a non-unimodal V would only cost optimality, never privacy). With the certified bound it finds the
+  same optimum as "min-variance"; it is kept because it stays optimal for any accountant that depends on t.
+* ``"min-variance"``: t(eps) minimises the variance at each candidate eps, then bisection on eps.
 * ``"paper"``: [CoCo]'s rules (Collision ``floor(s e^eps + 2s - 1)``, CoCo mean rule ``ceil(e^eps s + s + 2)``).
 
 Whatever the rule, the returned eps_local has been verified feasible (``plan_search``), and

@@ -1,13 +1,14 @@
-"""Mixture parameters alpha of local randomizers, the input of the tight shuffle bound (docs/mathematics.md §1.2).
+"""Mixture parameters alpha of local randomizers (docs/mathematics.md §1.2).
 
 A randomizer has mixture parameters (eps, alpha) when any two of its output distributions share the
 decomposition of §1.2. For every eps-LDP randomizer ``alpha = max TV(R(x), R(x')) / (e^eps - 1)`` is valid
-(docs/mathematics.md §1.2), so each function below is that ratio for one randomizer. A smaller alpha
-means the two output distributions differ on less mass (a smaller total variation for the same eps), so it
-certifies *more* amplification: the shuffle bound's central epsilon grows with alpha. Hence each alpha here
-must be the true worst-case ratio or an *upper* bound on it; none may be replaced by a smaller guess, and the
-generic 1/(e^eps + 1) (the largest alpha any eps-LDP randomizer can have) is always safe. All satisfy
-``(1 + e^eps) * alpha <= 1``.
+(docs/mathematics.md §1.2), so each function below is that ratio for one randomizer: the true worst-case
+ratio or an *upper* bound on it, never a smaller guess. All satisfy ``(1 + e^eps) * alpha <= 1``.
+
+The shuffle bound validates these values but certifies every randomizer at the generic 1/(e^eps + 1)
+(``shuffle_bound.certified_alpha``): a smaller alpha leaves the victim a leftover law that the clone pair
+does not account for, and the pair at that alpha under-reports epsilon. They still set the lone-report
+loss distribution of the odometer and are reported beside the certified value.
 
 Every ``1/(e^eps + c)`` is evaluated as ``e^-eps / (1 + c e^-eps)``: identical for moderate eps, finite for
 eps up to the MAX_EPSILON guard instead of overflowing.

@@ -14,10 +14,11 @@ optimal composition of their (eps, delta) ledgers (Kairouz, Oh and Viswanath 201
 mechanism-specific PLD. ``PrivacyOdometer.method`` says which was used.
 
 A window whose exact PLD is too large to build (``shuffle_pld.MAX_POINTS``: very large crowds at small
-eps_local) enters as the canonical pair of its tight single-window bound (eps_c(delta_w), delta_w), which the
-tight bound certifies, with delta_w = s delta_total / (G k) for k such windows in each of G such groups and
-the best of a few fixed shares s (labelled in ``method``). The pairs' composition is the optimal composition
-of those (eps, delta) windows.
+eps_local) enters either as the canonical pair of its tight single-window bound (eps_c(delta_w), delta_w),
+which the tight bound certifies, with delta_w = s delta_total / (G k) for k such windows in each of G such
+groups and a few fixed shares s, or as the exact PLD of the largest crowd on the client grid that fits
+(``capped_clients``: fewer clients never certify more privacy, see below); the smallest of these totals is
+published (each is a valid guarantee; the choice does not look at data; labelled in ``method``).
 
 Windows are grouped: ``n_clients`` is rounded *down* to a 2% geometric grid before the PLD is built.
 That is conservative because the shuffle bound's pair for n + 1 users is the pair for n users plus one more
@@ -38,7 +39,14 @@ from dp_accounting.pld.common import DifferentialPrivacyParameters
 
 from ._checks import check_delta, check_epsilon, check_int
 from .shuffle_bound import check_mixture_alpha, epsilon_central
-from .shuffle_pld import DEFAULT_INTERVAL, PLDTooLargeError, count_pld, crowd_count_pld, shuffle_pld
+from .shuffle_pld import (
+    DEFAULT_INTERVAL,
+    PLDTooLargeError,
+    count_pld,
+    crowd_count_pld,
+    pld_fits,
+    shuffle_pld,
+)
 
 MAX_INTERVAL = 0.01  # the coarsest PLD grid the odometer accepts (at most one step of pessimism per window)
 
@@ -46,8 +54,9 @@ __all__ = ["PrivacyOdometer", "WindowRelease", "compose_releases", "compose_with
            "infinity_mass", "interval_for", "quantize_clients"]
 
 FALLBACK_SHARES = (0.5, 0.9, 0.99)  # shares of delta_total tried for the too-large windows' own deltas
-METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound, "
-                   "a share of delta_total split over them")
+METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound (a share of "
+                   "delta_total split over them) or as the exact PLD of the largest crowd that fits, whichever "
+                   "total is smaller")
 METHOD_PLD = "pld: tight shuffle bound per window, composed by privacy loss distributions"
 METHOD_MIXED = ("pld: tight shuffle bound per window where available; (eps, delta) windows as the canonical "
                 "(eps, delta) pair (optimal composition of their ledgers)")
@@ -135,6 +144,29 @@ def quantize_clients(n: int) -> int:
     while math.floor(CLIENT_GRID**k) > n:  # guard the float rounding of log
         k -= 1
     return max(math.floor(CLIENT_GRID**k), 100)
+
+
+def capped_clients(release: WindowRelease, interval: float) -> int:
+    """The largest client count on the grid of ``quantize_clients``, at most the release's, whose exact PLD fits
+    ``shuffle_pld.MAX_POINTS`` (0 if not even 2 clients fit). Found by bisection on the grid; the result is
+    verified to fit, so it is a valid stand-in (not always the very largest) if the count is not monotone."""
+    n = quantize_clients(release.n_clients)
+    grid = list(range(2, min(n, 99) + 1))
+    k = math.ceil(math.log(100) / math.log(CLIENT_GRID))
+    while (c := math.floor(CLIENT_GRID**k)) <= n:
+        grid.append(c)
+        k += 1
+
+    def fits(c: int) -> bool:
+        return pld_fits(c, release.mechanism_alpha, release.eps_local, interval)
+
+    if not grid or not fits(grid[0]):
+        return 0
+    lo, hi = 0, len(grid)  # grid[lo] fits; grid[hi:] not known to
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(grid[mid]) else (lo, mid)
+    return grid[lo]
 
 
 def _local_pld(alpha: float, eps_local: float, interval: float) -> pld_lib.PrivacyLossDistribution:
@@ -279,6 +311,18 @@ class PrivacyOdometer:
                 total = composed if total is None else total.compose(composed)
             eps = float(total.get_epsilon_for_delta(self.delta_total))  # pairs' deltas inside delta_total
             best = min(best, (eps, self.delta_total))
+        capped, complete = exact, True  # every too-large window as the exact PLD of the largest crowd that fits
+        for group in too_large:
+            count, member = group[0], group[3]
+            fit = capped_clients(member, self.interval)
+            if fit < 2:
+                complete = False
+                break
+            base = window_pld(dataclasses.replace(member, n_clients=fit), self.interval)
+            composed = base if count == 1 else base.self_compose(count)
+            capped = composed if capped is None else capped.compose(composed)
+        if complete and capped is not None:  # read inside delta_total, like the pairs
+            best = min(best, (float(capped.get_epsilon_for_delta(self.delta_total)), self.delta_total))
         self._total = best
         return best
 

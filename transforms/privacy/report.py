@@ -24,7 +24,7 @@ from .closed_forms import (
 )
 from .fragment_report import FRAGMENTED_PRIVACY_MECHANISMS, format_fragmented_report, fragmented_privacy_report
 from .mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue, olh_buckets
-from .shuffle_bound import epsilon_central
+from .shuffle_bound import certified_alpha, epsilon_central
 
 PRIVACY_MECHANISMS: tuple[str, ...] = ("grr", "oue", "olh", "generic")  # single-message: ``privacy_report``
 ALL_PRIVACY_MECHANISMS: tuple[str, ...] = PRIVACY_MECHANISMS + FRAGMENTED_PRIVACY_MECHANISMS
@@ -67,7 +67,8 @@ def _closed_forms(mechanism: str, domain: int, eps: float, n: int, delta: float)
 def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: float) -> dict[str, Any]:
     """Central (eps_c, delta) of n shuffled reports of ``mechanism`` (replacement DP on both sides).
 
-    ``eps_central`` is the tight bound of ``shuffle_bound`` (the number to rely on); ``closed_forms`` maps
+    ``eps_central`` is the tight bound of ``shuffle_bound`` (the number to rely on), evaluated at
+    ``alpha_certified`` (the mechanism's ``alpha`` is reported for reference); ``closed_forms`` maps
     each closed form to ``{"epsilon": float | None, "reason": str | None}`` for comparison.
     """
     if mechanism not in PRIVACY_MECHANISMS:
@@ -87,6 +88,7 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
         "delta": delta,
         "alpha": alpha,
         "alpha_rule": rule,
+        "alpha_certified": certified_alpha(alpha, epsilon),
         "eps_central": epsilon_central(n, alpha, epsilon, delta),
         "closed_forms": {
             form.name: {"epsilon": form.epsilon, "reason": form.reason}
@@ -127,6 +129,8 @@ def format_privacy_report(report: dict[str, Any]) -> str:
         f"users n          {report['n']}",
         f"delta            {report['delta']:g}",
         f"mixture alpha    {report['alpha']:.6g}  [{report['alpha_rule']}]",
+        f"certified at     {report['alpha_certified']:.6g}  [generic 1/(e^eps + 1): the clone pair dominates only "
+        "without a victim leftover law]",
         f"central epsilon  {report['eps_central']:.6g}  (tight numerical bound, docs/mathematics.md §1.2)",
         "closed forms (comparison only):",
     ]

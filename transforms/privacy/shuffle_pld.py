@@ -7,9 +7,11 @@ throws away the shape of each window's privacy curve; composing privacy loss dis
 to the discretisation, which is rounded pessimistically so the result stays an upper bound.
 
 Shuffled reports. The tight shuffle bound (``shuffle_bound``) certifies that n shuffled reports of an
-(eps0, alpha)-mixture randomizer are at least as private as the pair (P_alpha, Q_alpha) of docs/mathematics.md
-§1.2: the victim outputs 1 / 2 / 0 with probabilities e^eps0 alpha / alpha / rest under P (1 and 2 swapped
-under Q) and each of the n - 1 others outputs 1 or 2 with probability alpha each. The observation is
+eps0-LDP randomizer are at least as private as the clone pair (P_alpha, Q_alpha) of docs/mathematics.md §1.2 at
+the generic alpha = 1/(e^eps0 + 1) (``certified_alpha``: a mechanism-specific alpha below it leaves the victim
+a leftover law and the pair no longer dominates). For a general alpha: the victim outputs 1 / 2 / 0 with
+probabilities e^eps0 alpha / alpha / rest under P (1 and 2 swapped under Q) and each of the n - 1 others
+outputs 1 or 2 with probability alpha each. The observation is
 (m, x): m non-zero outputs of which x are ones. With C ~ Bin(n-1, 2 alpha), b_m = Pr[C = m] and
 B_m(k) = Pr[Bin(m-1, 1/2) = k]:
 
@@ -44,10 +46,10 @@ from ._checks import check_delta, check_epsilon, check_int, check_real
 from .binomial import binom_cdf, binom_pmf, binom_sf
 from .crowd import crowd_threshold
 from .crowd_count import count_log_pmfs
-from .shuffle_bound import check_mixture_alpha
+from .shuffle_bound import certified_alpha, check_mixture_alpha
 
 __all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "count_pld", "crowd_count_pld",
-           "crowd_count_pmfs", "shuffle_loss_pmf", "shuffle_pld"]
+           "crowd_count_pmfs", "pld_fits", "shuffle_loss_pmf", "shuffle_pld"]
 
 # Loss grid of the PLDs. Pessimistic rounding moves each window's loss up by less than one step, so W
 # composed windows overstate eps by at most W * interval (about half that on average): 1e-5 keeps the
@@ -91,14 +93,8 @@ def _grouped_mass(xs: np.ndarray, xe: np.ndarray, trials: np.ndarray, row: np.nd
     return a1 * (upper0 - lower0) + a2 * (upper1 - lower1)
 
 
-def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float = PLD_WINDOW_SDS,
-                     group_interval: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
-    """The privacy loss of (P_alpha, Q_alpha) under P as (loss values, P-probabilities, mass on +infinity).
-
-    Exact on the (m, x) window (with ``group_interval``: losses rounded up by less than it, far fewer points
-    at large n alpha); the P-mass outside the window is returned separately (an upper bound on it, from
-    binomial tails) so the caller can count it as infinite loss.
-    """
+def _layout(n: int, alpha: float, eps_local: float, window_sds: float, group_interval: float | None) -> tuple:
+    """The (m, x) window of the pair and its grouping: everything before the PLD's points are built."""
     n = check_int("n", n, 2)
     eps_local = check_epsilon("eps_local", eps_local)
     alpha = check_mixture_alpha(alpha, eps_local)
@@ -130,6 +126,26 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
             w = np.floor(group_interval * m * a2 / (2.0 * (a1 - a2)))
         width = np.where(np.isfinite(w) & (w > 1), np.minimum(w, 2**40), 1).astype(np.int64)
     counts = (x_hi - x_lo) // width + 1
+    return alpha, outside, m, b_m, e_alpha, a1, a2, x_lo, x_hi, width, counts
+
+
+def pld_fits(n: int, alpha: float, eps_local: float, interval: float = DEFAULT_INTERVAL) -> bool:
+    """Whether ``shuffle_pld(n, alpha, eps_local, interval)`` fits ``MAX_POINTS`` (counted, not built)."""
+    counts = _layout(n, certified_alpha(alpha, eps_local), eps_local, PLD_WINDOW_SDS, interval)[-1]
+    return int(counts.sum()) <= MAX_POINTS
+
+
+def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float = PLD_WINDOW_SDS,
+                     group_interval: float | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """The privacy loss of the clone pair (P_alpha, Q_alpha) at exactly this alpha, under P, as (loss values,
+    P-probabilities, mass on +infinity); a privacy bound only at ``certified_alpha`` (what ``shuffle_pld`` uses).
+
+    Exact on the (m, x) window (with ``group_interval``: losses rounded up by less than it, far fewer points
+    at large n alpha); the P-mass outside the window is returned separately (an upper bound on it, from
+    binomial tails) so the caller can count it as infinite loss.
+    """
+    alpha, outside, m, b_m, e_alpha, a1, a2, x_lo, x_hi, width, counts = _layout(
+        n, alpha, eps_local, window_sds, group_interval)
     if int(counts.sum()) > MAX_POINTS:
         raise PLDTooLargeError(f"the PLD of n={n}, alpha={alpha:g} needs {int(counts.sum()):,} points "
                           f"(> {MAX_POINTS:,})")
@@ -154,10 +170,11 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
 @lru_cache(maxsize=64)
 def shuffle_pld(n: int, alpha: float, eps_local: float, interval: float = DEFAULT_INTERVAL
                 ) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one window of n shuffled reports of an (eps_local, alpha)-mixture randomizer, rounded up to
-    multiples of ``interval`` (pessimistic; x grouped within one more ``interval``, so one window's loss is
-    overstated by less than 2 interval), out-of-window mass at +infinity. Cached: windows repeat."""
-    loss, prob, outside = shuffle_loss_pmf(n, alpha, eps_local, group_interval=interval)
+    """PLD of one window of n shuffled reports of an (eps_local, alpha)-mixture randomizer (the clone pair at
+    ``certified_alpha``), rounded up to multiples of ``interval`` (pessimistic; x grouped within one more
+    ``interval``, so one window's loss is overstated by less than 2 interval), out-of-window mass at +infinity.
+    Cached: windows repeat."""
+    loss, prob, outside = shuffle_loss_pmf(n, certified_alpha(alpha, eps_local), eps_local, group_interval=interval)
     index = np.ceil(loss / interval - 1e-9).astype(np.int64)  # the 1e-9 only absorbs float noise on exact
     lo = int(index.min())                                     # multiples; log-ratios are never that close
     mass = np.bincount(index - lo, weights=prob)
