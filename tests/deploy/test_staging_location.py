@@ -1,7 +1,7 @@
 """Staging on an object store (``--staging_location s3://...``): the path Dataflow takes, run for real here.
 
 On Dataflow the workers cannot write the driver's disk, so each run's staged results go to a bucket the
-driver reads back after the pipeline succeeded. Here the bucket is the project's loopback S3 server, the
+driver reads back after the pipeline succeeded. Here the bucket is a loopback S3 server (moto's), the
 workers are separate SDK worker processes behind Beam's portable job service (the EXTERNAL environment a
 Dataflow VM or a Flink TaskManager uses), and Beam's own S3 filesystem (boto3) does the I/O. Checked
 against the in-process chain with local staging on the same raw topic: identical estimates and releases,

@@ -230,9 +230,9 @@ def test_min_of_honest_bound_and_blanket_holds_with_honest_others() -> None:
 
 def test_finding_9_numbers() -> None:
     """(e) Issue 26 finding 9: a victim alone among 200 colluders (GRR d = 4, eps0 = 2, delta = 1e-5). The
-    rows claim the certified shuffle bound for 201 devices (0.864); the colluders' reports are known, so the release is a
-    bijective function of the victim's report: exactly the local guarantee. With m dummies it is exactly the
-    blanket's epsilon, and the colluder-proof value is that (one honest device: no amplification)."""
+    rows claim the certified shuffle bound for 201 devices (0.864); the colluders' reports are known, so the
+    release is a bijective function of the victim's report: exactly the local guarantee. With m dummies it is
+    exactly the blanket's epsilon, and the colluder-proof value is that (one honest device: no amplification)."""
     d, eps0, delta = 4, 2.0, 1e-5
     claimed = epsilon_central(201, alpha_grr(eps0, d), eps0, delta)
     assert 0.86 <= claimed <= 0.87
