@@ -20,6 +20,7 @@ OTHER_PROGRAMS = {
     "--repeats": REPO / "benchmarks" / "pipeline.py",
     "--mechanisms": REPO / "benchmarks" / "pipeline.py",
     "--jobs_only": REPO / "benchmarks" / "profile_summary.py",
+    "--large": REPO / "benchmarks" / "shuffle_rest_leak.py",
     "--subprocesses": "py-spy record",
     "--flink-master": "Flink job server image",
     "--net": "docker run",
