@@ -33,6 +33,23 @@ SPEC = load_spec(SPEC_PATH)
 WINDOW_MS = SPEC.window_seconds * 1000
 
 
+def produce_in_one_transaction(chain, population) -> None:
+    """A window's events appear to the encoder at once (it reads committed records only): produced one by one,
+    a --drain run could start between two of them and close the window on part of its events."""
+    from confluent_kafka import Producer
+
+    from pipelines.demo.simulate import telemetry_messages
+    from pipelines.enrolment import enrol_simulated
+
+    enrol_simulated(chain.keys, population.client_ids.tolist())
+    producer = Producer({"bootstrap.servers": chain.bootstrap, "transactional.id": f"{chain.raw}-second-window"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for key, value in telemetry_messages(SPEC, population):
+        producer.produce(chain.raw, value, key)
+    producer.commit_transaction(30)
+
+
 def test_follow_releases_as_events_arrive_and_stops_on_sigterm(broker, tmp_path) -> None:
     start = recent_start(WINDOW_MS, back=4)
     population = synthesize(SPEC, 400, windows=2, start_ms=start, seed=17)
@@ -42,7 +59,7 @@ def test_follow_releases_as_events_arrive_and_stops_on_sigterm(broker, tmp_path)
     proc = start_cli(chain, "run", "--follow", "--poll_seconds", "1")
     try:
         wait_for(lambda: start + WINDOW_MS in estimate_parts(chain), timeout=240, what="the first window's estimates")
-        produce(chain, subset(population, np.flatnonzero(~first)))
+        produce_in_one_transaction(chain, subset(population, np.flatnonzero(~first)))
         wait_for(lambda: len(estimate_parts(chain)) == 2, timeout=240, what="the second window's estimates")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=180)

@@ -1,4 +1,4 @@
-"""Process helpers: N forked racers released together by a barrier; Python children to kill -9."""
+"""Process helpers: N spawned racers released together by a barrier; Python children to kill -9."""
 
 from __future__ import annotations
 
@@ -23,8 +23,13 @@ def _worker(barrier: Any, results: Any, fn: Callable[..., Any], index: int, args
 
 
 def race(n: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> list[Any]:
-    """``[fn(i, *args) for i in range(n)]``, each in its own process, all started at the same instant."""
-    ctx = multiprocessing.get_context("fork")
+    """``[fn(i, *args) for i in range(n)]``, each in its own process, all started at the same instant.
+
+    Spawned, not forked: in a whole test session the parent holds Beam's and Kafka's threads, and a fork taken
+    while one of them holds a lock can hang the child before it reaches the barrier (seen once in a full run).
+    The barrier, not the start, sets the race: the children start at their own pace and wait for one another.
+    """
+    ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(barrier, results, fn, i, args)) for i in range(n)]
     for proc in procs:
