@@ -6,13 +6,13 @@ import os
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from pipelines.exit_codes import ConfigError
 from transforms.io.kafka.config import CLIENTS, DEFAULT_CLIENT, KafkaConfigError
 from transforms.io.kafka.config import validate as validate_kafka_config
 
 
 class EsaKafkaOptions(PipelineOptions):
     """Where the streams are."""
-
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--kafka_bootstrap", default="127.0.0.1:9092",
@@ -58,7 +58,6 @@ class EsaFlinkStreamingOptions(PipelineOptions):
     """Flink's checkpoint interval for ``--kafka_io sdf`` (the Flink runner finalizes bundles, hence commits the
     source's offsets, when a checkpoint completes). Declared here because the esa commands refuse flags no
     options class declares; the value reaches the Flink job server as Beam's ``checkpointingInterval``."""
-
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--checkpointing_interval", type=int, default=-1,
@@ -68,7 +67,6 @@ class EsaFlinkStreamingOptions(PipelineOptions):
 
 class EsaOptions(PipelineOptions):
     """What to analyze and where results go."""
-
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--spec", action="append", default=[],
@@ -82,7 +80,6 @@ class EsaOptions(PipelineOptions):
 
 class EsaServiceOptions(PipelineOptions):
     """How a job keeps its state across runs, where its keys are, and when windows close."""
-
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         parser.add_argument("--state_dir", default="",
@@ -125,8 +122,6 @@ def kafka_client_config(path: str | os.PathLike[str]) -> dict[str, object]:
     Kept in a file, not on the command line, so that passwords do not show in ``ps``. A file that cannot be
     read or a line that is not ``key=value`` is a ConfigError (exit 3) naming the file (and the line).
     """
-    from pipelines.exit_codes import ConfigError
-
     if not path:
         return {}
     out: dict[str, object] = {}
@@ -150,8 +145,6 @@ def kafka_client_config(path: str | os.PathLike[str]) -> dict[str, object]:
 def load_kafka_config(path: str | os.PathLike[str], client: str) -> dict[str, object]:
     """``--kafka_config FILE`` read and checked for ``client`` now, before any Kafka client exists (every esa
     command that talks to Kafka loads it here, so all refuse a bad file alike: ConfigError, exit 3)."""
-    from pipelines.exit_codes import ConfigError
-
     config = kafka_client_config(path)
     try:
         validate_kafka_config(client, config)

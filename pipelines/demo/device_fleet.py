@@ -17,7 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.demo.population import Population, avro_value
+from transforms.device import Budget, BudgetExceeded, Client
 from transforms.spec import AnalysisSpec
+from transforms.trust.devices import SimulatedFleet
+from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
 
 LOG = logging.getLogger(__name__)
 
@@ -25,7 +28,6 @@ LOG = logging.getLogger(__name__)
 @dataclass
 class FleetOutcome:
     """What the simulated devices did: reports sent, reports their budget refused (with one reason)."""
-
     sent: int = 0
     refused: int = 0
     reasons: list[str] = field(default_factory=list)
@@ -35,10 +37,6 @@ def device_messages(spec: AnalysisSpec, population: Population, device_root: Pat
                     budget_epsilon: float | None = None, seed: int | None = None,
                     outcome: FleetOutcome | None = None) -> Iterator[tuple[bytes, bytes]]:
     """(device id, signed MessageSet) per event of the population, encoded on each simulated device."""
-    from transforms.device import Budget, BudgetExceeded, Client
-    from transforms.trust.devices import SimulatedFleet
-    from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
-
     fleet = SimulatedFleet.from_keys_dir(Path(keys_dir))
     key_id, analyzer = load_analyzer_public(Path(keys_dir))
     shuffler_id, shuffler = load_shuffler_sealing_public(Path(keys_dir))

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from transforms.analyzer.readout import leaf_value
+from transforms.mechanisms.heavy_hitters.prefix_tree import item_hash
 from transforms.spec import AnalysisSpec
 
 
@@ -164,8 +166,6 @@ def tree_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
 def quantile_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     """Tree nodes, then per spec quantile q the upper edge (value units) of the bucket holding the empirical
     q-quantile: the smallest leaf j with #{leaf <= j} >= q n, as ``readout.quantile_items`` reports it."""
-    from transforms.analyzer.readout import leaf_value
-
     out = tree_truth(spec, values)
     leaves = np.sort(leaves_of(spec, values))
     n = leaves.size
@@ -204,8 +204,6 @@ def url_values(spec: AnalysisSpec, n: int, rng: np.random.Generator, law: Any) -
 def heavy_hitter_truth(spec: AnalysisSpec, values: np.ndarray) -> dict[str, np.ndarray]:
     """True frequency of every item hash held by a client (item = the hex hash the analyzer reports; strings
     colliding in the hash are one item to it too), most frequent first; ``example`` = one string per hash."""
-    from transforms.mechanisms.heavy_hitters.prefix_tree import item_hash
-
     bits = spec.domain["bits"]
     digits = (bits + 3) // 4
     strings = np.asarray([str(v) for v in values])

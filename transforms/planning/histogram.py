@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from transforms.mechanisms.registry import build_mechanism
 from transforms.planning.search import EPS_LOCAL_CAP, FeasibilityOracle, largest_feasible_eps
 from transforms.privacy._checks import check_delta, check_epsilon, check_int
+from transforms.privacy.mixture import alpha_binary_rr, olh_buckets
 from transforms.privacy.odometer import WindowRelease
 from transforms.privacy.shuffle_bound import epsilon_central as tight_epsilon_central
 
@@ -44,11 +46,8 @@ RAPPOR_CAP = 20.0  # AttributeFragmentedRappor refuses larger budgets (53-bit un
 def histogram_mechanism(name: str, d: int, eps: float) -> Any:
     """The oracle as the pipeline builds it from a spec with ``[domain] d`` (defaults), except OLH's seed family,
     raised to the ``S g >= 4 d`` its decoder needs when d is large."""
-    from transforms.mechanisms.registry import build_mechanism
-
     params: dict[str, Any] = {}
     if name == "olh":
-        from transforms.privacy.mixture import olh_buckets
 
         params["seed_family"] = min(max(MIN_OLH_SEED_FAMILY, -(-4 * d // olh_buckets(eps))), 2**32)
     return build_mechanism(name, "histogram", {"d": d}, eps, params)
@@ -70,7 +69,6 @@ def _stderr(mech: Any, n: int, d: int) -> float:
 class HistogramOption:
     """One oracle's plan. ``eps_local`` is the mechanism's ``epsilon`` parameter (RAPPOR: the removal budget,
     replacement 2 eps); ``stderr`` is per item, a fraction of n, at a uniform population."""
-
     mechanism: str
     eps_local: float
     eps_central: float
@@ -93,7 +91,6 @@ class HistogramOption:
 @dataclass(frozen=True)
 class HistogramPlan:
     """Every oracle's plan for d categories and n clients, and the recommended one."""
-
     d: int
     n: int
     delta: float
@@ -146,8 +143,6 @@ def _rappor_eps(d: int, n: int, target: float, delta: float) -> float:
     per evaluation), so the exact search runs only inside a bracket found by cheap bounds: basic composition
     2 eps_c(delta/2) of the channels is feasible wherever it meets the target (lower end), one channel's
     tight bound is below the ledger's (upper end)."""
-    from transforms.privacy.mixture import alpha_binary_rr
-
     def capped(test: Any) -> Any:
         return lambda eps: eps <= RAPPOR_CAP and test(eps)
 
@@ -252,7 +247,6 @@ def format_histogram_plan(plan: HistogramPlan) -> str:
 class HistogramWindowsPlan:
     """The histogram plan over W windows of one population: per mechanism, the per-window plan and the
     composed total (``plan_windows`` for a total budget; ``compose_releases`` for a stderr target)."""
-
     windows: int
     delta_total: float
     eps_central_total_target: float | None
