@@ -46,6 +46,7 @@ from scipy.special import gammaln
 
 from ._checks import check_delta, check_epsilon, check_int, check_real
 from .binomial import binom_cdf, binom_pmf, binom_sf
+from .bisection import smallest_certified, smallest_int
 from .composition import chain_composition
 
 __all__ = [
@@ -213,16 +214,8 @@ def per_report_delta(eps0: float, delta: float, reports_per_client: int) -> floa
 
 def _bisect_epsilon(divergence: BlanketDivergence, delta: float, steps: int) -> float:
     """Smallest certified eps in [0, eps0] (upper end of the bisection, so D(result) <= delta)."""
-    low, high = 0.0, divergence.eps0
-    if divergence(high) > delta:
-        return high  # only through the window's neglected mass: the local guarantee still holds
-    for _ in range(steps):
-        middle = 0.5 * (low + high)
-        if divergence(middle) <= delta:
-            high = middle
-        else:
-            low = middle
-    return high
+    # eps0 when even it is not certified: only through the window's neglected mass (the local guarantee holds)
+    return smallest_certified(divergence, divergence.eps0, delta, steps)
 
 
 def epsilon_blanket(
@@ -303,14 +296,7 @@ def dummies_needed(
                 f"(d={d}, eps0={eps0!r}, k={k})"
             )
         high = min(2 * high, max_dummies)
-    low = high // 2  # reaches(low) is False (or low = 0, checked above)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if reaches(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return smallest_int(reaches, high // 2, high)  # reaches(high // 2) is False (or it is 0, checked above)
 
 
 def epsilon_against_colluders(eps_central_honest: float, eps_blanket: float) -> float:

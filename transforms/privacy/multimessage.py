@@ -40,6 +40,7 @@ from scipy.fft import irfft, next_fast_len, rfft
 
 from ._checks import check_delta, check_epsilon, check_int, check_real
 from .binomial import binom_cdf, binom_pmf, binom_sf
+from .bisection import bisect_certified, smallest_int
 from .composition import chain_composition
 
 __all__ = [
@@ -86,13 +87,7 @@ def _bisect_epsilon(delta_of: Callable[[float], float], delta: float, steps: int
         low, high = high, 2.0 * high
         if high > EPSILON_SEARCH_MAX:
             return math.inf
-    for _ in range(steps):
-        middle = 0.5 * (low + high)
-        if delta_of(middle) <= delta:
-            high = middle
-        else:
-            low = middle
-    return high
+    return bisect_certified(delta_of, low, high, delta, steps)
 
 
 def _chain(delta_of_swap: Callable[[float], float], eps: float, k_set: int) -> float:
@@ -201,14 +196,7 @@ def hadamard_min_rho(n: int, tau: int, k_set: int, epsilon: float, delta: float)
                 f"no rho <= {MAX_RHO} certifies (epsilon={eps}, delta={delta}) for n={n}, tau={tau}; "
                 "raise epsilon or delta, or lower tau"
             )
-    low = 0  # rho = 0 (no blanket) is never private
-    while high - low > 1:
-        middle = (low + high) // 2
-        if ok(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return smallest_int(ok, 0, high)  # rho = 0 (no blanket) is never private
 
 
 # -- Count-min + multi-message randomized response (§7.2) ------------------------------------------------

@@ -27,6 +27,7 @@ from ._checks import check_delta, check_epsilon, check_int, check_real
 from .binomial import binom_cdf as _cdf
 from .binomial import binom_pmf as _pmf
 from .binomial import binom_sf as _sf
+from .bisection import smallest_certified
 
 __all__ = [
     "FAST_WINDOW_SDS",
@@ -195,13 +196,4 @@ def epsilon_central(
     delta = check_delta("delta", delta)
     steps = check_int("steps", steps, 1)
     divergence = ShuffleDivergence(n, alpha, eps_local, window_sds=window_sds)
-    low, high = 0.0, divergence.eps_local
-    if divergence(high) > delta:
-        return high
-    for _ in range(steps):
-        middle = 0.5 * (low + high)
-        if divergence(middle) <= delta:
-            high = middle
-        else:
-            low = middle
-    return high
+    return smallest_certified(divergence, divergence.eps_local, delta, steps)
