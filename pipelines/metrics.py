@@ -159,7 +159,6 @@ class MetricsServer:
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as err:
-
             raise ConfigError(f"--metrics_port {port}: cannot listen on {host}:{port}: {err.strerror or err}") \
                 from None
         self._server.daemon_threads = True

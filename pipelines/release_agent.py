@@ -138,7 +138,6 @@ class ReleaseAgent:
         write_counts(directory / "counts", f"stream-{digest}", ReasonCounts().add_letters(ordered))
         topic = domain_dead_letter_topic(self._config.dead_letter_topic, "shuffle")
         if topic:
-
             produce_records(self._config.bootstrap, topic,
                             (encode_record("DeadLetter", letter, check=False) for letter in ordered),
                             producer_config=self._config.kafka_config, client=self._config.kafka_client)

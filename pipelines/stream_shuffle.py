@@ -238,14 +238,13 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         start_committed = committed_total(config)
         LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,
                  config.shuffled_topic, config.group_id, root)
-        pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
         with contextlib.ExitStack() as stack:
             metrics = None
-            if config.metrics_port:
+            if config.metrics_port:  # before the pipeline starts: a port taken must not orphan a submitted job
                 metrics = JobMetrics("shuffle")
-                server = stack.enter_context(metrics.serve(config.metrics_port, config.metrics_host))
-                LOG.info("metrics on http://%s:%d/metrics", config.metrics_host, server.port)
+                stack.enter_context(metrics.serve(config.metrics_port, config.metrics_host))
                 metrics.set_status("running")
+            pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
             try:
                 counters = _serve(pipeline, agent, root, config, started, start_committed, metrics)
             except BaseException:

@@ -21,6 +21,7 @@ import pytest
 from pipelines.metrics import JobMetrics
 from pipelines.release_agent import AgentTotals
 from tests.e2e.chain_harness import _env, bounded_reference, cli_argv, stream_twin
+from transforms.io.kafka.bounded import committed_offsets
 
 pytestmark = pytest.mark.slow
 N, WINDOWS = 600, 2
@@ -95,3 +96,20 @@ def test_the_metrics_count_releases_withheld_windows_and_dummies() -> None:
     assert value("esa_consumer_lag_records", {"stage": "shuffle"}) == 0
     assert value("esa_last_release_timestamp_seconds", {"stage": "shuffle"}) > 0
     assert metrics.health()[0] == 200
+
+
+def test_a_taken_metrics_port_is_one_line_and_nothing_is_read(broker, tmp_path) -> None:
+    """One line, exit 3, no record committed. (The driver binds the port before it submits the stream, so a
+    job on a cluster is never left without its driver; the in-process runner here cannot show that part.)"""
+    bounded, _ = bounded_reference(broker.bootstrap, tmp_path, 200, 1, seed=29)
+    stream = stream_twin(bounded, tmp_path / "sdf")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = cli_argv(stream, "shuffle", "--kafka_io", "sdf", "--stop_after_idle_seconds", "2",
+                        "--metrics_port", str(port))
+        done = subprocess.run(argv, env=_env(None), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert f"--metrics_port {port}: cannot listen" in done.stderr and "Traceback" not in done.stderr
+    assert committed_offsets(broker.bootstrap, f"{stream.group}-shuffle", stream.reports) == {}
