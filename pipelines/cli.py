@@ -183,6 +183,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "simulate":
         _announce_seed(args.seed, "simulate")
         return _simulate(args)
+    if args.command == "spec-json":
+        from pipelines.spec_json import spec_json_command
+
+        return spec_json_command(args.spec, args.out)
     if args.command == "privacy":
         return privacy_command(args)
     if args.command == "plan":

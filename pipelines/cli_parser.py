@@ -169,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, default=None, help="directory of the pages (default OUTPUT_DIR/report)")
     report.add_argument("--top", type=_positive_int, default=8, help="items drawn over the windows (default 8)")
 
+    spec_json = sub.add_parser("spec-json", help="a spec as JSON for device SDKs (clients/web): resolved randomizer "
+                                                 "probabilities, wire facts, budget charge")
+    spec_json.add_argument("spec", type=Path, metavar="SPEC", help="analysis spec (TOML)")
+    spec_json.add_argument("--out", type=Path, default=None, help="write to this file (default: stdout)")
+
     priv = sub.add_parser("privacy", help="central epsilon of shuffled reports (tight bound + closed forms)")
     priv.add_argument("--mechanism", choices=ALL_PRIVACY_MECHANISMS, required=True,
                       help="the local randomizer (generic: any epsilon-LDP randomizer, the worst case)")
