@@ -197,6 +197,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         for path in write_reports(args.output_dir, args.out, args.top):
             print_out(str(path))
         return 0
+    if args.command in ("edge", "edge-token"):
+        from pipelines.edge.cli import edge_command
+
+        return edge_command(args)
     if args.command == "query":
         from pipelines.query.ranges import query_command
 

@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --crowd_claim: [crowd] delta_year (default 1e-6)")
     priv.add_argument("--json", action="store_true", help="machine-readable output")
     _add_plan_parser(sub)
+    from pipelines.edge.cli import add_edge_parsers
+
+    add_edge_parsers(sub)
     for subparser in sub.choices.values():
         _underscore_flags(subparser)
     return parser
