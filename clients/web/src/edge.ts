@@ -54,8 +54,9 @@ export interface ReporterOptions {
   specs: (ExportedSpec | string | object)[];
   storage: Storage;
   budget?: Budget | null;
-  /** An enrolment token minted by the app's backend (`--enrolment token`); none for `--enrolment open`. */
-  enrolmentToken?: string;
+  /** The enrolment token the app's backend mints for this device's public key (`--enrolment token`): the token,
+   * or a function from the public key (64 hex digits) to it, called once, at enrolment. None for `--enrolment open`. */
+  enrolmentToken?: string | ((publicKeyHex: string) => Promise<string>);
   /** The shuffler's Ed25519 signing key (hex), shipped with the app; without it the first key seen is pinned. */
   shufflerSigningKey?: string;
   /** How long fetched keys are used before they are fetched again (default 3600 s, or the edge's max-age). */
@@ -131,7 +132,9 @@ export class Reporter {
   private async enrol(publicKey: Uint8Array): Promise<void> {
     const hex = toHex(publicKey);
     if ((await this.options.storage.get(ENROLLED)) === hex) return;
-    const body = JSON.stringify({ public_key: hex, ...(this.options.enrolmentToken ? { token: this.options.enrolmentToken } : {}) });
+    const given = this.options.enrolmentToken;
+    const token = typeof given === "function" ? await given(hex) : given;
+    const body = JSON.stringify({ public_key: hex, ...(token ? { token } : {}) });
     const answer = await this.fetcher(this.url("/v1/enrol"), { method: "POST", body, headers: { "Content-Type": "application/json" } });
     if (answer.status >= 300) throw new Error(`enrolment refused: ${answer.status} ${await answer.text()}`);
     await this.options.storage.set(ENROLLED, hex);

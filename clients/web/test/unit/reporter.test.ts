@@ -29,7 +29,7 @@ function keysDocument(analyzerId: string, analyzerSeed: number): string {
 /** A scripted edge: `mode` decides each report's answer; records what it accepted. */
 function scriptedEdge() {
   const state = { mode: "ok" as "ok" | "down" | "503" | "400", accepted: [] as Uint8Array[], keysBody: keysDocument("a1", 3),
-    keyFetches: 0, enrolments: 0 };
+    keyFetches: 0, enrolments: 0, lastEnrolment: null as null | { public_key: string; token?: string } };
   const fetcher = (async (url: string, init?: RequestInit) => {
     const path = new URL(url, "http://edge").pathname;
     if (path === "/v1/keys") {
@@ -38,6 +38,7 @@ function scriptedEdge() {
     }
     if (path === "/v1/enrol") {
       state.enrolments++;
+      state.lastEnrolment = JSON.parse(String(init!.body));
       return new Response("{}", { status: 200 });
     }
     if (state.mode === "down") throw new TypeError("network down");
@@ -96,6 +97,15 @@ describe("Reporter", () => {
     const sets = state.accepted.map((body) => toHex(open(new Uint8Array(32).fill(9), body, ENVELOPE_AD)));
     expect([sets[0].includes(toHex(utf8("\x02a1"))), sets[1].includes(toHex(utf8("\x02a2")))]).toEqual([true, true]);
     expect(reporter.client(spec.name).keys.analyzerKeyId).toBe("a2");
+  });
+
+  it("asks the app's backend for an enrolment token for this device's key", async () => {
+    const { state, fetcher } = scriptedEdge();
+    const asked: string[] = [];
+    const reporter = await Reporter.create({ endpoint: "http://edge", specs: [spec], storage: new MemoryStorage(), fetch: fetcher,
+      enrolmentToken: async (key) => { asked.push(key); return `v1.token-for-${key.slice(0, 8)}`; } });
+    expect(asked).toEqual([toHex(reporter.client(spec.name).publicKey)]);
+    expect(state.lastEnrolment).toEqual({ public_key: asked[0], token: `v1.token-for-${asked[0].slice(0, 8)}` });
   });
 
   it("refuses a keys document not signed by the pinned shuffler key", async () => {
