@@ -85,6 +85,9 @@ def cases() -> list[tuple[str, AnalysisSpec, list[dict[str, Any]]]]:
         ("oue", _histogram("lang_oue", "oue", 2.0), three),
         ("olh", _histogram("lang_olh", "olh", 2.0), three),
         ("olh_small_family", _histogram("lang_olh_small", "olh", 0.5, g=3, seed_family=64), three),
+        ("rappor_fragments", _histogram("lang_fragments", "rappor_fragments", 4.0, fragments=3),
+         [{"value": "es", "event_time_ms": t}, {"value": "es", "event_time_ms": t + 3_600_000},
+          {"value": 11, "event_time_ms": t + 1}, {"value": "es", "event_time_ms": t + 2}]),
         ("range_llh_sample", _range("lat_llh", "llh", "sample", 16, 4.0),
          [{"value": 12.5, "event_time_ms": t}, {"value": 2000.0, "event_time_ms": t},
           {"value": 0, "event_time_ms": t}]),
@@ -169,7 +172,8 @@ def build_case(name: str, spec: AnalysisSpec, events: Sequence[dict[str, Any]], 
             output = client.encode(event["value"], event_time_ms=event["event_time_ms"],
                                    crowd_id=event.get("crowd_id"))
             ledger = json.loads((Path(state) / BUDGET_FILE).read_text())
-            out_events.append(_event_vector(spec, event, rng.draws[start:], output, ledger))
+            memo = {p.name: json.loads(p.read_text()) for p in sorted((Path(state) / "memo").glob("*.json"))}
+            out_events.append({**_event_vector(spec, event, rng.draws[start:], output, ledger), "memo": memo})
     return {"format": FORMAT, "case": name, "generator": "python -m pipelines.golden_vectors",
             "spec": spec_json(spec),
             "keys": {"device_seed": DEVICE_SEED.hex(), "device_public": signer.public_bytes_raw().hex(),

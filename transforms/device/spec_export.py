@@ -11,11 +11,12 @@ with a clear error rather than exported half-described.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from schemas import SCHEMA_VERSION, load_schema
 from transforms.device.accounting import report_cost
-from transforms.device.backstop import is_memoizing
+from transforms.device.backstop import backstop_identity, is_memoizing
 from transforms.mechanisms.base import is_single_message
 from transforms.spec import MAX_CROWD_ID_LENGTH, AnalysisSpec
 from transforms.wire.avro_payload import payload_pad_length
@@ -25,7 +26,7 @@ __all__ = ["SPEC_JSON_FORMAT", "WEB_MECHANISMS", "spec_json"]
 
 SPEC_JSON_FORMAT = 1
 #: Mechanisms whose randomizer the web SDK implements (``clients/web/src/mechanisms``).
-WEB_MECHANISMS = ("grr", "oue", "olh", "dyadic_range")
+WEB_MECHANISMS = ("grr", "oue", "olh", "dyadic_range", "rappor_fragments")
 
 
 def _union_index(kind: str) -> int:
@@ -61,6 +62,14 @@ def _mechanism(mech: Any) -> dict[str, Any]:
                 "channels": mech.channels, "seed_family": oracles.seed_family,
                 "oue_width": 1 << max(oracles.channel_bits),
                 "level_oracles": [_oracle(m) for m in oracles.mechanisms]}
+    if mech.name == "rappor_fragments":  # the permanent backstop, memoized on the device (transforms/device/memo.py)
+        return {"name": "rappor_fragments", "d": mech.d, "epsilon_backstop": mech.epsilon_backstop,
+                "epsilon_fragment": mech.eps_f, "fragments": mech.fragments, "channels": mech.channels,
+                "q_backstop": mech.q_backstop, "p_backstop": 1.0 - mech.q_backstop,
+                "q_fragment": mech.q_fragment, "keep_boost": mech.keep_boost,
+                "backstop_cap": mech.backstop_cap, "fragment_cap": mech.fragment_cap,
+                "log1p_neg_q_backstop": math.log1p(-mech.q_backstop),
+                "log1p_neg_q_fragment": math.log1p(-mech.q_fragment)}
     raise ValueError(f"mechanism {mech.name!r} has no web randomizer (supported: {', '.join(WEB_MECHANISMS)})")
 
 
@@ -78,9 +87,8 @@ def spec_json(spec: AnalysisSpec) -> dict[str, Any]:
     """The JSON-ready export of ``spec`` for a device SDK; ValueError if no SDK can randomize it."""
     mech = spec.randomizer
     described = _mechanism(mech)
-    if is_memoizing(mech):  # none of WEB_MECHANISMS is; kept explicit for when one is added
-        raise ValueError(f"{mech.name} memoizes a permanent randomization the web SDK does not implement")
-    cost = report_cost(mech, spec.spec_id, None, 0)
+    memoizing = is_memoizing(mech)
+    cost = report_cost(mech, spec.spec_id, "0" if memoizing else None, 0)
     return {
         "format": SPEC_JSON_FORMAT,
         "spec_id": spec.spec_id,
@@ -102,5 +110,8 @@ def spec_json(spec: AnalysisSpec) -> dict[str, Any]:
             "single_message": is_single_message(mech),
             "message_set_header": load_schema("MessageSet").header.hex(),
         },
-        "budget": {"memoizing": False, "epsilon_per_report": cost.epsilon, "rule": cost.rule},
+        # memoizing: the k-th report of a value in an epoch costs 2 (eps(k tau) - eps((k - 1) tau))
+        # (transforms/device/accounting.py); the SDK computes it, "epsilon_per_report" is the first report's
+        "budget": {"memoizing": memoizing, "epsilon_per_report": cost.epsilon, "rule": cost.rule,
+                   "identity": backstop_identity(spec.metric, mech) if memoizing else None},
     }

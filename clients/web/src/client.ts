@@ -13,6 +13,7 @@ import {
   type Budget, BudgetConflict, BudgetExceeded, type BudgetStatus, charge, checkBudget, fits, ledgerInForce, status,
 } from "./budget.js";
 import { concat, fromHex, toHex, utf8 } from "./bytes.js";
+import { backstopBits, fragmentReportCost, fragmentsFromBackstop, type FragmentsSpec } from "./mechanisms/fragments.js";
 import { type Message, randomize } from "./mechanisms/index.js";
 import { encodeMessageSet, type MessageSet, NONCE_BYTES, signMessageSet } from "./messageSet.js";
 import { encodePayload } from "./payload.js";
@@ -130,22 +131,55 @@ export class Client {
     const crowd = this.crowd(options.crowdId ?? null);
     const now = this.clock();
     const eventTimeMs = this.eventTime(options.eventTimeMs, now);
+    const memoizing = this.spec.budget.memoizing;
+    const countKey = memoizing ? `${this.spec.spec_id}|${JSON.stringify(index)}` : null;
     const messages = await this.lock.run(async () => {
       const budget = await this.checkPolicy();
-      const cost = this.spec.budget.epsilon_per_report;
       let ledger = null;
-      if (budget !== null) {
-        ledger = ledgerInForce(await this.storage.get(BUDGET_KEY), budget, now);
-        if (!fits(ledger, cost, budget.epsilonPerEpoch)) throw new BudgetExceeded(cost, status(ledger, budget.epsilonPerEpoch), now);
+      if (budget !== null) ledger = ledgerInForce(await this.storage.get(BUDGET_KEY), budget, now);
+      const cost = memoizing
+        ? fragmentReportCost(this.spec.mechanism as FragmentsSpec, (ledger?.counts[countKey as string] ?? 0) + 1)
+        : this.spec.budget.epsilon_per_report;
+      if (ledger !== null && budget !== null && !fits(ledger, cost, budget.epsilonPerEpoch)) {
+        throw new BudgetExceeded(cost, status(ledger, budget.epsilonPerEpoch), now);
       }
-      const out = randomize(this.spec, index, this.rng);
+      const out = memoizing ? await this.memoized(index) : randomize(this.spec, index, this.rng);
       if (ledger !== null) {
-        charge(ledger, cost, null);
+        charge(ledger, cost, countKey);
         await this.storage.set(BUDGET_KEY, JSON.stringify(ledger));
       }
       return out;
     });
     return this.sealAndSign(messages, eventTimeMs, crowd);
+  }
+
+  /**
+   * A report of a memoizing mechanism: fresh fragments of the value's permanent backstop, drawn the first time the
+   * value is reported and stored before any report uses it (transforms/device/memo.py's store, same JSON, keyed by
+   * the metric and the backstop's parameters, so a spec edit that keeps them keeps the backstops).
+   */
+  private async memoized(index: number): Promise<Message[]> {
+    const m = this.spec.mechanism as FragmentsSpec;
+    const identity = this.spec.budget.identity as string;
+    const key = `memo/${toHex(sha256(utf8(identity))).slice(0, 24)}.json`;
+    const raw = await this.storage.get(key);
+    const store = raw === null ? { format: 2, identity, backstops: {} as Record<string, number[]> } : JSON.parse(raw);
+    if (store.format !== 2 || store.identity !== identity) throw new Error(`${key}: not the memo store of ${identity}`);
+    const valueKey = JSON.stringify(index);
+    let bits: number[] | undefined = store.backstops[valueKey];
+    if (bits === undefined) {
+      bits = backstopBits(m, index, this.rng);
+      store.backstops[valueKey] = bits;
+      await this.storage.set(key, JSON.stringify(store));
+    }
+    return fragmentsFromBackstop(m, bits, this.rng);
+  }
+
+  /** How many values of this spec have a stored permanent randomization on this device. */
+  async memoizedValues(): Promise<number> {
+    if (!this.spec.budget.memoizing) return 0;
+    const raw = await this.storage.get(`memo/${toHex(sha256(utf8(this.spec.budget.identity as string))).slice(0, 24)}.json`);
+    return raw === null ? 0 : Object.keys(JSON.parse(raw).backstops).length;
   }
 
   /** Spent and remaining budget of the current epoch (limit Infinity without a budget). */

@@ -1,3 +1,5 @@
+import type { FragmentsSpec } from "./mechanisms/fragments.js";
+
 /**
  * A spec as `esa spec-json` exports it (`transforms/device/spec_export.py`): the analysis, its randomizer with the
  * exact probabilities the Python client draws against, the wire facts and the per-report budget charge.
@@ -26,7 +28,7 @@ export interface DyadicSpec {
   level_oracles: OracleSpec[];
 }
 
-export type MechanismSpec = OracleSpec | DyadicSpec;
+export type MechanismSpec = OracleSpec | DyadicSpec | FragmentsSpec;
 
 export interface WireSpec {
   schema_version: number;
@@ -51,10 +53,10 @@ export interface ExportedSpec {
   domain: { categories?: string[]; bits?: number; value_range?: [number, number] | null };
   mechanism: MechanismSpec;
   wire: WireSpec;
-  budget: { memoizing: boolean; epsilon_per_report: number; rule: string };
+  budget: { memoizing: boolean; epsilon_per_report: number; rule: string; identity: string | null };
 }
 
-const SUPPORTED = new Set(["grr", "oue", "olh", "dyadic_range"]);
+const SUPPORTED = new Set(["grr", "oue", "olh", "dyadic_range", "rappor_fragments"]);
 
 /** Parse and sanity-check a spec export (a JSON string or an already parsed object). */
 export function loadSpec(raw: string | object): ExportedSpec {
@@ -62,7 +64,7 @@ export function loadSpec(raw: string | object): ExportedSpec {
   if (spec?.format !== 1) throw new Error(`not a spec export of format 1 (esa spec-json): format ${JSON.stringify(spec?.format)}`);
   if (!SUPPORTED.has(spec.mechanism?.name)) throw new Error(`mechanism ${spec.mechanism?.name} is not implemented by the web SDK`);
   if (typeof spec.spec_id !== "string" || !spec.spec_id.includes("@")) throw new Error("spec export without a spec_id");
-  if (spec.budget.memoizing) throw new Error("memoizing mechanisms are not implemented by the web SDK");
+  if (spec.budget.memoizing !== (spec.mechanism.name === "rappor_fragments")) throw new Error("spec export: memoizing flag does not fit the mechanism");
   return spec;
 }
 

@@ -5,6 +5,7 @@
  */
 import type { DyadicSpec, ExportedSpec, MechanismSpec, OracleSpec } from "../spec.js";
 import type { Randomness } from "../random.js";
+import { backstopBits, fragmentsFromBackstop } from "./fragments.js";
 import { hashToBucket, linearHash } from "./hashing.js";
 
 export type Payload =
@@ -111,6 +112,8 @@ export function randomize(spec: ExportedSpec, v: number, rng: Randomness): Messa
       return [{ channel: 0, payload: olh(m, v, rng) }];
     case "dyadic_range":
       return dyadic(m, v, rng);
+    case "rappor_fragments": // one window's fresh draw, backstop not kept: the Client memoizes it instead
+      return fragmentsFromBackstop(m, backstopBits(m, v, rng), rng);
     default:
       throw new Error(`mechanism ${(m as MechanismSpec).name} is not implemented by the web SDK`);
   }

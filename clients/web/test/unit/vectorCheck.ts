@@ -25,10 +25,18 @@ export function stepMismatches(sdk: Sdk, v: Vector): string[] {
   const spec = sdk.loadSpec(v.spec);
   const analyzer = sdk.fromHex(v.keys.analyzer_public);
   const shuffler = sdk.fromHex(v.keys.shuffler_public);
+  const backstops = new Map<number, number[]>(); // memoizing mechanisms: a value's backstop is drawn once
   v.events.forEach((e: Vector, k: number) => {
     const at = (step: string) => `${v.case}/${k}/${step}`;
     const rng = new sdk.ReplayRandomness(e.draws);
-    const messages = sdk.randomize(spec, sdk.domainIndex(spec, e.input.value), rng);
+    const index = sdk.domainIndex(spec, e.input.value);
+    let messages;
+    if (spec.budget.memoizing) {
+      if (!backstops.has(index)) backstops.set(index, sdk.backstopBits(spec.mechanism, index, rng));
+      messages = sdk.fragmentsFromBackstop(spec.mechanism, backstops.get(index), rng);
+    } else {
+      messages = sdk.randomize(spec, index, rng);
+    }
     if (messages.length !== e.messages.length) bad.push(at("randomize: message count"));
     const byteDraws = e.draws.filter((d: Vector) => d.op === "bytes");
     const ephemerals = byteDraws.slice(0, e.messages.length).map((d: Vector) => sdk.fromHex(d.hex));
@@ -73,6 +81,11 @@ export async function clientMismatches(sdk: Sdk, v: Vector): Promise<string[]> {
     const ledger = JSON.parse(await storage.get("budget.json"));
     if (JSON.stringify(ledger, Object.keys(ledger).sort()) !== JSON.stringify(e.ledger, Object.keys(e.ledger).sort())) {
       bad.push(`${v.case}/${k}/ledger`);
+    }
+    for (const [file, store] of Object.entries(e.memo as Record<string, Vector>)) {
+      const mine = await storage.get(`memo/${file}`);
+      if (mine === null || JSON.stringify(JSON.parse(mine).backstops) !== JSON.stringify(store.backstops)
+          || JSON.parse(mine).identity !== store.identity) bad.push(`${v.case}/${k}/memo`);
     }
   }
   if (!rng.exhausted) bad.push(`${v.case}/draws left over`);
