@@ -14,7 +14,7 @@ import { ed25519 } from "@noble/curves/ed25519.js";
 import type { Budget } from "./budget.js";
 import { concat, fromBase64, fromHex, toBase64, toHex, utf8 } from "./bytes.js";
 import { Client, type EncodeOptions, loadDeviceKey, type SealingKeys } from "./client.js";
-import type { Randomness } from "./random.js";
+import { CryptoRandomness, type Randomness } from "./random.js";
 import { type ExportedSpec, loadSpec } from "./spec.js";
 import { DeviceLock, type Storage } from "./storage.js";
 
@@ -83,6 +83,7 @@ export class Reporter {
   private failures = 0;
   private nextAttempt = 0;
   private seq = 0;
+  private readonly unique = new CryptoRandomness();
   private timer: ReturnType<typeof setTimeout> | null = null;
   private flushing: Promise<FlushResult> | null = null;
   readonly lock = new DeviceLock();
@@ -108,8 +109,6 @@ export class Reporter {
     }
     const first = reporter.clients.values().next().value as Client | undefined;
     if (first) await reporter.enrol(first.publicKey);
-    const queued = await options.storage.keys(QUEUE);
-    reporter.seq = queued.length ? Number(queued[queued.length - 1].slice(QUEUE.length)) + 1 : 0;
     return reporter;
   }
 
@@ -187,7 +186,11 @@ export class Reporter {
 
   async enqueue(body: Uint8Array): Promise<void> {
     const storage = this.options.storage;
-    await storage.set(`${QUEUE}${String(this.seq++).padStart(12, "0")}`, toBase64(body));
+    // time, then a counter, then random bits: tabs sharing one IndexedDB never overwrite each other's reports,
+    // and the queue drains in about the order the reports were made
+    const key = `${QUEUE}${String(Math.floor(this.clock() * 1000)).padStart(15, "0")}-${String(this.seq++ % 1e6).padStart(6, "0")}`
+      + `-${toHex(this.unique.bytes(4))}`;
+    await storage.set(key, toBase64(body));
     const queued = await storage.keys(QUEUE);
     const excess = queued.length - (this.options.maxQueue ?? 1000);
     for (let i = 0; i < excess; i++) {

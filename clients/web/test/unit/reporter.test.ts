@@ -75,6 +75,20 @@ describe("Reporter", () => {
     expect(() => open(shuffler, state.accepted[0], ENVELOPE_AD)).not.toThrow();
   });
 
+  it("two tabs on one storage queue side by side and lose nothing", async () => {
+    const { state, fetcher } = scriptedEdge();
+    const storage = new MemoryStorage();
+    const tab = () => Reporter.create({ endpoint: "http://edge", specs: [spec], storage, fetch: fetcher, clock: () => 1_764_000_000 });
+    const [a, b] = [await tab(), await tab()];
+    state.mode = "down";
+    await Promise.all([a.report(spec.name, "fr"), b.report(spec.name, "en"), a.report(spec.name, "de"), b.report(spec.name, "ja")]);
+    expect(await storage.keys("queue/")).toHaveLength(4);
+    state.mode = "ok";
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    const c = await tab(); // a third tab, no backoff pending, drains everything
+    expect(await c.flush()).toMatchObject({ sent: 4, pending: 0 });
+  });
+
   it("drops a report the edge refuses for good (4xx), and keeps going", async () => {
     const { state, fetcher } = scriptedEdge();
     const reporter = await Reporter.create({ endpoint: "http://edge", specs: [spec], storage: new MemoryStorage(), fetch: fetcher });
