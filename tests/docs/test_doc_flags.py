@@ -31,6 +31,7 @@ OTHER_PROGRAMS = {
     "--taskmanagers": REPO / "pipelines" / "flink_cluster.py",
     "--taskmanager-memory": REPO / "pipelines" / "flink_cluster.py",
     "--service_port": "Beam's worker_pool_main",
+    "--legacy_registry": REPO / "transforms" / "trust" / "__main__.py",
     **{flag: "kafka-acls.sh" for flag in ("--add", "--allow-principal", "--bootstrap-server", "--command-config",
                                           "--group", "--operation", "--resource-pattern-type", "--topic",
                                           "--transactional-id")},

@@ -78,5 +78,4 @@ def test_memory_stays_bounded_while_every_device_is_looked_up(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["found"] == n
-    print(result)
     assert result["growth_mb"] < 12, result
