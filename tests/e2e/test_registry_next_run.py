@@ -67,7 +67,7 @@ def test_an_enrolment_made_during_a_run_counts_from_the_next_run(broker, tmp_pat
     letters = dead_letters(stage.config("shuffle").state_layout.dead_letters)
     assert [letter["reason"] for letter in letters] == ["unauthenticated: unknown device (not enrolled)"]
     ledger = ReleaseLedger(stage.config("shuffle").state_layout.ledger)
-    assert len(list(ledger.entries(spec.spec_id))) == 1  # the window run 1 closed (released or withheld by the threshold)
+    assert len(list(ledger.entries(spec.spec_id))) == 1  # the window run 1 closed (released, or withheld)
 
     produce_records(broker.bootstrap, topics["reports_topic"], sets([*fleet, late], now - 2 * HOUR_MS + 1000))
     second = shuffle.run(stage.config("shuffle"))  # a new run: the store reopened from disk, caught up from its offsets

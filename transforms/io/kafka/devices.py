@@ -17,7 +17,7 @@ from transforms.io.kafka.bounded import (
     plan_bounded_read,
     produce_records,
 )
-from transforms.io.kafka.clients import CLIENT_ID, KafkaRecord, consumer
+from transforms.io.kafka.clients import _ADMIN_KEYS, CLIENT_ID, KafkaRecord, consumer
 from transforms.io.kafka.config import CONFLUENT, DEFAULT_CLIENT, check_client, to_librdkafka
 from transforms.trust.enrolment import enrolment_record
 
@@ -51,9 +51,8 @@ def ensure_devices_topic(bootstrap: str, topic: str, *, partitions: int = 1,
     else:
         from kafka.admin import KafkaAdminClient, NewTopic
 
-        keys = ("security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version")
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id=CLIENT_ID,
-                                 **{k: v for k, v in config.items() if k.startswith(keys)})
+        settings = {"client_id": CLIENT_ID} | {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, **settings)
         try:
             response = admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=dict(COMPACTED))],
                                            raise_errors=False, wait_for_metadata=True)
