@@ -90,6 +90,7 @@ def test_the_devices_topic_is_created_compacted(broker, topic_name: str) -> None
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic_name)
     configs = admin.describe_configs([resource])[resource].result(timeout=30)
     assert configs["cleanup.policy"].value == "compact" and configs["retention.ms"].value == "-1"
+    assert configs["delete.retention.ms"].value == str(30 * 86_400_000)
 
 
 def test_a_bad_key_writes_nothing(broker, topic_name: str, tmp_path: Path,

@@ -23,8 +23,9 @@ from transforms.trust.enrolment import enrolment_record
 
 __all__ = ["COMPACTED", "devices_topic_exists", "ensure_devices_topic", "produce_enrolments", "read_devices"]
 
-#: the devices topic's settings: compacted, never deleted by time
-COMPACTED = {"cleanup.policy": "compact", "retention.ms": "-1"}
+#: the devices topic's settings: compacted, never deleted by time; a revocation (tombstone) is kept 30 days
+#: before compaction may drop it, so a shuffler stopped for less than that still reads it
+COMPACTED = {"cleanup.policy": "compact", "retention.ms": "-1", "delete.retention.ms": str(30 * 86_400_000)}
 _TIMEOUT_S = 30.0
 
 
