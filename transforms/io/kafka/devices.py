@@ -49,8 +49,14 @@ def ensure_devices_topic(bootstrap: str, topic: str, *, partitions: int = 1,
             err = exc.args[0] if exc.args else None
             if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise RuntimeError(f"cannot create the devices topic {topic!r}: {exc}") from exc
+        deadline = time.monotonic() + _TIMEOUT_S  # until the metadata shows it (kafka-python: wait_for_metadata)
+        while topic not in admin.list_topics(timeout=_TIMEOUT_S).topics:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the devices topic {topic!r} was created but does not appear on {bootstrap}")
+            time.sleep(0.1)
     else:
-        from kafka.admin import KafkaAdminClient, NewTopic
+        from kafka import KafkaAdminClient
+        from kafka.admin import NewTopic
 
         settings = {"client_id": CLIENT_ID} | {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, **settings)
@@ -62,11 +68,6 @@ def ensure_devices_topic(bootstrap: str, topic: str, *, partitions: int = 1,
                     raise RuntimeError(f"cannot create the devices topic {topic!r}: {result.get('error_message')}")
         finally:
             admin.close()
-    deadline = time.monotonic() + _TIMEOUT_S
-    while not devices_topic_exists(bootstrap, topic, client_config=config, client=client):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the devices topic {topic!r} was created but does not appear on {bootstrap}")
-        time.sleep(0.1)
 
 
 def devices_topic_exists(bootstrap: str, topic: str, *, client_config: Mapping[str, Any] | None = None,
