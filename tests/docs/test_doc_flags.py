@@ -32,6 +32,8 @@ OTHER_PROGRAMS = {
     "--taskmanager-memory": REPO / "pipelines" / "flink_cluster.py",
     "--service_port": "Beam's worker_pool_main",
     "--legacy_registry": REPO / "transforms" / "trust" / "__main__.py",
+    "--bulk": REPO / "benchmarks" / "registry_scale.py",
+    "--phase": REPO / "benchmarks" / "registry_scale.py",
     **{flag: "kafka-acls.sh" for flag in ("--add", "--allow-principal", "--bootstrap-server", "--command-config",
                                           "--group", "--operation", "--resource-pattern-type", "--topic",
                                           "--transactional-id")},
