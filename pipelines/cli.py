@@ -47,9 +47,10 @@ def _simulate(args: argparse.Namespace) -> int:
     start_ms = None if args.start_time is None else parse_time_ms(args.start_time, "--start_time")
     population = synthesize(spec, args.clients, distribution=args.distribution, zipf_s=args.zipf_s,
                             windows=args.windows, start_ms=start_ms, seed=args.seed)
-    from pipelines.enrolment import enrol_simulated
+    from pipelines.enrolment import enrol_simulated_topic
 
-    enrol_simulated(args.keys_dir, population.client_ids.tolist())
+    enrol_simulated_topic(args.keys_dir, population.client_ids.tolist(), args.bootstrap, args.devices_topic,
+                          kafka_config=kafka_config, client=args.kafka_client)
     if args.devices is not None:
         from pipelines.demo.device_fleet import FleetOutcome, device_messages
         from transforms.io.kafka.bounded import ensure_topics, produce_records

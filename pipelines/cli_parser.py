@@ -100,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --devices: each device's privacy budget per day, across all specs (replacement "
                           "LDP epsilon); stored in each device's state, so a later run with another value is refused")
     sim.add_argument("--keys_dir", type=Path, default=Path("out.keys"),
-                     help="enrol the simulated devices in this keys directory (the jobs' --keys_dir; default "
-                          "out.keys, which is what `esa run --output_dir out` uses)")
+                     help="the keys directory whose fleet secret derives the simulated devices' keys (the jobs' "
+                          "--keys_dir; default out.keys, which is what `esa run --output_dir out` uses)")
+    sim.add_argument("--devices_topic", default="devices",
+                     help="enrol the simulated devices through this compacted topic (the shuffler's "
+                          "--devices_topic; created if missing)")
     sim.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
     sim.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
                      help=f"Kafka client library that creates the topics and produces (default {DEFAULT_CLIENT}, "

@@ -84,6 +84,7 @@ class JobConfig:
     raw_topic: str = "telemetry"
     reports_topic: str | None = "reports"
     shuffled_topic: str = "shuffled"
+    devices_topic: str | None = "devices"  # enrolments (pipelines.registry); None: the legacy Parquet file only
     group_id: str = "esa-end-to-end"
     dead_letter_topic: str | None = None
     estimates_topic: str | None = None
@@ -182,6 +183,7 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
         raw_topic=kafka.raw_topic,
         reports_topic=kafka.reports_topic or None,
         shuffled_topic=kafka.shuffled_topic,
+        devices_topic=kafka.devices_topic or None,
         group_id=kafka.consumer_group,
         dead_letter_topic=kafka.dead_letter_topic or None,
         create_topics=kafka.create_topics,

@@ -21,6 +21,10 @@ class EsaKafkaOptions(PipelineOptions):
         parser.add_argument("--reports_topic", default="reports",
                             help="topic of signed message sets: written by devices (or `esa encode`), read by "
                                  "`esa shuffle`")
+        parser.add_argument("--devices_topic", default="devices",
+                            help="compacted topic of device enrolments (keyed by device id), read by `esa shuffle` "
+                                 "into its device store at the start of each run ('' = only the legacy "
+                                 "KEYS/registry/devices.parquet); see docs/operations.md")
         parser.add_argument("--shuffled_topic", default="shuffled",
                             help="topic of signed release batches between the shuffle and analyze jobs")
         parser.add_argument("--consumer_group", default="esa-end-to-end",

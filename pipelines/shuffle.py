@@ -37,6 +37,7 @@ from pipelines.job import (
     skipped_summary,
 )
 from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point
+from pipelines.registry import catch_up_job, store_path
 from pipelines.shuffle_publish import STAGE, part_stager, republish_unpublished, seal_and_publish, shuffler_prf_key
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import (
@@ -63,7 +64,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
     clock = WindowClock(run.now_ms, config.out_of_orderness_seconds * 1000, config.idle_timeout_seconds * 1000,
                         dict(run.state.max_event_ms), dict(run.state.last_data_wall_ms), config.drain)
     times = TimePolicy(run.now_ms, config.max_age_seconds * 1000, config.max_skew_seconds * 1000)
-    registry = str(config.keys_layout.device_registry)
+    registry = str(store_path(config.state))  # caught up by run() before the pipeline (pipelines.registry)
     scale = ScaleOut(sum(r.stop - r.start for r in run.plan))
     subkeys = {s.spec_id: scale.subkeys(s) for s in specs}
     LOG.info("scale-out for %d planned records: %d dedupe buckets, sub-keys %s", scale.records, scale.buckets,
@@ -99,6 +100,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
         republish_unpublished(config, ledger)
         bounded = plan_run(config, STAGE, config.reports_topic, options)
+        registry = catch_up_job(config)  # after the plan: see pipelines.registry on when an enrolment counts
         if nothing_to_do(bounded, windowed=True):
             return skipped_summary(bounded, started)
         crash_point("shuffle:before_pipeline")
@@ -120,7 +122,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "released": counters.get("sets_released", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "dummies": added.get("dummies", 0),
-                       "run_key": bounded.key,
+                       "run_key": bounded.key, "registry": registry.as_dict(),
                        "progress": bounded.observed})
 
 

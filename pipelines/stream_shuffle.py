@@ -44,6 +44,7 @@ from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.metrics import JobMetrics
 from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
+from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
@@ -73,7 +74,7 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
                     verified=VerifiedSets.load(config.state))
     now = wall_ms()
     max_age_ms, max_skew_ms = config.max_age_seconds * 1000, config.max_skew_seconds * 1000
-    registry = str(config.keys_layout.device_registry)
+    registry = str(store_path(config.state))  # caught up by run() and _serve (pipelines.registry)
     stop_ms = None if config.stop_after_idle_seconds is None else int(config.stop_after_idle_seconds * 1000)
     source = ReadFromKafkaUnbounded(
         config.bootstrap, str(config.reports_topic), config.group_id, consumer_config=config.kafka_config,
@@ -188,10 +189,18 @@ def _observe(metrics: JobMetrics | None, agent: ReleaseAgent, config: JobConfig)
     metrics.observe_stream(STAGE, agent.totals, committed, lag)
 
 
+def _catch_up(config: JobConfig) -> None:
+    """The device store caught up while the stream runs; a broker hiccup is the next catch-up's problem."""
+    try:
+        catch_up_job(config)
+    except Exception as err:
+        LOG.warning("device registry catch-up failed (retried in %.0f s): %s", STREAM_CATCH_UP_S, err)
+
+
 def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: JobConfig, started: float,
            start_committed: int, metrics: JobMetrics | None = None) -> dict[str, int]:
     """The release agent's loop, until the pipeline ends; a signal writes the stop file (a drain)."""
-    last_log = last_metrics = time.monotonic()
+    last_log = last_metrics = last_registry = time.monotonic()
     with stop_request() as stop:
         stopping = False
         while pipeline.running():
@@ -205,6 +214,9 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
             if time.monotonic() - last_metrics >= METRICS_SECONDS:
                 last_metrics = time.monotonic()
                 _observe(metrics, agent, config)
+            if time.monotonic() - last_registry >= STREAM_CATCH_UP_S:
+                last_registry = time.monotonic()
+                _catch_up(config)
             if time.monotonic() - last_log >= PROGRESS_SECONDS:
                 last_log = time.monotonic()
                 LOG.info("%s", progress(agent.totals, committed_total(config), start_committed,
@@ -227,6 +239,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
         republish_unpublished(config, ledger)
         claim_group(config)
+        catch_up_job(config)  # before any worker verifies a set (pipelines.registry)
         use_filesystem_options(options)
         root = join(staging_root(config, STAGE), "stream")
         if not is_url(root):

@@ -115,8 +115,9 @@ def test_kafka_config_reaches_every_client(broker, tmp_path: Path, topic_name: s
     produced = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["produced"]
 
     kinds = sorted(kind for kind, _ in built)
-    # the reachability check, the topic creation; raw events, bad raw, bad reports
-    assert kinds == ["admin", "admin"] + ["producer"] * (1 if devices else 3)
+    # the reachability check, the devices topic's and the others' creation; enrolments, raw events, bad raw, bad
+    # reports (or the devices' sets)
+    assert kinds == ["admin", "admin", "admin"] + ["producer"] * (2 if devices else 4)
     names = ({"client": "client.id", "protocol": "security.protocol", "linger": "linger.ms"} if client == CONFLUENT
              else {"client": "client_id", "protocol": "security_protocol", "linger": "linger_ms"})
     for kind, config in built:
@@ -125,7 +126,7 @@ def test_kafka_config_reaches_every_client(broker, tmp_path: Path, topic_name: s
             assert (config[names["client"]], config[names["linger"]]) == (client_id, 7), config
             assert client == CONFLUENT or config["max_block_ms"] == 4321
     admin_id = "client.id" if client == CONFLUENT else "client_id"  # the admin clients are named as configured too
-    assert [config[admin_id] for kind, config in built if kind == "admin"] == [client_id, client_id]
+    assert [config[admin_id] for kind, config in built if kind == "admin"] == [client_id] * 3
 
     expected = {reports: 40, "refused_by_device_budget": 0} if devices else {raw: 43, reports: 3}
     assert produced == expected

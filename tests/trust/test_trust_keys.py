@@ -158,11 +158,11 @@ def test_command_line_init_rotate_enroll_show(tmp_path: Path, capsys: pytest.Cap
     public = [Ed25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(3)]
     listing = tmp_path / "devices.txt"
     listing.write_text("# fleet\n" + "\n".join(k.hex() for k in public) + "\n" + public[0].hex() + "\n")
-    assert main(["enroll", str(keys), str(listing)]) == 0
+    assert main(["enroll", str(keys), str(listing), "--legacy_registry"]) == 0
     assert json.loads(capsys.readouterr().out) == {"read": 4, "added": 3, "enrolled": 3}
     assert main(["show", str(keys)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["analyzer_private"] == sorted([first, second]) and shown["enrolled_devices"] == 3
     listing.write_text("zz\n")
-    assert main(["enroll", str(keys), str(listing)]) == 2
+    assert main(["enroll", str(keys), str(listing), "--legacy_registry"]) == 2
     assert "devices.txt:1: not a hex public key" in capsys.readouterr().err

@@ -62,6 +62,7 @@ from transforms.shuffler.packed_sets import PackedSets
 from transforms.shuffler.spill import SpillBuffer
 from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.prior_runs import PriorRuns, partition_key
+from transforms.trust.device_store import DeviceStore
 from transforms.trust.devices import DeviceRegistry
 from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
@@ -99,7 +100,16 @@ _REGISTRIES: dict[str, tuple[tuple[int, int, int] | None, Any]] = {}
 
 def shared_registry(path: str) -> Any:
     """The device registry at ``path``, loaded once per process while the file is unchanged: a runner may
-    set up several ``IngressFn`` instances in one worker, and each copy costs ~56 bytes per enrolled device."""
+    set up several ``IngressFn`` instances in one worker, and each copy costs ~56 bytes per enrolled device.
+
+    A ``.sqlite`` path is the shuffler's device store (``transforms.trust.device_store``), opened read-only
+    once per process: it sees each catch-up of the driver as it commits, in bounded memory."""
+    if path.endswith(".sqlite"):
+        cached = _REGISTRIES.get(path)
+        if cached is None:
+            _REGISTRIES.clear()
+            cached = _REGISTRIES[path] = (None, DeviceStore(path, readonly=True))
+        return cached[1]
     try:
         st = os.stat(path)
         stamp: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -43,10 +43,9 @@ from transforms.io.kafka.unbounded import wall_ms
 from transforms.io.staging import StageFn, StagingDoFn, is_url, join, stable_name, write_batch
 from transforms.shuffler.elements import DEAD, NAMESPACE, TIMES, VERIFIED, SetElement, TimePolicy
 from transforms.shuffler.graph import ReleasePart, Shuffle, WindowClock, part_header
-from transforms.shuffler.ingress import IngressFn
+from transforms.shuffler.ingress import IngressFn, shared_registry
 from transforms.spec import AnalysisSpec
 from transforms.state.prior_runs import PriorRuns
-from transforms.trust.devices import DeviceRegistry
 from transforms.trust.envelope import open_envelopes
 from transforms.trust.keys import load_shuffler_sealing_private
 from transforms.trust.message_set import AuthError, decode_message_set, verify_message_set
@@ -137,7 +136,7 @@ class SetEventTimes:
     def setup(self) -> None:
         import schemas  # noqa: F401  (schemas must import before trust's decoders)
 
-        self._registry = DeviceRegistry.load(self._registry_path)
+        self._registry = shared_registry(self._registry_path)  # the device store, or a legacy Parquet file
         self._sealing = load_shuffler_sealing_private(self._keys_dir)
         self._watch.start()
 

@@ -3,7 +3,10 @@
 * ``init`` creates whatever is missing (idempotent);
 * ``rotate analyzer|shuffler|shuffler-seal`` adds a new key that senders and signers use from now on; old ids stay
   so that what was sealed or signed before keeps opening and verifying (delete retired files by hand);
-* ``enroll`` adds devices from a file of hex-encoded Ed25519 public keys, one per line (``-`` = stdin);
+* ``enroll`` enrols devices from a file of hex-encoded Ed25519 public keys, one per line (``-`` = stdin): with
+  ``--kafka_bootstrap``, as records of the compacted devices topic (``transforms.trust.enrolment``), which the
+  shuffler reads at its next run; with ``--legacy_registry``, into ``registry/devices.parquet`` as before
+  (the shuffler imports that file once per version of it);
 * ``show`` lists key ids and the number of enrolled devices, never key material.
 """
 
@@ -30,7 +33,7 @@ from .keys import (
 REGISTRY = Path("registry") / "devices.parquet"
 
 
-def _enroll(keys_dir: Path, source: str) -> dict[str, object]:
+def _read_keys(source: str) -> list[bytes]:
     text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="ascii")
     keys = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -40,6 +43,24 @@ def _enroll(keys_dir: Path, source: str) -> dict[str, object]:
                 keys.append(bytes.fromhex(line))
             except ValueError:
                 raise ValueError(f"{source}:{number}: not a hex public key") from None
+    return keys
+
+
+def _enroll_topic(args: argparse.Namespace) -> dict[str, object]:
+    """The devices topic's writer lives with the Kafka code (``pipelines.enrolment``): this package stays pure,
+    only its command line reaches out (the one import the import-linter contracts allow it)."""
+    from pipelines.enrolment import enrol_keys
+    from pipelines.options import load_kafka_config
+
+    keys = _read_keys(args.public_keys)
+    config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
+    sent = enrol_keys(args.kafka_bootstrap, args.devices_topic, keys, kafka_config=config, client=args.kafka_client)
+    return {"read": len(keys), "written": sent, "topic": args.devices_topic,
+            "note": "enrolments count from the shuffler's next run"}
+
+
+def _enroll(keys_dir: Path, source: str) -> dict[str, object]:
+    keys = _read_keys(source)
     registry = DeviceRegistry.load(keys_dir / REGISTRY)
     before = len(registry)
     registry.enroll(keys)
@@ -69,6 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     enroll = sub.add_parser("enroll")
     enroll.add_argument("keys_dir", type=Path)
     enroll.add_argument("public_keys", help="file of hex Ed25519 public keys, one per line; - for stdin")
+    target = enroll.add_mutually_exclusive_group(required=True)
+    target.add_argument("--kafka_bootstrap", metavar="H:P", help="write enrolments to the devices topic here")
+    target.add_argument("--legacy_registry", action="store_true",
+                        help="edit KEYS_DIR/registry/devices.parquet instead (deprecated: rewritten whole)")
+    enroll.add_argument("--devices_topic", default="devices", help="the compacted devices topic (default devices)")
+    enroll.add_argument("--kafka_client", default="confluent", choices=["confluent", "kafka-python"])
+    enroll.add_argument("--kafka_config", default="", metavar="FILE", help="extra Kafka client settings (TLS/SASL)")
     sub.add_parser("show").add_argument("keys_dir", type=Path)
     args = parser.parse_args(argv)
     try:
@@ -78,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             make = {"analyzer": generate_analyzer_key, "shuffler": generate_shuffler_key,
                     "shuffler-seal": generate_shuffler_sealing_key}[args.domain]
             result = {"domain": args.domain, "key_id": make(args.keys_dir)}
+        elif args.command == "enroll" and args.kafka_bootstrap:
+            result = _enroll_topic(args)
         elif args.command == "enroll":
             result = _enroll(args.keys_dir, args.public_keys)
         else:
@@ -85,6 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # Kafka refused or unreachable (KafkaWriteError): the jobs' exit code 4
+        print(f"error: {err}", file=sys.stderr)
+        return 4
     print(json.dumps(result, indent=2))
     return 0
 
