@@ -22,14 +22,12 @@ import numpy as np
 import pytest
 
 from pipelines import analyze, shuffle
-from pipelines.enrolment import registry_path
 from pipelines.job_config import JobConfig
 from tests.edge.harness import EdgeProcess, topic_records, wait_for
 from transforms.device.spec_export import spec_json
 from transforms.io.kafka.bounded import ensure_topics
 from transforms.spec import spec_from_dict
 from transforms.state.estimates_store import read_estimates
-from transforms.trust.devices import DeviceRegistry
 from transforms.trust.keys import init_keys
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,16 +90,13 @@ def test_500_browser_devices_report_through_the_edge_and_the_chain_estimates_the
 
     records = topic_records(broker.bootstrap, reports)
     assert len(records) == DEVICES + 2
-    enrolled = topic_records(broker.bootstrap, devices)
-    registry = DeviceRegistry()
-    registry.enroll([r.value for r in enrolled])
-    assert len(registry) == DEVICES + 1
-    registry_path(keys).parent.mkdir(parents=True, exist_ok=True)
-    registry.save(registry_path(keys))
+    enrolled = topic_records(broker.bootstrap, devices)  # the shuffler reads its device store from this topic
+    assert len({r.key for r in enrolled}) == DEVICES + 1
 
     def config(stage: str) -> JobConfig:  # one trust domain per stage: its own state and consumer group
         return JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=tmp_path / "out", keys_dir=keys,
                          state_dir=tmp_path / "state" / stage, reports_topic=reports, shuffled_topic=shuffled,
+                         devices_topic=devices,
                          group_id=f"g-{topic_name}-{stage}", seed=5, drain=True, create_topics=True)
 
     shuffled_run, analyzed = shuffle.run(config("shuffle")), analyze.run(config("analyze"))
