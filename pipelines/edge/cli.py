@@ -111,13 +111,16 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     from pipelines.edge.metrics import EdgeMetrics
     from pipelines.edge.server_aiohttp import serve
     from pipelines.edge.spool import Spool
-    from pipelines.options import load_kafka_config
     from transforms.io.kafka.acked import AckedProducer
     from transforms.shuffler.edge_rules import DEFAULT_MAX_REPORT_BYTES
     from transforms.trust.enrolment import DEFAULT_DEVICES_TOPIC
 
     tls = _tls(args)
-    args.kafka_settings = load_kafka_config(args.kafka_config, "confluent") if args.kafka_config else {}
+    args.kafka_settings = {}
+    if args.kafka_config:  # pipelines.options imports Beam: only when a config file is given
+        from pipelines.options import load_kafka_config
+
+        args.kafka_settings = load_kafka_config(args.kafka_config, "confluent")
     devices_topic = args.devices_topic or DEFAULT_DEVICES_TOPIC
     settings = EdgeSettings(reports_topic=args.reports_topic, devices_topic=devices_topic, enrolment=args.enrolment,
                             max_report_bytes=args.max_report_bytes or DEFAULT_MAX_REPORT_BYTES,
