@@ -67,7 +67,7 @@ def _check_topic(bootstrap: str, topic: str, acked: list[bytes], devices: Device
     missing = [b for b in acked if b not in values]
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged reports are not in the topic"
     duplicates = sum(n - 1 for n in values.values())
-    run = shuffle_run(tmp_path / "shuffle", [SPEC], devices, records, batch=200)
+    run = shuffle_run(tmp_path, [SPEC], devices, records, batch=200)
     assert run.count("dead_lettered") == 0
     assert run.count("sets_duplicate") == duplicates  # every copy is removed by the shuffler's dedupe
     released = sum(p.n_sets for p in run.values("released"))
