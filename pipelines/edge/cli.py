@@ -109,7 +109,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     from pipelines.edge.core import Edge, EdgeSettings
     from pipelines.edge.keyring import KeyRing
     from pipelines.edge.metrics import EdgeMetrics
-    from pipelines.edge.server_aiohttp import serve
+    from pipelines.edge.server import serve
     from pipelines.edge.spool import Spool
     from transforms.io.kafka.acked import AckedProducer
     from transforms.shuffler.edge_rules import DEFAULT_MAX_REPORT_BYTES
@@ -135,8 +135,8 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     if args.enrolment == "open":
         _log.warning("edge: ENROLMENT IS OPEN: any client that asks is enrolled as a device (demos and tests only; "
                      "use --enrolment token in production)")
-    runner = await serve(edge, args.host, args.port, tls)
-    port = runner.addresses[0][1] if runner.addresses else args.port
+    serving = await serve(edge, args.host, args.port, tls)
+    port = serving.port
     records, _ = spool.depth()
     _log.info("edge: serving %s://%s:%d (reports -> %s, enrolments -> %s, enrolment %s, spool %s: %d records)",
               "https" if tls else "http", args.host, port, args.reports_topic, devices_topic, args.enrolment,
@@ -144,12 +144,13 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     print(f"esa edge: listening on {'https' if tls else 'http'}://{args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn takes them while it serves, and stops; these are for after
+        signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
     reload_task = asyncio.ensure_future(_reload_keys(keys, stop))
-    await stop.wait()
+    await asyncio.wait([serving.task, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     _log.info("edge: stopping (new connections refused; spooled reports stay for the next start)")
-    await runner.cleanup()
+    stop.set()
+    await serving.stop()
     reload_task.cancel()
     await loop.run_in_executor(None, edge.close)
     return int(ExitCode.OK)

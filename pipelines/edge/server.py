@@ -1,12 +1,20 @@
-"""The edge's routes as a plain ASGI application for uvicorn (httptools): the alternative the edge's HTTP library
-was measured against (``benchmarks/edge_load.py``), serving the same ``pipelines.edge.core.Edge`` as the kept
-aiohttp adapter (``pipelines.edge.server_aiohttp``). Run uvicorn with ``access_log=False``.
+"""The edge's routes as a plain ASGI application served by uvicorn with httptools: a thin adapter from ASGI to
+``pipelines.edge.core.Edge``.
+
+Why uvicorn: measured side by side with aiohttp serving the same ``Edge`` (``benchmarks/edge_load.py``; the
+aiohttp adapter is kept there), it spent 12-27 % less CPU per report in every paired run at the same memory
+(docs/performance.md). Five fixed routes need no framework, so no Starlette. No access log and no proxy-header
+processing (uvicorn's would read and log the peer's address), keep-alive on, TLS when given.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import uvicorn
 
 from pipelines.edge.core import Edge, Reply, refused
 from transforms.shuffler.edge_rules import RefusedError
@@ -75,3 +83,34 @@ def application(edge: Edge) -> Callable[[Scope, Callable[[], Awaitable[Any]], Ca
         return edge.metrics_text()
 
     return app
+
+
+class Serving:
+    """A running server: its bound ``port``, ``task`` (done when it stopped), ``stop()``."""
+
+    def __init__(self, server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+        self._server, self.task = server, task
+
+    @property
+    def port(self) -> int:
+        return int(self._server.servers[0].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        await self.task
+
+
+async def serve(edge: Edge, host: str, port: int, tls: ssl.SSLContext | None) -> Serving:
+    """Start serving ``edge`` on ``host:port`` (0: a free port); returns once it listens."""
+    config = uvicorn.Config(application(edge), host=host, port=port, http="httptools", loop="none",
+                            lifespan="off", access_log=False, log_config=None, proxy_headers=False,
+                            server_header=False, backlog=4096, timeout_keep_alive=75,
+                            ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None)
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # the bind failed: its error, here
+            raise OSError(f"cannot listen on {host}:{port}")
+        await asyncio.sleep(0.02)
+    return Serving(server, task)
