@@ -4,8 +4,8 @@
 Why uvicorn: measured side by side with aiohttp serving the same ``Edge`` (``benchmarks/edge_load.py``; the
 aiohttp adapter is kept there), over six paired runs its CPU per report was a median 0.89 of aiohttp's (0.73 to
 1.28: within the noise of the shared machine), and it held 10,000 open connections in less memory in both runs
-that measured it (docs/performance.md). Five fixed routes need no framework, so no Starlette. No access log and no proxy-header
-processing (uvicorn's would read and log the peer's address), keep-alive on, TLS when given.
+that measured it (docs/performance.md). Five fixed routes need no framework, so no Starlette. No access log and
+no proxy-header processing (uvicorn's would read and log the peer's address), keep-alive on, TLS when given.
 """
 
 from __future__ import annotations
