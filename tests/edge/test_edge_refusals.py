@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines.edge.client import EdgeClient
-from tests.edge.harness import EdgeProcess
+from tests.edge.harness import REPO, EdgeProcess
 from tests.transforms.release_inputs import WIN_A, Devices, make_spec
 
 pytestmark = pytest.mark.slow
@@ -42,6 +44,19 @@ def test_unreachable_kafka_spools_then_503_and_rate_limit_429(tmp_path: Path) ->
         assert json.loads(over.body)["type"] == "urn:esa:problem:rate-limited"
         health = json.loads(client.request("GET", "/healthz").body)
         assert health["kafka"] == "down" and health["spool_records"] == 10
+        # enrolment is by token (the default): none or a forged one is 403; a minted one passes admission, and
+        # with Kafka away the devices topic cannot be written: 503, not a silent success
+        key = devices.fleet.public_key(devices.clients[0])
+        assert client.enrol(key).status == 403
+        assert client.enrol(key, token="v1.9999999999." + "0" * 64).status == 403
+        minted = subprocess.run([sys.executable, "-m", "pipelines.cli", "edge-token", "--keys_dir",
+                                 str(devices.keys_dir), "--public_key", key.hex()], cwd=REPO, capture_output=True,
+                                text=True, timeout=300)
+        assert minted.returncode == 0, minted.stderr
+        other_key = devices.fleet.public_key(devices.clients[1])
+        assert client.enrol(other_key, token=minted.stdout.strip()).status == 403  # bound to its key
+        answer = client.enrol(key, token=minted.stdout.strip())
+        assert answer.status == 503 and answer.retry_after is not None
         metrics = client.request("GET", "/metrics").body.decode()
         assert "esa_edge_spool_records 10.0" in metrics and "esa_edge_kafka_up 0.0" in metrics
         assert 'esa_edge_requests_total{route="reports",status="503"} 10.0' in metrics
