@@ -76,6 +76,22 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     return context
 
 
+def _check_port(host: str, port: int) -> None:
+    """A taken port is one line and exit 3 before anything starts (uvicorn would exit 1 from inside)."""
+    import socket
+
+    from pipelines.exit_codes import ConfigError
+
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror})") from None
+
+
 def _ensure_topics(producer: Any, args: argparse.Namespace, devices_topic: str) -> None:
     from transforms.io.kafka.acked import ProduceError
 
@@ -116,6 +132,7 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     from transforms.trust.enrolment import DEFAULT_DEVICES_TOPIC
 
     tls = _tls(args)
+    _check_port(args.host, args.port)
     args.kafka_settings = {}
     if args.kafka_config:  # pipelines.options imports Beam: only when a config file is given
         from pipelines.options import load_kafka_config

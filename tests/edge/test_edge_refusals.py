@@ -61,3 +61,14 @@ def test_unreachable_kafka_spools_then_503_and_rate_limit_429(tmp_path: Path) ->
         assert "esa_edge_spool_records 10.0" in metrics and "esa_edge_kafka_up 0.0" in metrics
         assert 'esa_edge_requests_total{route="reports",status="503"} 10.0' in metrics
         client.close()
+
+
+def test_a_taken_port_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "edge", "--kafka_bootstrap", "127.0.0.1:1",
+                               "--keys_dir", str(tmp_path / "keys"), "--port", str(port), "--spool_dir",
+                               str(tmp_path / "spool")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3 and f"--port {port}" in done.stderr and "Traceback" not in done.stderr
