@@ -23,6 +23,12 @@ from transforms.shuffler.edge_rules import RefusedError
 _ROUTE_OF = {"/v1/reports": "reports", "/v1/enrol": "enrol", "/v1/keys": "keys", "/healthz": "healthz",
              "/metrics": "metrics"}
 Scope = dict[str, Any]
+# Browsers post from the operator's web pages: any origin may call the /v1 routes (no cookies or credentials
+# are used, so a wildcard grants nothing), and scripts may read Retry-After and ETag. The Origin is never logged.
+_CORS_ROUTES = frozenset({"reports", "enrol", "keys"})
+_CORS = [(b"access-control-allow-origin", b"*"), (b"access-control-expose-headers", b"Retry-After, ETag")]
+_PREFLIGHT = {"Access-Control-Allow-Methods": "GET, POST",
+              "Access-Control-Allow-Headers": "Content-Type, If-None-Match", "Access-Control-Max-Age": "86400"}
 
 
 def application(edge: Edge) -> Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
@@ -47,6 +53,8 @@ def application(edge: Edge) -> Callable[[Scope, Callable[[], Awaitable[Any]], Ca
         metrics.answered(route, reply.status)
         out = [(b"content-type", reply.content_type.encode()), (b"content-length", str(len(reply.body)).encode())]
         out += [(k.lower().encode(), v.encode()) for k, v in reply.headers.items()]
+        if route in _CORS_ROUTES:
+            out += _CORS
         await send({"type": "http.response.start", "status": reply.status, "headers": out})
         await send({"type": "http.response.body", "body": reply.body})
 
@@ -55,6 +63,8 @@ def application(edge: Edge) -> Callable[[Scope, Callable[[], Awaitable[Any]], Ca
         post = route in ("reports", "enrol")
         if route == "other":
             return refused(RefusedError(404, "not-found", "Not found", "no such route"))
+        if method == "OPTIONS" and route in _CORS_ROUTES:  # a browser's preflight before a cross-origin POST
+            return Reply(204, b"", "text/plain", dict(_PREFLIGHT))
         if (post and method != "POST") or (not post and method not in ("GET", "HEAD")):
             reply = refused(RefusedError(405, "method-not-allowed", "Method not allowed",
                                          f"{method} is not served here"))

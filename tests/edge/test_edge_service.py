@@ -138,6 +138,20 @@ def test_300_devices_enrol_and_report_over_http_and_nothing_leaks(broker, edge_e
     assert sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith('esa_edge_requests_total{route="reports",status="4')) == 50
     assert len(topic_records(broker.bootstrap, reports)) == DEVICES  # the refused added nothing
+    preflight = http_client.request("OPTIONS", "/v1/reports", headers={"Origin": "https://app.example",
+                                    "Access-Control-Request-Method": "POST"})
+    assert preflight.status == 204  # a browser may post from the operator's pages (CORS)
+    raw = http.client.HTTPConnection(*edge.url.rsplit("//", 1)[1].split(":"), timeout=60)
+    raw.request("GET", "/v1/keys", headers={"Origin": "https://app.example"})
+    response = raw.getresponse()
+    response.read()
+    assert response.getheader("Access-Control-Allow-Origin") == "*"
+    assert "Retry-After" in response.getheader("Access-Control-Expose-Headers")
+    etag = response.getheader("ETag")
+    raw.request("GET", "/v1/keys", headers={"If-None-Match": etag})
+    cached = raw.getresponse()
+    assert cached.status == 304 and cached.read() == b""
+    raw.close()
     health = json.loads(http_client.request("GET", "/healthz").body)
     assert health["status"] == "ok" and health["kafka"] == "up"
     http_client.close()
