@@ -1,13 +1,13 @@
 """Load on the ingestion edge (``esa edge``) over loopback, beside raw Kafka produce in the same run.
 
-For each HTTP library (aiohttp, the kept one; uvicorn with httptools serving the same ``Edge`` as a plain ASGI
-app, the alternative measured): start the edge on a local Apache Kafka, drive ``POST /v1/reports`` with ``hey``
-(rakyll/hey, ``go install github.com/rakyll/hey@v0.1.4``) at ``--concurrency`` connections, and read the edge
-process's CPU seconds from /proc: reports/s per core = requests / edge CPU seconds. Then the edge's resident
-memory idle and with ``--idle_connections`` open keep-alive connections, and the raw produce rate of the same
-records with the edge's producer settings (acks=all, idempotent), so the HTTP layer's cost is seen beside
-Kafka's. Every report gets a real 202 (Kafka acknowledged); the body is one real sealed set (the rate limit is
-off, ``--rate_per_device 0``).
+For each HTTP library -- uvicorn with httptools serving the ``Edge`` as a plain ASGI app (the kept one), and
+aiohttp serving the same ``Edge`` (the alternative measured, ``benchmarks/edge_aiohttp.py``) -- start the edge
+on a local Apache Kafka, drive ``POST /v1/reports`` with ``hey`` (rakyll/hey, ``go install
+github.com/rakyll/hey@v0.1.4``) at ``--concurrency`` connections, and read the edge process's CPU seconds from
+/proc: reports/s per core = requests / edge CPU seconds. Then the edge's resident memory idle and with
+``--idle_connections`` open connections, and the raw produce rate of the same records with the edge's producer
+settings (acks=all, idempotent), so the HTTP layer's cost is seen beside Kafka's. Every report gets a real 202
+(Kafka acknowledged); the body is one real sealed set (the rate limit is off, ``--rate_per_device 0``).
 
     python benchmarks/edge_load.py --requests 20000 --concurrency 50 --repeats 3
 """
@@ -35,29 +35,12 @@ from pipelines.broker import LocalBroker  # noqa: E402
 from transforms.io.kafka.bounded import ensure_topics  # noqa: E402
 
 HEY = shutil.which("hey") or str(Path.home() / "go" / "bin" / "hey")
-_ASGI_LAUNCH = """
-import asyncio, sys, uvicorn
+_AIOHTTP_LAUNCH = """
+import sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
-from pipelines.edge import cli
-from edge_asgi import application
-
-async def serve(edge, host, port, tls):
-    config = uvicorn.Config(application(edge), host=host, port=port, access_log=False, log_level="warning",
-                            http="httptools", loop="asyncio", lifespan="off", backlog=4096, timeout_keep_alive=75)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None
-    task = asyncio.ensure_future(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    class Runner:
-        addresses = [("127.0.0.1", port)]
-        async def cleanup(self):
-            server.should_exit = True
-            await task
-    return Runner()
-
-import pipelines.edge.server_aiohttp as adapter
-adapter.serve = serve
+import edge_aiohttp
+import pipelines.edge.server
+pipelines.edge.server.serve = edge_aiohttp.serve
 from pipelines.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -86,10 +69,10 @@ def start_edge(server: str, bootstrap: str, keys: Path, topic: str, spool: Path)
     args = ["edge", "--kafka_bootstrap", bootstrap, "--keys_dir", str(keys), "--port", str(port), "--spool_dir",
             str(spool), "--reports_topic", topic, "--devices_topic", topic + "-devices", "--rate_per_device", "0",
             "--enrolment", "open"]
-    if server == "aiohttp":
+    if server == "uvicorn":  # the edge as shipped
         cmd = [sys.executable, "-m", "pipelines.cli", *args]
     else:
-        cmd = [sys.executable, "-c", _ASGI_LAUNCH.format(root=str(ROOT), bench=str(ROOT / "benchmarks")), *args]
+        cmd = [sys.executable, "-c", _AIOHTTP_LAUNCH.format(root=str(ROOT), bench=str(ROOT / "benchmarks")), *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -144,7 +127,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--idle_connections", type=int, default=10_000)
-    parser.add_argument("--servers", nargs="+", default=["aiohttp", "uvicorn"])
+    parser.add_argument("--servers", nargs="+", default=["uvicorn", "aiohttp"])
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one)")
     args = parser.parse_args()
 

@@ -40,6 +40,8 @@ def _simulate(args: argparse.Namespace) -> int:
     from pipelines.query.readers import parse_time_ms
     from transforms.spec import load_spec
 
+    if args.edge and args.devices is None:
+        raise ValueError("--edge posts the reports --devices encode: give --devices DIR too")
     kafka_config = load_kafka_config(args.kafka_config, args.kafka_client) if args.kafka_config else {}
     spec = load_spec(args.spec)
     # the broker answers, or one line and exit 4 before any key or topic is made
@@ -58,11 +60,20 @@ def _simulate(args: argparse.Namespace) -> int:
         outcome, show = FleetOutcome(), progress_printer("devices reported")
         ensure_topics(args.bootstrap, [args.raw_topic, args.reports_topic], partitions=3, client_config=kafka_config,
                       client=args.kafka_client)
-        produce_records(args.bootstrap, args.reports_topic, device_messages(
-            spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget, seed=args.seed,
-            outcome=outcome), progress=lambda done: show(done, len(population)), progress_every=1000,
-            producer_config=kafka_config, client=args.kafka_client)
-        produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
+        messages = device_messages(spec, population, args.devices, args.keys_dir, budget_epsilon=args.device_budget,
+                                   seed=args.seed, outcome=outcome)
+        if args.edge:  # through the ingestion edge over HTTP, as real devices report
+            from pipelines.edge.client import post_reports
+
+            answers = post_reports(args.edge, (body for _, body in messages),
+                                   progress=lambda done: show(done, len(population)))
+            produced = {"accepted_by_edge": answers.pop(202, 0), "refused_by_device_budget": outcome.refused,
+                        **{f"edge_status_{status}": n for status, n in answers.items()}}
+        else:
+            produce_records(args.bootstrap, args.reports_topic, messages, producer_config=kafka_config,
+                            progress=lambda done: show(done, len(population)), progress_every=1000,
+                            client=args.kafka_client)
+            produced = {args.reports_topic: outcome.sent, "refused_by_device_budget": outcome.refused}
     else:
         produced = produce_population(args.bootstrap, spec, population, raw_topic=args.raw_topic,
                                       reports_topic=args.reports_topic, bad_per_kind=args.bad_per_kind,

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="simulate devices that encode themselves with the device client library, one state "
                           "directory each under this directory; their signed message sets go straight to the "
                           "reports topic (default: raw events, which `esa encode` encodes at the edge)")
+    sim.add_argument("--edge", default=None, metavar="URL",
+                     help="with --devices: post the devices' reports to this ingestion edge (esa edge) over HTTP, "
+                          "as real devices do, instead of producing them to Kafka")
     sim.add_argument("--device_budget", type=_positive_float, default=None,
                      help="with --devices: each device's privacy budget per day, across all specs (replacement "
                           "LDP epsilon); stored in each device's state, so a later run with another value is refused")

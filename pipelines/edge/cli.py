@@ -76,6 +76,22 @@ def _tls(args: argparse.Namespace) -> ssl.SSLContext | None:
     return context
 
 
+def _check_port(host: str, port: int) -> None:
+    """A taken port is one line and exit 3 before anything starts (uvicorn would exit 1 from inside)."""
+    import socket
+
+    from pipelines.exit_codes import ConfigError
+
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror})") from None
+
+
 def _ensure_topics(producer: Any, args: argparse.Namespace, devices_topic: str) -> None:
     from transforms.io.kafka.acked import ProduceError
 
@@ -109,15 +125,19 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     from pipelines.edge.core import Edge, EdgeSettings
     from pipelines.edge.keyring import KeyRing
     from pipelines.edge.metrics import EdgeMetrics
-    from pipelines.edge.server_aiohttp import serve
+    from pipelines.edge.server import serve
     from pipelines.edge.spool import Spool
-    from pipelines.options import load_kafka_config
     from transforms.io.kafka.acked import AckedProducer
     from transforms.shuffler.edge_rules import DEFAULT_MAX_REPORT_BYTES
     from transforms.trust.enrolment import DEFAULT_DEVICES_TOPIC
 
     tls = _tls(args)
-    args.kafka_settings = load_kafka_config(args.kafka_config, "confluent") if args.kafka_config else {}
+    _check_port(args.host, args.port)
+    args.kafka_settings = {}
+    if args.kafka_config:  # pipelines.options imports Beam: only when a config file is given
+        from pipelines.options import load_kafka_config
+
+        args.kafka_settings = load_kafka_config(args.kafka_config, "confluent")
     devices_topic = args.devices_topic or DEFAULT_DEVICES_TOPIC
     settings = EdgeSettings(reports_topic=args.reports_topic, devices_topic=devices_topic, enrolment=args.enrolment,
                             max_report_bytes=args.max_report_bytes or DEFAULT_MAX_REPORT_BYTES,
@@ -132,8 +152,8 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     if args.enrolment == "open":
         _log.warning("edge: ENROLMENT IS OPEN: any client that asks is enrolled as a device (demos and tests only; "
                      "use --enrolment token in production)")
-    runner = await serve(edge, args.host, args.port, tls)
-    port = runner.addresses[0][1] if runner.addresses else args.port
+    serving = await serve(edge, args.host, args.port, tls)
+    port = serving.port
     records, _ = spool.depth()
     _log.info("edge: serving %s://%s:%d (reports -> %s, enrolments -> %s, enrolment %s, spool %s: %d records)",
               "https" if tls else "http", args.host, port, args.reports_topic, devices_topic, args.enrolment,
@@ -141,12 +161,13 @@ async def _serve(args: argparse.Namespace, secret: bytes) -> int:
     print(f"esa edge: listening on {'https' if tls else 'http'}://{args.host}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn takes them while it serves, and stops; these are for after
+        signal.signal(sig, lambda *_: loop.call_soon_threadsafe(stop.set))
     reload_task = asyncio.ensure_future(_reload_keys(keys, stop))
-    await stop.wait()
+    await asyncio.wait([serving.task, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
     _log.info("edge: stopping (new connections refused; spooled reports stay for the next start)")
-    await runner.cleanup()
+    stop.set()
+    await serving.stop()
     reload_task.cancel()
     await loop.run_in_executor(None, edge.close)
     return int(ExitCode.OK)

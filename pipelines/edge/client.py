@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import ssl
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -86,3 +90,47 @@ class EdgeClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def post_reports(url: str, bodies: Iterable[bytes], *, threads: int = 4, tls: ssl.SSLContext | None = None,
+                 progress: Callable[[int], None] | None = None) -> dict[int, int]:
+    """Post every body to the edge on ``threads`` kept-alive connections, following 429/503 Retry-After;
+    returns how many got each final status (202 = accepted)."""
+    work: queue.Queue[bytes | None] = queue.Queue(maxsize=threads * 64)
+    counts: Counter[int] = Counter()
+    lock = threading.Lock()
+    failure: list[BaseException] = []
+
+    def worker() -> None:
+        client = EdgeClient(url, tls=tls)
+        try:
+            while (body := work.get()) is not None:
+                status = client.post_until_accepted(body).status
+                with lock:
+                    counts[status] += 1
+                    done = sum(counts.values())
+                if progress is not None and done % 1000 == 0:
+                    progress(done)
+        except BaseException as err:  # surfaced to the caller below; the other workers finish their bodies
+            failure.append(err)
+            while work.get() is not None:
+                pass
+        finally:
+            client.close()
+
+    pool = [threading.Thread(target=worker, name=f"esa-post-{i}", daemon=True) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for body in bodies:
+        if failure:
+            break
+        work.put(body)
+    for _ in pool:
+        work.put(None)
+    for t in pool:
+        t.join()
+    if failure:
+        raise ConnectionError(f"posting to {url} failed: {failure[0]}") from failure[0]
+    if progress is not None:
+        progress(sum(counts.values()))
+    return dict(counts)

@@ -153,13 +153,12 @@ class Edge:
         if self.kafka_up and self.spool.depth()[0] == 0:
             started = time.perf_counter()
             try:
-                await asyncio.wait_for(self.producer.produce(self.settings.reports_topic, record.value,
-                                                             timestamp_ms=record.timestamp_ms),
-                                       self.settings.ack_timeout_s)
+                await self.producer.produce(self.settings.reports_topic, record.value,
+                                            timestamp_ms=record.timestamp_ms, timeout_s=self.settings.ack_timeout_s)
                 self.metrics.acked(time.perf_counter() - started)
                 return
-            except (ProduceError, TimeoutError) as err:
-                self._set_kafka(False, str(err) or "no acknowledgement in time")
+            except ProduceError as err:
+                self._set_kafka(False, str(err))
         try:
             await self._writer.append(record.value)
         except (SpoolFullError, OSError) as err:
@@ -235,9 +234,9 @@ class Edge:
             except ValueError as err:
                 raise RefusedError(400, "malformed-enrolment", "Malformed enrolment", str(err)) from None
             try:
-                await asyncio.wait_for(self.producer.produce(self.settings.devices_topic, value, key=key),
-                                       self.settings.ack_timeout_s * 4)
-            except (ProduceError, TimeoutError):
+                await self.producer.produce(self.settings.devices_topic, value, key=key,
+                                            timeout_s=self.settings.ack_timeout_s * 4)
+            except ProduceError:
                 raise RefusedError(503, "unavailable", "Temporarily unavailable",
                               "the device registry cannot be written now; retry later",
                               self.settings.retry_after_s) from None

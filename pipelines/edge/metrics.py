@@ -36,7 +36,7 @@ class EdgeMetrics:
         self._kafka = self.reports.labels("kafka")
         self._spool = self.reports.labels("spool")
         self._by_route = {(route, status): self.requests.labels(route, str(status)) for route in ROUTES
-                          for status in (200, 202, 304, 400, 403, 404, 405, 413, 415, 429, 503)}
+                          for status in (200, 202, 204, 304, 400, 403, 404, 405, 413, 415, 429, 503)}
 
     def bind(self, edge: Any) -> None:
         self.spool_records.set_function(lambda: edge.spool.depth()[0])

@@ -127,6 +127,8 @@ def classify(command: Command) -> str:
             return "service"
         if sub == "simulate":
             return "service-simulate"
+        if sub == "edge":
+            return "service-edge"
         if sub == "privacy":
             return "privacy-horse" if option(argv, "--mechanism") == "rappor" else "privacy"
         if sub == "plan":

@@ -34,6 +34,7 @@ OTHER_PROGRAMS = {
     "--legacy_registry": REPO / "transforms" / "trust" / "__main__.py",
     "--bulk": REPO / "benchmarks" / "registry_scale.py",
     "--phase": REPO / "benchmarks" / "registry_scale.py",
+    **{flag: REPO / "benchmarks" / "edge_load.py" for flag in ("--requests", "--concurrency", "--idle_connections")},
     **{flag: "kafka-acls.sh" for flag in ("--add", "--allow-principal", "--bootstrap-server", "--command-config",
                                           "--group", "--operation", "--resource-pattern-type", "--topic",
                                           "--transactional-id")},
@@ -78,7 +79,8 @@ def test_every_flag_the_docs_name_exists(doc: Path, command_flags: dict[str, set
 
 
 def test_readme_command_table_names_each_commands_own_flags(command_flags: dict[str, set[str]]) -> None:
-    rows = re.findall(r"^\| `esa (\w+)([^|]*(?:\\\|[^|]*)*)` \|", README.read_text(encoding="utf-8"), re.MULTILINE)
+    rows = re.findall(r"^\| `esa ([\w-]+)([^|]*(?:\\\|[^|]*)*)` \|", README.read_text(encoding="utf-8"),
+                      re.MULTILINE)
     assert {name for name, _ in rows} >= set(command_flags) - {"encode", "shuffle", "analyze", "esa"}
     for name, usage in rows:
         wrong = sorted(set(_FLAG.findall(usage)) - command_flags[name])

@@ -76,9 +76,10 @@ def test_every_readme_command_is_run_by_a_test() -> None:
     langs = {b.lang for b in blocks()}
     assert langs <= {"", "bash", "python"}, f"a README block in a language no test runs: {langs}"
     kinds = [classify(c) for c in bash_commands()]  # raises naming the unknown command
-    assert set(kinds) == {"quickstart-demo", "ci", "trust-init", "service", "service-simulate", "privacy", "plan",
-                          "range-demo", "query", "privacy-horse"}, kinds
-    assert kinds.count("service") == 3 and kinds.count("service-simulate") == 1 and len(python_blocks()) == 1
+    assert set(kinds) == {"quickstart-demo", "ci", "trust-init", "service", "service-edge", "service-simulate",
+                          "privacy", "plan", "range-demo", "query", "privacy-horse"}, kinds
+    assert kinds.count("service") == 2 and kinds.count("service-edge") == 1 and kinds.count("service-simulate") == 1
+    assert len(python_blocks()) == 1
 
 
 def test_unknown_commands_are_refused() -> None:
@@ -195,13 +196,15 @@ def _service_argv(command: Command, subs: dict[str, str], topics: dict[str, str]
 
 @pytest.mark.slow
 def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
-    """The README's walk-through as written: trust init, ``esa simulate`` (one minute of reports into the
-    topics the jobs read), then the three ``--follow`` jobs side by side until the analyzer has written the
-    minute's estimates, within the minute or so the README promises; SIGTERM stops each with exit 0."""
+    """The README's walk-through as written: trust init, ``esa edge``, ``esa simulate`` (one minute of the devices'
+    reports posted to the edge over HTTP, into the topic the shuffler reads), then the ``--follow`` jobs side by
+    side until the analyzer has written the minute's estimates, within the minute or so the README promises;
+    SIGTERM stops each (and the edge) with exit 0."""
     from transforms.state.estimates_store import read_estimates
 
     (init,) = by_class("trust-init")
     (simulate,) = by_class("service-simulate")
+    (edge_command,) = by_class("service-edge")
     services = by_class("service")
     srv = tmp_path / "srv"
     srv.mkdir()
@@ -210,9 +213,20 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
     topics = {name: f"readme-{name}-{tag}" for name in ("telemetry", "reports", "shuffled")}
     keys = init.argv[-1].replace("/srv/esa", str(srv))
     _run(_argv([*init.argv[:-1], keys]), cwd=tmp_path)
+    edge_port = _free_port()
+    edge_argv = replace_option(_service_argv(edge_command, subs, topics), "--port", str(edge_port))
+    edge_argv += ["--reports_topic", topics["reports"], "--devices_topic", f"readme-devices-{tag}"]  # defaults
+    edge_log = (tmp_path / "edge.out").open("w")
+    edge = subprocess.Popen(edge_argv, cwd=tmp_path, env=_env(), stdout=edge_log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "listening on" not in (tmp_path / "edge.out").read_text():
+        assert edge.poll() is None and time.monotonic() < deadline, (tmp_path / "edge.out").read_text()
+        time.sleep(0.2)
     simulated = [*_service_argv(simulate, subs, topics), "--raw_topic", topics["telemetry"],
                  "--reports_topic", topics["reports"]]  # the README's simulate writes the default topics
+    simulated = replace_option(simulated, "--edge", f"http://127.0.0.1:{edge_port}")
     produced = json.loads(_run(simulated, cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert produced["produced"]["accepted_by_edge"] > 0, produced
     assert produced["produced"], produced
     window_ms = 60_000
     started = time.monotonic()
@@ -252,7 +266,10 @@ def test_running_it_as_a_service(tmp_path: Path, broker) -> None:
                 codes.append("killed")
         for log in logs:
             log.close()
-    assert codes == [0, 0, 0], f"{codes}\n{_tails(tmp_path)}"
+        edge.send_signal(signal.SIGTERM)
+        codes.append(edge.wait(timeout=120))
+        edge_log.close()
+    assert codes == [0] * (len(services) + 1), f"{codes}\n{_tails(tmp_path)}"
     assert waited < 90, f"estimates after {waited:.0f} s: the README promises about a minute"
     for command in services:  # each job printed one balanced JSON line per run
         stage = command.argv[1]

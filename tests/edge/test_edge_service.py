@@ -23,6 +23,7 @@ from transforms.shuffler.ingress import IngressFn
 from transforms.spec import spec_from_dict
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.devices import DeviceRegistry, device_id_of
+from transforms.trust.enrolment import enrolment_record
 from transforms.trust.envelope import seal_envelope
 from transforms.trust.keys import init_keys, load_shuffler_sealing_public
 
@@ -89,9 +90,10 @@ def test_300_devices_enrol_and_report_over_http_and_nothing_leaks(broker, edge_e
     # the shuffler's ingress, with the registry the devices topic holds: every set authenticated, none dead
     enrolled = topic_records(broker.bootstrap, devices_topic)
     registry = DeviceRegistry()
-    registry.enroll([r.value for r in enrolled])
+    registry.enroll([r.value[-32:] for r in enrolled])  # the value ends with the raw public key
     assert {r.key.decode() for r in enrolled} == {c.device_id for c in clients}
-    assert all(r.key.decode() == device_id_of(r.value) for r in enrolled)
+    assert all(r.key.decode() == device_id_of(r.value[-32:]) for r in enrolled)
+    assert all(enrolment_record(r.value[-32:]) == (r.key, r.value) for r in enrolled)
     registry.save(tmp_path / "registry.parquet")
     now_ms = int(records[0].timestamp_ms) + 60_000
     ingress = IngressFn([SPEC], str(tmp_path / "registry.parquet"), PriorRuns(),
@@ -136,6 +138,20 @@ def test_300_devices_enrol_and_report_over_http_and_nothing_leaks(broker, edge_e
     assert sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith('esa_edge_requests_total{route="reports",status="4')) == 50
     assert len(topic_records(broker.bootstrap, reports)) == DEVICES  # the refused added nothing
+    preflight = http_client.request("OPTIONS", "/v1/reports", headers={"Origin": "https://app.example",
+                                    "Access-Control-Request-Method": "POST"})
+    assert preflight.status == 204  # a browser may post from the operator's pages (CORS)
+    raw = http.client.HTTPConnection(*edge.url.rsplit("//", 1)[1].split(":"), timeout=60)
+    raw.request("GET", "/v1/keys", headers={"Origin": "https://app.example"})
+    response = raw.getresponse()
+    response.read()
+    assert response.getheader("Access-Control-Allow-Origin") == "*"
+    assert "Retry-After" in response.getheader("Access-Control-Expose-Headers")
+    etag = response.getheader("ETag")
+    raw.request("GET", "/v1/keys", headers={"If-None-Match": etag})
+    cached = raw.getresponse()
+    assert cached.status == 304 and cached.read() == b""
+    raw.close()
     health = json.loads(http_client.request("GET", "/healthz").body)
     assert health["status"] == "ok" and health["kafka"] == "up"
     http_client.close()

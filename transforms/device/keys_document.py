@@ -14,9 +14,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-__all__ = ["KEYS_SIGNATURE_TAG", "CurrentKeys", "KeysDocumentError", "read_keys_document"]
+from transforms.trust.canonical import KEYS_DOCUMENT_TAG as KEYS_SIGNATURE_TAG
 
-KEYS_SIGNATURE_TAG = b"esa-keys-v1\n"  # the same tag the edge signs with (transforms.shuffler.edge_admission)
+__all__ = ["KEYS_SIGNATURE_TAG", "CurrentKeys", "KeysDocumentError", "read_keys_document"]
 
 
 class KeysDocumentError(ValueError):

@@ -21,7 +21,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from transforms.device.keys_document import KEYS_SIGNATURE_TAG
+from transforms.trust.canonical import KEYS_DOCUMENT_TAG as KEYS_SIGNATURE_TAG
 
 from .edge_rules import RefusedError
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct
 
 _U32 = struct.Struct(">I")
+#: What the shuffler signs for a keys document (``GET /v1/keys``): this tag, then the payload's UTF-8 bytes.
+KEYS_DOCUMENT_TAG = b"esa-keys-v1\n"
 _I64 = struct.Struct(">q")
 
 

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from confluent_kafka import KafkaException, Producer
+
 from transforms.io.kafka.clients import CLIENT_ID
 from transforms.io.kafka.config import to_librdkafka
 
@@ -28,8 +30,6 @@ class AckedProducer:
 
     def __init__(self, bootstrap: str, config: Mapping[str, Any] | None = None, *,
                  message_timeout_ms: int = 10_000, linger_ms: int = 2) -> None:
-        from confluent_kafka import Producer
-
         settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "enable.idempotence": True, "acks": "all",
             "linger.ms": linger_ms, "message.timeout.ms": message_timeout_ms,
@@ -37,6 +37,8 @@ class AckedProducer:
         }
         settings.update(to_librdkafka(dict(config or {})))
         self._producer = Producer(settings)
+        self._lock = threading.Lock()
+        self._settled: list[tuple[asyncio.Future[None], Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="esa-acked-producer", daemon=True)
         self._thread.start()
@@ -44,13 +46,15 @@ class AckedProducer:
     def _serve(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+            if self._settled:  # one wake-up of the event loop per poll, not one per record
+                with self._lock:
+                    batch, self._settled = self._settled, []
+                batch[0][0].get_loop().call_soon_threadsafe(_settle_all, batch)
 
     def produce_callback(self, topic: str, value: bytes, done: Callable[[BaseException | None], None], *,
                          key: bytes | None = None, timestamp_ms: int = 0) -> None:
         """Queue one record; ``done(None)`` on acknowledgement, ``done(error)`` otherwise, on the producer's
         thread. Raises ``ProduceError`` at once if the local queue refuses it."""
-        from confluent_kafka import KafkaException
-
         def report(err: Any, _msg: Any) -> None:
             done(None if err is None else ProduceError(str(err)))
 
@@ -59,26 +63,30 @@ class AckedProducer:
         except (BufferError, KafkaException) as err:
             raise ProduceError(str(err)) from None
 
-    async def produce(self, topic: str, value: bytes, *, key: bytes | None = None, timestamp_ms: int = 0) -> None:
-        """Produce one record and wait for its acknowledgement; ``ProduceError`` if it is not acknowledged."""
+    async def produce(self, topic: str, value: bytes, *, key: bytes | None = None, timestamp_ms: int = 0,
+                      timeout_s: float | None = None) -> None:
+        """Produce one record and wait for its acknowledgement; ``ProduceError`` if it is not acknowledged (within
+        ``timeout_s``, if given: the record may still be acknowledged later)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
 
-        def settle(fut: asyncio.Future[None], err: BaseException | None) -> None:
-            if not fut.done():
-                if err is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(err)
+        def report(err: Any, _msg: Any) -> None:
+            with self._lock:
+                self._settled.append((future, err))
 
-        self.produce_callback(topic, value, lambda err: loop.call_soon_threadsafe(settle, future, err),
-                              key=key, timestamp_ms=timestamp_ms)
-        await future
+        try:
+            self._producer.produce(topic, value=value, key=key, timestamp=timestamp_ms, on_delivery=report)
+        except (BufferError, KafkaException) as err:
+            raise ProduceError(str(err)) from None
+        timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, future)
+        try:
+            await future
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def topics(self, timeout_s: float) -> set[str]:
         """Names of the cluster's topics; ``ProduceError`` if the cluster does not answer in time."""
-        from confluent_kafka import KafkaException
-
         try:
             return set(self._producer.list_topics(timeout=timeout_s).topics)
         except KafkaException as err:
@@ -93,3 +101,17 @@ class AckedProducer:
         self._stop.set()
         self._thread.join(timeout=5)
         return int(left)
+
+
+def _settle_all(batch: list[tuple[asyncio.Future[None], Any]]) -> None:
+    for future, err in batch:
+        if not future.done():
+            if err is None:
+                future.set_result(None)
+            else:
+                future.set_exception(ProduceError(str(err)))
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(ProduceError("no acknowledgement in time"))

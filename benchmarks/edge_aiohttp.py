@@ -1,10 +1,12 @@
-"""The edge's routes on aiohttp: a thin adapter from aiohttp requests to ``pipelines.edge.core.Edge``.
+"""The edge's routes on aiohttp: the alternative the edge's HTTP library (uvicorn, ``pipelines.edge.server``) was
+measured against in ``benchmarks/edge_load.py``, serving the same ``pipelines.edge.core.Edge``.
 
 No access log (aiohttp's would write the peer's address and the request time), keep-alive on, TLS when given.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 
@@ -78,10 +80,26 @@ def _problem(status: int, slug: str, title: str, detail: str) -> Reply:
     return refused(RefusedError(status, slug, title, detail))
 
 
-async def serve(edge: Edge, host: str, port: int, tls: ssl.SSLContext | None) -> web.AppRunner:
-    """Start serving; returns the runner (``await runner.cleanup()`` stops it)."""
+class Serving:
+    """The same face as ``pipelines.edge.server.Serving``."""
+
+    def __init__(self, runner: web.AppRunner) -> None:
+        self._runner = runner
+        self.task = asyncio.ensure_future(asyncio.Event().wait())  # never done: stopped by stop()
+
+    @property
+    def port(self) -> int:
+        return int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await self._runner.cleanup()
+
+
+async def serve(edge: Edge, host: str, port: int, tls: ssl.SSLContext | None) -> Serving:
+    """Start serving ``edge``; returns once it listens."""
     runner = web.AppRunner(application(edge), access_log=None, handle_signals=False, keepalive_timeout=75)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=tls, backlog=4096, reuse_address=True)
     await site.start()
-    return runner
+    return Serving(runner)

@@ -1,0 +1,56 @@
+"""``esa simulate --devices D --edge URL``: simulated devices encode with the device client and post over HTTP to the
+edge, as real devices do; the shuffler's ingress admits every report the edge forwarded."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from apache_beam.pvalue import TaggedOutput
+
+from tests.edge.harness import REPO, EdgeProcess, topic_records
+from transforms.io.kafka.bounded import ensure_topics
+from transforms.shuffler.elements import TimePolicy
+from transforms.shuffler.ingress import IngressFn
+from transforms.spec import load_spec
+from transforms.state.prior_runs import PriorRuns
+from transforms.trust.keys import init_keys
+from transforms.trust.layout import KeysDir
+
+pytestmark = pytest.mark.slow
+CLIENTS = 200
+
+
+def test_simulated_devices_report_through_the_edge(broker, topic_name: str, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    init_keys(keys)
+    ensure_topics(broker.bootstrap, [topic_name, f"{topic_name}-devices"], partitions=2)
+    spec_path = REPO / "examples" / "service_minute.toml"
+    with EdgeProcess(broker.bootstrap, keys, tmp_path / "spool", tmp_path / "edge.log", "--reports_topic",
+                     topic_name, "--devices_topic", f"{topic_name}-devices") as edge:
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "simulate", "--bootstrap", broker.bootstrap,
+                               "--spec", str(spec_path), "--clients", str(CLIENTS), "--keys_dir", str(keys),
+                               "--devices", str(tmp_path / "devices"), "--edge", edge.url, "--seed", "5"],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    produced = json.loads(done.stdout.strip().splitlines()[-1])["produced"]
+    assert produced == {"accepted_by_edge": CLIENTS, "refused_by_device_budget": 0}
+    records = topic_records(broker.bootstrap, topic_name)
+    assert len(records) == CLIENTS
+    now_ms = max(r.timestamp_ms for r in records) + 120_000
+    ingress = IngressFn([load_spec(spec_path)], str(KeysDir(keys).device_registry), PriorRuns(),
+                        TimePolicy(now_ms, 86_400_000, 3_600_000), keys_dir=str(keys))
+    ingress.setup()
+    out = list(ingress.process(records))
+    assert not [o for o in out if isinstance(o, TaggedOutput) and o.tag == "dead_letters"]
+    assert sum(len(pickle.loads(o[1])) for o in out if not isinstance(o, TaggedOutput)) == CLIENTS
+
+
+def test_edge_without_devices_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", "simulate", "--bootstrap", "127.0.0.1:1",
+                           "--edge", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--devices" in done.stderr
