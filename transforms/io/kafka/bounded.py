@@ -26,6 +26,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
+from transforms.io.kafka import retry
 from transforms.io.kafka.clients import (
     CLIENT_ID,
     Consumer,
@@ -50,6 +51,7 @@ _log = logging.getLogger(__name__)
 _BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
 _BATCH_BYTES = 8 * 1024 * 1024  # ... and bytes: 2,000 release batches of 512 KiB would be one 1 GiB element
 _READ_CHUNK = 20_000  # records asked of one poll while reading a range (never past its stop)
+_NEW_TOPIC_S = 15.0  # how long a topic absent from the metadata is waited for (one just created elsewhere)
 
 
 class PartitionRange(NamedTuple):
@@ -83,9 +85,7 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *,
     config = dict(consumer_config or {})
     probe = consumer(client, bootstrap, group_id, **config)
     try:
-        partitions = probe.partitions(topic)
-        if not partitions:
-            raise ValueError(f"topic {topic!r} does not exist on {bootstrap}")
+        partitions = wait_for_partitions(probe, topic, bootstrap)
         begin, ends = probe.offsets(topic, partitions)
     finally:
         probe.close()
@@ -118,6 +118,31 @@ def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *,
     _log.debug("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
               group_id, [(r.partition, r.start, r.stop) for r in plan])
     return plan
+
+
+class _NotInMetadataError(Exception):
+    """The topic is not (yet) in the broker's metadata."""
+
+
+def wait_for_partitions(probe: Consumer, topic: str, bootstrap: str) -> list[int]:
+    """``topic``'s partitions; a topic not in the metadata yet (created a moment ago: UNKNOWN_TOPIC_OR_PARTITION
+    until its metadata reaches the broker) is waited for up to 15 s within the retry policy, then refused with
+    a ValueError. Short, because a misspelt topic is the common cause and the jobs check names first."""
+    def ask() -> list[int]:
+        found = probe.partitions(topic)
+        if not found:
+            raise _NotInMetadataError(f"UNKNOWN_TOPIC_OR_PARTITION: {topic!r} is not in the metadata of {bootstrap}")
+        return found
+
+    policy = retry.POLICY
+    short = retry.RetryPolicy(min(policy.deadline_s, _NEW_TOPIC_S), policy.first_wait_s, policy.max_wait_s,
+                              policy.attempts)
+    try:
+        return retry.call(f"metadata of {topic}", ask, short, retriable=lambda e: isinstance(e, _NotInMetadataError))
+    except retry.KafkaCallError as err:
+        if isinstance(err.cause, _NotInMetadataError):
+            raise ValueError(f"topic {topic!r} does not exist on {bootstrap}") from None
+        raise
 
 
 def committed_offsets(bootstrap: str, group_id: str, topic: str,
@@ -358,18 +383,23 @@ class WriteToKafka(beam.PTransform):
     """Writes `bytes` or `(key, value)` elements to `topic`; a bundle fails unless every record was acked."""
 
     def __init__(self, bootstrap: str, topic: str, *, producer_config: Mapping[str, Any] | None = None,
-                 flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> None:
+                 flush_timeout_s: float | None = None, client: str = DEFAULT_CLIENT) -> None:
         super().__init__()
-        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, flush_timeout_s, client)
+        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, _flush_s(flush_timeout_s), client)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
         return pcoll | "Produce" >> beam.ParDo(self._fn)
 
 
+def _flush_s(timeout_s: float | None) -> float:
+    """A flush waits as long as the client may retry a record (the retry policy's deadline), plus a margin."""
+    return timeout_s if timeout_s is not None else retry.producer_timeout_ms() / 1000 + 10.0
+
+
 def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                     producer_config: Mapping[str, Any] | None = None,
                     progress: Callable[[int], None] | None = None, progress_every: int = 10_000,
-                    flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> int:
+                    flush_timeout_s: float | None = None, client: str = DEFAULT_CLIENT) -> int:
     """Produce `values` outside Beam (simulator, tests); returns the count, raises on the first failure."""
     if progress_every < 1:
         raise ValueError(f"progress_every must be positive, got {progress_every}")
@@ -386,7 +416,7 @@ def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                     progress(n)
                 if chunk < progress_every:
                     break
-            out.flush(flush_timeout_s)
+            out.flush(_flush_s(flush_timeout_s))
         except KafkaWriteError as err:
             raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {err}") from err
         error = out.error()
