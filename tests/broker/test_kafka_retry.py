@@ -139,7 +139,7 @@ def test_a_partition_without_a_leader_is_waited_for_until_its_broker_returns(
             monkeypatch.setattr(retry, "POLICY", RetryPolicy(deadline_s=240))
             caplog.set_level(logging.WARNING, logger=retry.__name__)
             returns = _later(1.0, two.start)
-            assert [r.value for r in read_topic(one.bootstrap, topic_name, timeout_s=60)] == [
+            assert [r.value for r in read_topic(one.bootstrap, topic_name, timeout_s=180)] == [
                 b"on-two-%d" % i for i in range(25)]
             returns.join()
             assert _waits(caplog)
