@@ -157,6 +157,7 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     """One bounded run of the analyzer (see the module doc)."""
+    config = config.with_group(STAGE)
     started = time.perf_counter()
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state_layout.ledger)

@@ -62,6 +62,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun) -> None:
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     if not config.reports_topic:
         raise JobUsageError("the encode job needs --reports_topic")
+    config = config.with_group(STAGE)
     started = time.perf_counter()
     with locked(config, STAGE):
         bounded = plan_run(config, STAGE, config.raw_topic, options)

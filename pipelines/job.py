@@ -101,6 +101,7 @@ def use_filesystem_options(options: PipelineOptions | None) -> None:
 
 def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions | None = None) -> BoundedRun:
     """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
+    config = config.with_group(stage)  # a config built in code without a group: the stage's default
     state_path = config.state_layout.run_state
     state = RunState.load(state_path)
     # A typo'd topic is an error naming the closest one, never created; asked with the job's client and settings.

@@ -84,7 +84,7 @@ class JobConfig:
     raw_topic: str = "telemetry"
     reports_topic: str | None = "reports"
     shuffled_topic: str = "shuffled"
-    group_id: str = "esa-end-to-end"
+    group_id: str = ""  # "": the stage's default (pipelines.broker.acls.DEFAULT_GROUPS, what the ACLs grant)
     dead_letter_topic: str | None = None
     estimates_topic: str | None = None
     seed: int | None = None
@@ -125,8 +125,14 @@ class JobConfig:
         return KeysDir(self.keys)
 
     def for_stage(self, stage: str) -> JobConfig:
-        """Each stage keeps its state apart (its own trust domain): state_dir/<stage>."""
-        return replace(self, state_dir=self.state / stage)
+        """Each stage keeps its state apart (its own trust domain): state_dir/<stage>, and its own group."""
+        return replace(self, state_dir=self.state / stage).with_group(stage)
+
+    def with_group(self, stage: str) -> JobConfig:
+        """This config with ``stage``'s default consumer group unless one was given (``--consumer_group``)."""
+        from pipelines.broker.acls import DEFAULT_GROUPS
+
+        return self if self.group_id else replace(self, group_id=DEFAULT_GROUPS[stage])
 
 
 @dataclass

@@ -89,6 +89,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     """One bounded run of the shuffler (see the module doc); ``--kafka_io sdf``: the streaming shuffler
     (``pipelines.stream_shuffle``), which runs until its source stops."""
+    config = config.with_group(STAGE)
     if config.kafka_io == "sdf":
         return stream_shuffle.run(config, options)
     started = time.perf_counter()

@@ -11,7 +11,8 @@ principal       may
 collector       WRITE the raw topic (the edge collector: the raw topic is edge-only, never a device's)
 device          WRITE (and DESCRIBE) the reports topic
 edge            READ the raw topic with its consumer group; WRITE the reports topic and its own
-                dead-letter topic (the edge encoder, in the device's trust domain)
+                dead-letter topic, and READ it (the edge encoder, in the device's trust domain: its dead
+                letters are raw events with client ids, readable by no other principal)
 shuffler        READ the reports topic with its group; WRITE the shuffled topic and its dead-letter
                 topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing
 analyzer        READ the shuffled topic with its group; WRITE the estimates topic and its dead-letter
@@ -29,6 +30,11 @@ from typing import Any
 #: transactional.id prefix of the shuffler's release producers
 SHUFFLER_TRANSACTIONAL_PREFIX = "esa-shuffler"
 
+#: The one table of consumer groups: each job's default ``--consumer_group`` (``pipelines.job_config``) and the
+#: group its principal is granted READ on (below, and the ACL table of docs/operations.md), so a deployment
+#: that follows the docs runs with the defaults. ``esa run`` (every stage in one process) uses all three.
+DEFAULT_GROUPS: dict[str, str] = {"encode": "esa-encode", "shuffle": "esa-shuffle", "analyze": "esa-analyze"}
+
 
 @dataclass(frozen=True)
 class DeploymentTopics:
@@ -38,9 +44,9 @@ class DeploymentTopics:
     reports: str = "reports"
     shuffled: str = "shuffled"
     estimates: str = "estimates"
-    edge_group: str = "esa-encode"
-    shuffler_group: str = "esa-shuffle"
-    analyzer_group: str = "esa-analyze"
+    edge_group: str = DEFAULT_GROUPS["encode"]
+    shuffler_group: str = DEFAULT_GROUPS["shuffle"]
+    analyzer_group: str = DEFAULT_GROUPS["analyze"]
     edge_dead_letters: str = "dead-letters-encode"
     shuffler_dead_letters: str = "dead-letters-shuffle"
     analyzer_dead_letters: str = "dead-letters-analyze"
@@ -55,6 +61,7 @@ _GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("edge", "GROUP", "edge_group", "LITERAL", "READ"),
     ("edge", "TOPIC", "reports", "LITERAL", "WRITE"),
     ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "WRITE"),
+    ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "READ"),
     ("shuffler", "TOPIC", "reports", "LITERAL", "READ"),
     ("shuffler", "GROUP", "shuffler_group", "LITERAL", "READ"),
     ("shuffler", "TOPIC", "shuffled", "LITERAL", "WRITE"),
