@@ -176,14 +176,15 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                 odometers = Odometers()  # a failure may leave a carried odometer half updated: rebuild
         bounded.observed["releases_failed"] = len(failed)
         bounded.observed["epsilon"] = epsilons
-        keep_dead_letters(bounded, config.out_dir / "dead_letters")
+        keep_dead_letters(bounded, config.state_layout.dead_letters)
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "duplicate": counters.get("batches_duplicate", 0), "held": counters.get("batches_held", 0),
              "analyzed": counters.get("batches_analyzed", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
-                      {"releases_written": written, "run_key": bounded.key, "progress": bounded.observed})
+                      {"releases_written": written, "run_key": bounded.key, "progress": bounded.observed},
+                      dead_letters_dir=config.state_layout.dead_letters)
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

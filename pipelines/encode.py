@@ -72,7 +72,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         finish_run(bounded, {}, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "encoded": counters.get("events_encoded", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
-                      {"run_key": bounded.key, "progress": bounded.observed})
+                      {"run_key": bounded.key, "progress": bounded.observed},
+                      dead_letters_dir=config.state_layout.dead_letters)
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -166,7 +166,8 @@ def skipped_summary(run: BoundedRun, started: float) -> RunSummary:
     """The summary of a run ``nothing_to_do`` skipped: nothing read, the state untouched."""
     run.observed.update(consumer_lag=sum(r.stop - r.start for r in run.plan), now_ms=run.now_ms, dead_by_reason={})
     return RunSummary({}, run.config.out_dir, time.perf_counter() - started, run.stage, {},
-                      {"run_key": run.key, "skipped": True, "progress": run.observed})
+                      {"run_key": run.key, "skipped": True, "progress": run.observed},
+                      dead_letters_dir=run.config.state_layout.dead_letters)
 
 
 def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str, int]) -> RunState:

@@ -144,6 +144,9 @@ class RunSummary:
     stage: str
     parts: dict[str, int] = field(default_factory=dict)  # the accounting terms, named
     extra: dict[str, Any] = field(default_factory=dict)
+    # Where this stage's dead letters went: its own state directory (``STATE/dead_letters``), never the output
+    # directory, which several jobs started in one working directory would share (``./out`` by default).
+    dead_letters_dir: Path | None = None
 
     def count(self, name: str) -> int:
         return int(self.counters.get(name, 0))
@@ -167,7 +170,7 @@ class RunSummary:
 
     @property
     def dead_letters_path(self) -> Path:
-        return self.out_dir / "dead_letters"
+        return self.dead_letters_dir if self.dead_letters_dir is not None else self.out_dir / "dead_letters"
 
 
 def config_from_options(options: PipelineOptions) -> JobConfig:

@@ -122,7 +122,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "dummies": added.get("dummies", 0),
                        "run_key": bounded.key,
-                       "progress": bounded.observed})
+                       "progress": bounded.observed},
+                      dead_letters_dir=config.state_layout.dead_letters)
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

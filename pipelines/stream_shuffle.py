@@ -263,4 +263,5 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     return RunSummary(counters, config.out_dir, seconds, STAGE, parts,
                       {"releases": totals.released, "conflicts": totals.conflicts, "withheld": totals.withheld,
                        "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters,
-                       "dummies": totals.dummies})
+                       "dummies": totals.dummies},
+                      dead_letters_dir=config.state_layout.dead_letters)
