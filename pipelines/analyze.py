@@ -181,7 +181,9 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         finish_run(bounded, held, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "duplicate": counters.get("batches_duplicate", 0), "held": counters.get("batches_held", 0),
-             "analyzed": counters.get("batches_analyzed", 0)}
+             "analyzed": counters.get("batches_analyzed", 0),
+             # a second shuffler's conflicting releases: dead-lettered with their reason, but nothing was lost
+             "set_aside": counters.get("batches_set_aside", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases_written": written, "run_key": bounded.key, "progress": bounded.observed},
                       dead_letters_dir=config.state_layout.dead_letters)
