@@ -19,7 +19,7 @@ RETRIABLE = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_
              "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR", "REQUEST_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT")
 
 
-def _failing(errors: list[BaseException], result: str = "ok"):  # noqa: ANN202
+def _failing(errors: list[BaseException], result: str = "ok"):
     calls = []
 
     def fn() -> str:
@@ -61,7 +61,7 @@ def test_kafka_python_errors_are_judged_the_same() -> None:
 
 def test_a_non_retriable_error_is_not_retried() -> None:
     fn, calls = _failing([KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))])
-    with pytest.raises(KafkaCallError, match="refused the commit.*TOPIC_AUTHORIZATION_FAILED") as raised:
+    with pytest.raises(KafkaCallError, match=r"refused the commit.*TOPIC_AUTHORIZATION_FAILED") as raised:
         retry.call("commit", fn, FAST)
     assert len(calls) == 1 and not raised.value.retriable
 
