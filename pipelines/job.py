@@ -44,6 +44,7 @@ from transforms.io.kafka.bounded import (
     plan_bounded_read,
     produce_records,
 )
+from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.sinks import avro_bytes, load_staged_avro
 from transforms.io.staging import clear_staging, join, prepare_staging
 from transforms.state.dead_letters import ReasonCounts, write_counts
@@ -106,6 +107,7 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
     state = RunState.load(state_path)
     # A typo'd topic is an error naming the closest one, never created; asked with the job's client and settings.
     require_topics(config.bootstrap, [topic], client=config.kafka_client, kafka_config=config.kafka_config)
+    check_topics(config.bootstrap, [topic], config.kafka_config)  # compacted or short-lived: refused, exit 4
     resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
     if not resume and not config.adopt_group:
         owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config,
@@ -315,3 +317,4 @@ def require_outputs(config: JobConfig, stage: str, topics: Sequence[str | None])
                                             f"{config.bootstrap}: {err}") from None
     else:
         require_topics(config.bootstrap, wanted, client=config.kafka_client, kafka_config=config.kafka_config)
+    check_topics(config.bootstrap, wanted, config.kafka_config)  # before anything is sealed or published

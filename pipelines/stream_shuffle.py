@@ -48,6 +48,7 @@ from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
+from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
@@ -224,6 +225,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         ledger = ReleaseLedger(config.state_layout.ledger)
         require_topics(config.bootstrap, [config.reports_topic], client=config.kafka_client,
                        kafka_config=config.kafka_config)
+        check_topics(config.bootstrap, [config.reports_topic], config.kafka_config)  # never a compacted input
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
         republish_unpublished(config, ledger)
         claim_group(config)

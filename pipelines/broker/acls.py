@@ -17,6 +17,7 @@ shuffler        READ the reports topic with its group; WRITE the shuffled topic 
                 topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing
 analyzer        READ the shuffled topic with its group; WRITE the estimates topic and its dead-letter
                 topic (reasons and positions only)
+(each job)      DESCRIBE_CONFIGS of the topics it reads and writes (the cleanup-policy check)
 ==============  =============================================================================
 """
 
@@ -73,6 +74,12 @@ _GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("analyzer", "GROUP", "analyzer_group", "LITERAL", "READ"),
     ("analyzer", "TOPIC", "estimates", "LITERAL", "WRITE"),
     ("analyzer", "TOPIC", "analyzer_dead_letters", "LITERAL", "WRITE"),
+    # Each job reads the configuration of the topics it uses: a compacted or short-lived one is refused
+    # (transforms.io.kafka.topic_policy); without this grant the check is skipped with a warning.
+    *((who, "TOPIC", name, "LITERAL", "DESCRIBE_CONFIGS") for who, names in (
+        ("edge", ("raw", "reports", "edge_dead_letters")),
+        ("shuffler", ("reports", "shuffled", "shuffler_dead_letters")),
+        ("analyzer", ("shuffled", "estimates", "analyzer_dead_letters"))) for name in names),
 )
 
 
@@ -93,8 +100,13 @@ def kafka_acls_commands(topics: DeploymentTopics, bootstrap: str = "BROKER:9093"
     for principal, kind, name, pattern, op in domain_grants(topics):
         prefixed = " --resource-pattern-type prefixed" if pattern == "PREFIXED" else ""
         out.append(f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config {admin_config} --add "
-                   f"--allow-principal {principal} --operation {op.title()} {flags[kind]} {name}{prefixed}")
+                   f"--allow-principal {principal} --operation {_camel(op)} {flags[kind]} {name}{prefixed}")
     return out
+
+
+def _camel(operation: str) -> str:
+    """``DESCRIBE_CONFIGS`` -> ``DescribeConfigs``, as kafka-acls.sh names operations."""
+    return "".join(word.title() for word in operation.split("_"))
 
 
 def apply_domain_acls(bootstrap: str, admin_config: Mapping[str, Any], topics: DeploymentTopics,
