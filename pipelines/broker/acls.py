@@ -12,7 +12,8 @@ collector       WRITE the raw topic (the edge collector: the raw topic is edge-o
 device          WRITE (and DESCRIBE) the reports topic
 edge            READ the raw topic with its consumer group; WRITE the reports topic and its own
                 dead-letter topic, and READ it (the edge encoder, in the device's trust domain: its dead
-                letters are raw events with client ids, readable by no other principal)
+                letters are raw events with client ids, readable by no other principal); its
+                transactional ids (prefix ``esa-encoder``): each run's sets are written in one transaction
 shuffler        READ the reports topic with its group; WRITE the shuffled topic and its dead-letter
                 topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing
 analyzer        READ the shuffled topic with its group; WRITE the estimates topic and its dead-letter
@@ -30,6 +31,8 @@ from typing import Any
 
 #: transactional.id prefix of the shuffler's release producers
 SHUFFLER_TRANSACTIONAL_PREFIX = "esa-shuffler"
+#: transactional.id prefix of the edge encoder's run writers (pipelines.encode.TRANSACTIONAL_PREFIX)
+ENCODER_TRANSACTIONAL_PREFIX = "esa-encoder"
 
 #: The one table of consumer groups: each job's default ``--consumer_group`` (``pipelines.job_config``) and the
 #: group its principal is granted READ on (below, and the ACL table of docs/operations.md), so a deployment
@@ -63,6 +66,8 @@ _GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("edge", "TOPIC", "reports", "LITERAL", "WRITE"),
     ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "WRITE"),
     ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "READ"),
+    ("edge", "TRANSACTIONAL_ID", ENCODER_TRANSACTIONAL_PREFIX, "PREFIXED", "WRITE"),
+    ("edge", "TRANSACTIONAL_ID", ENCODER_TRANSACTIONAL_PREFIX, "PREFIXED", "DESCRIBE"),
     ("shuffler", "TOPIC", "reports", "LITERAL", "READ"),
     ("shuffler", "GROUP", "shuffler_group", "LITERAL", "READ"),
     ("shuffler", "TOPIC", "shuffled", "LITERAL", "WRITE"),

@@ -40,3 +40,13 @@ def test_each_jobs_default_consumer_group_is_the_group_its_principal_may_read() 
     assert config.for_stage("shuffle").group_id == granted["User:shuffler"]  # esa run's stages too
     chosen = config_from_options(PipelineOptions(["--spec", "examples/feature_usage.toml", "--consumer_group", "g"]))
     assert chosen.with_group("encode").group_id == "g"
+
+
+def test_the_encoders_transactional_ids_are_granted_to_the_edge() -> None:
+    from pipelines.broker.acls import ENCODER_TRANSACTIONAL_PREFIX
+    from pipelines.encode import TRANSACTIONAL_PREFIX
+
+    assert TRANSACTIONAL_PREFIX == ENCODER_TRANSACTIONAL_PREFIX
+    granted = {(who, op) for who, kind, name, pattern, op in domain_grants(DeploymentTopics())
+               if kind == "TRANSACTIONAL_ID" and name == ENCODER_TRANSACTIONAL_PREFIX and pattern == "PREFIXED"}
+    assert granted == {("User:edge", "WRITE"), ("User:edge", "DESCRIBE")}
