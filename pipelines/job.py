@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from transforms.io.kafka.bounded import (
     commit_plan,
     committed_offsets,
     ensure_topics,
+    open_transactions,
     plan_bounded_read,
     produce_records,
 )
@@ -123,12 +124,18 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
                              start_offsets=resume or None)
     starts = {f"{r.topic}/{r.partition}": r.start for r in plan}
     key = run_key(starts, state.processed_until)
+    now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
+    pending = open_transactions(config.bootstrap, plan, config.kafka_config, client=config.kafka_client)
+    if pending:  # an open transaction may still add records: the partition is active, its watermark waits
+        LOG.info("%s: partition(s) %s hold records of an open transaction (not read before it commits); they "
+                 "count as active, so the watermark does not pass what it may still add", topic, pending)
+        state = replace(state, last_data_wall_ms={**state.last_data_wall_ms,
+                                                  **{f"{topic}/{p}": now for p in pending}})
     use_filesystem_options(options)
     root = staging_root(config, stage)
     clear_staging(root)  # crashed attempts (same key or older): their staged files are redone or stale
     staging = join(root, key)
     prepare_staging(staging)
-    now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
     fresh = sum(max(0, r.stop - max(r.start, state.processed_until.get(f"{r.topic}/{r.partition}", 0))) for r in plan)
     LOG.log(logging.INFO if fresh else logging.DEBUG, "%s run %s: %d records planned from %s, %d of them new "
             "(resume %s)", stage, key, sum(r.stop - r.start for r in plan), topic, fresh,
