@@ -80,3 +80,40 @@ def test_an_aborted_run_is_never_seen(broker: LocalBroker, topic_name: str) -> N
     finally:
         writer.close()
     assert [r.value for r in read_topic(broker.bootstrap, topic_name)] == [b"the rerun"]
+
+
+def test_a_partition_with_an_open_transaction_counts_as_active(broker: LocalBroker, topic_name: str,
+                                                                tmp_path) -> None:
+    """No watermark passes what an open transaction may still add: a shuffler's run planned meanwhile marks the
+    partition active at its clock, however long ago its last committed record arrived (the idle rule would
+    otherwise move the watermark with the wall clock past the run's sets)."""
+    from pathlib import Path
+
+    from confluent_kafka import Producer
+
+    from pipelines.job import plan_run
+    from pipelines.job_config import JobConfig
+    from transforms.io.kafka.bounded import open_transactions
+    from transforms.spec import load_spec
+
+    ensure_topics(broker.bootstrap, [topic_name], partitions=1)
+    produce_records(broker.bootstrap, topic_name, [b"committed long ago"])
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"open-{topic_name}"})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.produce(topic_name, b"in an open run", b"device-1")
+    producer.flush(30)
+    spec = Path(__file__).resolve().parents[2] / "examples" / "feature_usage.toml"
+    config = JobConfig(bootstrap=broker.bootstrap, specs=(load_spec(str(spec)),), out_dir=tmp_path / "out",
+                       state_dir=tmp_path / "state", reports_topic=topic_name, group_id=f"g-{topic_name}",
+                       now_ms=1_800_000_000_000)
+    try:
+        run = plan_run(config, "shuffle", topic_name)
+        assert [(r.start, r.stop) for r in run.plan] == [(0, 1)]  # the last stable offset: not the open record
+        assert open_transactions(broker.bootstrap, run.plan) == [0]
+        assert run.state.last_data_wall_ms == {f"{topic_name}/0": 1_800_000_000_000}
+        producer.commit_transaction(60)
+    finally:
+        producer.flush(5)
+    later_plan = plan_run(config, "shuffle", topic_name).plan
+    assert open_transactions(broker.bootstrap, later_plan) == []
