@@ -26,6 +26,7 @@ from transforms.io.kafka.records import (
     KafkaWriteError,
     split_element,
 )
+from transforms.io.kafka.retry import KafkaCallError
 
 __all__ = ["CLIENT_ID", "MAX_RECORDS", "Consumer", "Element", "KafkaReadError", "KafkaRecord", "KafkaWriteError",
            "Producer", "consumer", "create_topics", "producer", "split_element"]
@@ -255,13 +256,19 @@ def _ck_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, co
     admin = AdminClient(settings)
     futures = admin.create_topics([NewTopic(t, partitions, 1) for t in topics], operation_timeout=_TIMEOUT_S,
                                   request_timeout=_TIMEOUT_S)
+    refused = {}
     for topic, future in futures.items():
         try:
             future.result(timeout=_TIMEOUT_S + 5)
         except Exception as exc:
             err = exc.args[0] if exc.args else None
             if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(f"cannot create topic {topic!r}: {exc}") from exc
+                refused[topic] = exc
+    if refused:  # a principal may write a topic it may not create: an existing topic is all it needs
+        known = retry.call("metadata", lambda: admin.list_topics(timeout=_TIMEOUT_S)).topics
+        for topic, exc in refused.items():
+            if topic not in known or known[topic].error is not None:
+                raise KafkaCallError(f"cannot create topic {topic!r} on {bootstrap}: {retry.describe(exc)}", exc)
     deadline = time.monotonic() + _TIMEOUT_S  # like kafka-python's wait_for_metadata
     while time.monotonic() < deadline:
         known = retry.call("metadata", lambda: admin.list_topics(timeout=_TIMEOUT_S)).topics

@@ -119,8 +119,12 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int, config
     try:
         spec = {t: {"num_partitions": partitions, "replication_factor": 1} for t in topics}
         response = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
-        for result in response.get("topics", []):
-            if result["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-                raise RuntimeError(f"cannot create topic {result['name']!r}: {result.get('error_message')}")
+        refused = [r for r in response.get("topics", []) if r["error_code"] not in (0, 36)]  # 36: already exists
+        if refused:  # a principal may write a topic it may not create: an existing topic is all it needs
+            known = set(retry.call("metadata", admin.list_topics))
+            for result in refused:
+                if result["name"] not in known:
+                    raise retry.KafkaCallError(f"cannot create topic {result['name']!r} on {bootstrap}: "
+                                               f"{result.get('error_message') or result['error_code']}")
     finally:
         admin.close()
