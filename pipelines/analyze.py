@@ -157,6 +157,7 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     """One bounded run of the analyzer (see the module doc)."""
+    config = config.with_group(STAGE)
     started = time.perf_counter()
     with locked(config, STAGE):
         ledger = ReleaseLedger(config.state_layout.ledger)
@@ -175,14 +176,17 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                 odometers = Odometers()  # a failure may leave a carried odometer half updated: rebuild
         bounded.observed["releases_failed"] = len(failed)
         bounded.observed["epsilon"] = epsilons
-        keep_dead_letters(bounded, config.out_dir / "dead_letters")
+        keep_dead_letters(bounded, config.state_layout.dead_letters)
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         finish_run(bounded, held, {})
     parts = {"dead_lettered": counters.get("dead_lettered", 0), "reread": counters.get("records_reread", 0),
              "duplicate": counters.get("batches_duplicate", 0), "held": counters.get("batches_held", 0),
-             "analyzed": counters.get("batches_analyzed", 0)}
+             "analyzed": counters.get("batches_analyzed", 0),
+             # a second shuffler's conflicting releases: dead-lettered with their reason, but nothing was lost
+             "set_aside": counters.get("batches_set_aside", 0)}
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
-                      {"releases_written": written, "run_key": bounded.key, "progress": bounded.observed})
+                      {"releases_written": written, "run_key": bounded.key, "progress": bounded.observed},
+                      dead_letters_dir=config.state_layout.dead_letters)
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -241,6 +241,13 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if words is not None:  # Beam may wrap a worker's OSError in anything; so may state code
         print(f"esa {command}: error: {out_of_space_advice(words)}", file=sys.stderr)
         return int(ExitCode.OUT_OF_SPACE)
+    classes = {c.__name__ for c in type(err).__mro__}  # by name: no transforms import for `esa privacy`
+    if "ShufflerFencedError" in classes:  # a second shuffler took the stream over: expected, not a bug
+        print(f"esa {command}: error: {_one_line(err)}", file=sys.stderr)
+        return int(ExitCode.FENCED)
+    if "KafkaCallError" in classes:  # transforms.io.kafka.retry: refused, or retriable past its deadline
+        print(f"esa {command}: error: {_one_line(err)}", file=sys.stderr)
+        return int(ExitCode.KAFKA_UNREACHABLE)
     if any(c.__name__ == "StateError" for c in type(err).__mro__):  # damaged state: never guessed around
         print(f"esa {command}: error: unusable state: {err}", file=sys.stderr)
         return int(ExitCode.STATE_UNUSABLE)

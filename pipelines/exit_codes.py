@@ -5,7 +5,9 @@
                           record accounting does not balance
     2  USAGE              bad command line: unknown flag, bad value, missing argument
     3  CONFIG             bad analysis spec or configuration (the message names the file and field)
-    4  KAFKA_UNREACHABLE  the broker cannot be reached, or a topic the job reads does not exist
+    4  KAFKA_UNREACHABLE  the broker cannot be reached, refused a request, or a retriable Kafka error
+                          (no leader, coordinator loading) outlived its deadline; a topic the job reads does
+                          not exist, or its cleanup policy or retention could drop records it has not read
     5  STATE_LOCKED       the job's state directory is held by another running job
     6  DEAD_LETTERS       the run finished, but a larger fraction of its records was dead-lettered than
                           ``--max_dead_letter_fraction`` allows (default 0.1)
@@ -14,6 +16,9 @@
     8  STATE_UNUSABLE     a state file is corrupt or inconsistent (the message names it), a topic's log
                           ends before the job's resume offset (recreated), or the state directory is on a
                           filesystem it cannot be used on; the job refuses to guess
+    9  FENCED             another shuffler took over this shuffled topic's transactional id (the documented
+                          outcome of starting a second shuffler): this one stopped; what it had sealed stays in
+                          its ledger, republished only if it is started again
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class ExitCode(IntEnum):
     DEAD_LETTERS = 6
     OUT_OF_SPACE = 7
     STATE_UNUSABLE = 8
+    FENCED = 9
 
 
 def epilog() -> str:
@@ -61,6 +67,12 @@ class KafkaUnavailableError(EsaError, ConnectionError):
     """The broker cannot be reached, or a topic that must exist does not."""
 
     exit_code = ExitCode.KAFKA_UNREACHABLE
+
+
+class FencedError(EsaError):
+    """A second shuffler fenced this one: it stops publishing (exit 9)."""
+
+    exit_code = ExitCode.FENCED
 
 
 class StateLockedError(EsaError):

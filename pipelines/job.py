@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,11 @@ from transforms.io.kafka.bounded import (
     commit_plan,
     committed_offsets,
     ensure_topics,
+    open_transactions,
     plan_bounded_read,
     produce_records,
 )
+from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.sinks import avro_bytes, load_staged_avro
 from transforms.io.staging import clear_staging, join, prepare_staging
 from transforms.state.dead_letters import ReasonCounts, write_counts
@@ -101,10 +103,12 @@ def use_filesystem_options(options: PipelineOptions | None) -> None:
 
 def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions | None = None) -> BoundedRun:
     """Read the job's state and plan this run: resume offsets -> end of log, and a stable run key."""
+    config = config.with_group(stage)  # a config built in code without a group: the stage's default
     state_path = config.state_layout.run_state
     state = RunState.load(state_path)
     # A typo'd topic is an error naming the closest one, never created; asked with the job's client and settings.
     require_topics(config.bootstrap, [topic], client=config.kafka_client, kafka_config=config.kafka_config)
+    check_topics(config.bootstrap, [topic], config.kafka_config)  # compacted or short-lived: refused, exit 4
     resume = {int(k.rsplit("/", 1)[1]): v for k, v in state.resume.items() if k.rsplit("/", 1)[0] == topic}
     if not resume and not config.adopt_group:
         owned = committed_offsets(config.bootstrap, config.group_id, topic, config.kafka_config,
@@ -120,12 +124,18 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
                              start_offsets=resume or None)
     starts = {f"{r.topic}/{r.partition}": r.start for r in plan}
     key = run_key(starts, state.processed_until)
+    now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
+    pending = open_transactions(config.bootstrap, plan, config.kafka_config, client=config.kafka_client)
+    if pending:  # an open transaction may still add records: the partition is active, its watermark waits
+        LOG.info("%s: partition(s) %s hold records of an open transaction (not read before it commits); they "
+                 "count as active, so the watermark does not pass what it may still add", topic, pending)
+        state = replace(state, last_data_wall_ms={**state.last_data_wall_ms,
+                                                  **{f"{topic}/{p}": now for p in pending}})
     use_filesystem_options(options)
     root = staging_root(config, stage)
     clear_staging(root)  # crashed attempts (same key or older): their staged files are redone or stale
     staging = join(root, key)
     prepare_staging(staging)
-    now = config.now_ms if config.now_ms is not None else int(time.time() * 1000)
     fresh = sum(max(0, r.stop - max(r.start, state.processed_until.get(f"{r.topic}/{r.partition}", 0))) for r in plan)
     LOG.log(logging.INFO if fresh else logging.DEBUG, "%s run %s: %d records planned from %s, %d of them new "
             "(resume %s)", stage, key, sum(r.stop - r.start for r in plan), topic, fresh,
@@ -165,7 +175,8 @@ def skipped_summary(run: BoundedRun, started: float) -> RunSummary:
     """The summary of a run ``nothing_to_do`` skipped: nothing read, the state untouched."""
     run.observed.update(consumer_lag=sum(r.stop - r.start for r in run.plan), now_ms=run.now_ms, dead_by_reason={})
     return RunSummary({}, run.config.out_dir, time.perf_counter() - started, run.stage, {},
-                      {"run_key": run.key, "skipped": True, "progress": run.observed})
+                      {"run_key": run.key, "skipped": True, "progress": run.observed},
+                      dead_letters_dir=run.config.state_layout.dead_letters)
 
 
 def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str, int]) -> RunState:
@@ -313,3 +324,4 @@ def require_outputs(config: JobConfig, stage: str, topics: Sequence[str | None])
                                             f"{config.bootstrap}: {err}") from None
     else:
         require_topics(config.bootstrap, wanted, client=config.kafka_client, kafka_config=config.kafka_config)
+    check_topics(config.bootstrap, wanted, config.kafka_config)  # before anything is sealed or published

@@ -85,7 +85,7 @@ class JobConfig:
     reports_topic: str | None = "reports"
     shuffled_topic: str = "shuffled"
     devices_topic: str | None = "devices"  # enrolments (pipelines.registry); None: the legacy Parquet file only
-    group_id: str = "esa-end-to-end"
+    group_id: str = ""  # "": the stage's default (pipelines.broker.acls.DEFAULT_GROUPS, what the ACLs grant)
     dead_letter_topic: str | None = None
     estimates_topic: str | None = None
     seed: int | None = None
@@ -126,8 +126,14 @@ class JobConfig:
         return KeysDir(self.keys)
 
     def for_stage(self, stage: str) -> JobConfig:
-        """Each stage keeps its state apart (its own trust domain): state_dir/<stage>."""
-        return replace(self, state_dir=self.state / stage)
+        """Each stage keeps its state apart (its own trust domain): state_dir/<stage>, and its own group."""
+        return replace(self, state_dir=self.state / stage).with_group(stage)
+
+    def with_group(self, stage: str) -> JobConfig:
+        """This config with ``stage``'s default consumer group unless one was given (``--consumer_group``)."""
+        from pipelines.broker.acls import DEFAULT_GROUPS
+
+        return self if self.group_id else replace(self, group_id=DEFAULT_GROUPS[stage])
 
 
 @dataclass
@@ -139,6 +145,9 @@ class RunSummary:
     stage: str
     parts: dict[str, int] = field(default_factory=dict)  # the accounting terms, named
     extra: dict[str, Any] = field(default_factory=dict)
+    # Where this stage's dead letters went: its own state directory (``STATE/dead_letters``), never the output
+    # directory, which several jobs started in one working directory would share (``./out`` by default).
+    dead_letters_dir: Path | None = None
 
     def count(self, name: str) -> int:
         return int(self.counters.get(name, 0))
@@ -162,7 +171,7 @@ class RunSummary:
 
     @property
     def dead_letters_path(self) -> Path:
-        return self.out_dir / "dead_letters"
+        return self.dead_letters_dir if self.dead_letters_dir is not None else self.out_dir / "dead_letters"
 
 
 def config_from_options(options: PipelineOptions) -> JobConfig:

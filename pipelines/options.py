@@ -27,8 +27,9 @@ class EsaKafkaOptions(PipelineOptions):
                                  "KEYS/registry/devices.parquet); see docs/operations.md")
         parser.add_argument("--shuffled_topic", default="shuffled",
                             help="topic of signed release batches between the shuffle and analyze jobs")
-        parser.add_argument("--consumer_group", default="esa-end-to-end",
-                            help="consumer group whose committed offsets bound the read")
+        parser.add_argument("--consumer_group", default="",
+                            help="consumer group the job commits its read offsets to (default: the job's own, "
+                                 "esa-encode, esa-shuffle or esa-analyze, the groups the documented ACLs grant)")
         parser.add_argument("--dead_letter_topic", default="",
                             help="also publish dead letters to PREFIX-encode, PREFIX-shuffle or PREFIX-analyze, "
                                  "the topic of the job's own trust domain ('' = off; the analyzer's hold no raw "

@@ -90,6 +90,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
     """One bounded run of the shuffler (see the module doc); ``--kafka_io sdf``: the streaming shuffler
     (``pipelines.stream_shuffle``), which runs until its source stops."""
+    config = config.with_group(STAGE)
     if config.kafka_io == "sdf":
         return stream_shuffle.run(config, options)
     started = time.perf_counter()
@@ -123,7 +124,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     return RunSummary(counters, config.out_dir, time.perf_counter() - started, STAGE, parts,
                       {"releases": releases, "conflicts": conflicts, "dummies": added.get("dummies", 0),
                        "run_key": bounded.key, "registry": registry.as_dict(),
-                       "progress": bounded.observed})
+                       "progress": bounded.observed},
+                      dead_letters_dir=config.state_layout.dead_letters)
 
 
 def run_from_argv(argv: Sequence[str]) -> RunSummary:

@@ -49,6 +49,7 @@ from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
+from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
@@ -236,6 +237,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         ledger = ReleaseLedger(config.state_layout.ledger)
         require_topics(config.bootstrap, [config.reports_topic], client=config.kafka_client,
                        kafka_config=config.kafka_config)
+        check_topics(config.bootstrap, [config.reports_topic], config.kafka_config)  # never a compacted input
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
         republish_unpublished(config, ledger)
         claim_group(config)
@@ -276,4 +278,5 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
     return RunSummary(counters, config.out_dir, seconds, STAGE, parts,
                       {"releases": totals.released, "conflicts": totals.conflicts, "withheld": totals.withheld,
                        "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters,
-                       "dummies": totals.dummies})
+                       "dummies": totals.dummies},
+                      dead_letters_dir=config.state_layout.dead_letters)

@@ -11,11 +11,14 @@ principal       may
 collector       WRITE the raw topic (the edge collector: the raw topic is edge-only, never a device's)
 device          WRITE (and DESCRIBE) the reports topic
 edge            READ the raw topic with its consumer group; WRITE the reports topic and its own
-                dead-letter topic (the edge encoder, in the device's trust domain)
+                dead-letter topic, and READ it (the edge encoder, in the device's trust domain: its dead
+                letters are raw events with client ids, readable by no other principal); its
+                transactional ids (prefix ``esa-encoder``): each run's sets are written in one transaction
 shuffler        READ the reports topic with its group; WRITE the shuffled topic and its dead-letter
                 topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing
 analyzer        READ the shuffled topic with its group; WRITE the estimates topic and its dead-letter
                 topic (reasons and positions only)
+(each job)      DESCRIBE_CONFIGS of the topics it reads and writes (the cleanup-policy check)
 ==============  =============================================================================
 """
 
@@ -28,6 +31,13 @@ from typing import Any
 
 #: transactional.id prefix of the shuffler's release producers
 SHUFFLER_TRANSACTIONAL_PREFIX = "esa-shuffler"
+#: transactional.id prefix of the edge encoder's run writers (pipelines.encode.TRANSACTIONAL_PREFIX)
+ENCODER_TRANSACTIONAL_PREFIX = "esa-encoder"
+
+#: The one table of consumer groups: each job's default ``--consumer_group`` (``pipelines.job_config``) and the
+#: group its principal is granted READ on (below, and the ACL table of docs/operations.md), so a deployment
+#: that follows the docs runs with the defaults. ``esa run`` (every stage in one process) uses all three.
+DEFAULT_GROUPS: dict[str, str] = {"encode": "esa-encode", "shuffle": "esa-shuffle", "analyze": "esa-analyze"}
 
 
 @dataclass(frozen=True)
@@ -38,9 +48,9 @@ class DeploymentTopics:
     reports: str = "reports"
     shuffled: str = "shuffled"
     estimates: str = "estimates"
-    edge_group: str = "esa-encode"
-    shuffler_group: str = "esa-shuffle"
-    analyzer_group: str = "esa-analyze"
+    edge_group: str = DEFAULT_GROUPS["encode"]
+    shuffler_group: str = DEFAULT_GROUPS["shuffle"]
+    analyzer_group: str = DEFAULT_GROUPS["analyze"]
     edge_dead_letters: str = "dead-letters-encode"
     shuffler_dead_letters: str = "dead-letters-shuffle"
     analyzer_dead_letters: str = "dead-letters-analyze"
@@ -55,6 +65,9 @@ _GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("edge", "GROUP", "edge_group", "LITERAL", "READ"),
     ("edge", "TOPIC", "reports", "LITERAL", "WRITE"),
     ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "WRITE"),
+    ("edge", "TOPIC", "edge_dead_letters", "LITERAL", "READ"),
+    ("edge", "TRANSACTIONAL_ID", ENCODER_TRANSACTIONAL_PREFIX, "PREFIXED", "WRITE"),
+    ("edge", "TRANSACTIONAL_ID", ENCODER_TRANSACTIONAL_PREFIX, "PREFIXED", "DESCRIBE"),
     ("shuffler", "TOPIC", "reports", "LITERAL", "READ"),
     ("shuffler", "GROUP", "shuffler_group", "LITERAL", "READ"),
     ("shuffler", "TOPIC", "shuffled", "LITERAL", "WRITE"),
@@ -66,6 +79,12 @@ _GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("analyzer", "GROUP", "analyzer_group", "LITERAL", "READ"),
     ("analyzer", "TOPIC", "estimates", "LITERAL", "WRITE"),
     ("analyzer", "TOPIC", "analyzer_dead_letters", "LITERAL", "WRITE"),
+    # Each job reads the configuration of the topics it uses: a compacted or short-lived one is refused
+    # (transforms.io.kafka.topic_policy); without this grant the check is skipped with a warning.
+    *((who, "TOPIC", name, "LITERAL", "DESCRIBE_CONFIGS") for who, names in (
+        ("edge", ("raw", "reports", "edge_dead_letters")),
+        ("shuffler", ("reports", "shuffled", "shuffler_dead_letters")),
+        ("analyzer", ("shuffled", "estimates", "analyzer_dead_letters"))) for name in names),
 )
 
 
@@ -86,8 +105,13 @@ def kafka_acls_commands(topics: DeploymentTopics, bootstrap: str = "BROKER:9093"
     for principal, kind, name, pattern, op in domain_grants(topics):
         prefixed = " --resource-pattern-type prefixed" if pattern == "PREFIXED" else ""
         out.append(f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config {admin_config} --add "
-                   f"--allow-principal {principal} --operation {op.title()} {flags[kind]} {name}{prefixed}")
+                   f"--allow-principal {principal} --operation {_camel(op)} {flags[kind]} {name}{prefixed}")
     return out
+
+
+def _camel(operation: str) -> str:
+    """``DESCRIBE_CONFIGS`` -> ``DescribeConfigs``, as kafka-acls.sh names operations."""
+    return "".join(word.title() for word in operation.split("_"))
 
 
 def apply_domain_acls(bootstrap: str, admin_config: Mapping[str, Any], topics: DeploymentTopics,

@@ -155,3 +155,21 @@ def test_a_device_cannot_write_the_shuffled_or_the_raw_topic(secured: Secured, r
     with pytest.raises(KafkaWriteError, match=r"(?i)authoriz"):  # the raw topic is edge-only: no impersonation
         produce_records(refusals.bootstrap, refusals.raw, [b"an event in a victim's name"], producer_config=device,
                         client=client)
+
+
+def test_esa_simulate_as_the_collector_without_rights_exits_in_one_line(secured: Secured,
+                                                                        refusals: Chain) -> None:
+    """Issue 34, A1: the collector may write the raw topic only; ``esa simulate`` also ensures the reports topic,
+    which the collector may neither create nor see: one line naming the topic and the refusal, exit 4, never
+    a traceback (it was exit 1 with one)."""
+    import sys
+
+    argv = [sys.executable, "-m", "pipelines.cli", "simulate", "--bootstrap", refusals.bootstrap, "--spec",
+            str(SPEC_PATH), "--clients", "40", "--seed", "3", "--raw_topic", refusals.raw, "--reports_topic",
+            refusals.reports, "--keys_dir", str(secured.base / "sim-keys"),
+            "--kafka_config", str(secured.config_file("collector"))]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("esa simulate")]
+    assert refused.returncode == 4 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert len(lines) == 1 and f"cannot create topic {refusals.reports!r}" in lines[0], lines
+    assert "AUTHORIZATION_FAILED" in lines[0]

@@ -83,3 +83,21 @@ def test_a_second_shuffler_on_the_stream_fences_the_first(broker: LocalBroker, t
     assert second.publish([(b"w2:0", b"second's release of w2")]) == 1
     assert [r.value for r in read_topic(broker.bootstrap, topic_name)] == [b"first's release of w1",
                                                                             b"second's release of w2"]
+
+
+def test_a_fenced_shuffler_exits_in_one_line_with_its_own_code(broker: LocalBroker, topic_name: str,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """Issue 34, L3': being fenced by a second shuffler is the documented outcome, not a bug: one line, exit 9
+    (``pipelines.exit_codes.ExitCode.FENCED``), never a traceback or the generic Kafka exit 4."""
+    from pipelines.cli import _error_code
+    from pipelines.exit_codes import ExitCode
+
+    ensure_topics(broker.bootstrap, [topic_name])
+    first = TransactionalPublisher(broker.bootstrap, topic_name)
+    TransactionalPublisher(broker.bootstrap, topic_name)  # the second shuffler claims the stream
+    with pytest.raises(ShufflerFencedError) as fenced:
+        first.publish([(b"w:0", b"zombie")])
+    capsys.readouterr()
+    assert _error_code("shuffle", fenced.value) == ExitCode.FENCED == 9
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fenced" in err and "Traceback" not in err

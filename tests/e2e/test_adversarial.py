@@ -231,7 +231,7 @@ def test_forged_shuffled_batches_are_refused_or_held(world, shuffled_attack) -> 
     stage, _, honest = world
     attacked, attack, real, first, second = shuffled_attack
     assert first.balanced and second.balanced, (first.accounting, second.accounting)
-    why = reasons(dead_letters(attacked.out / "dead_letters"))
+    why = reasons(dead_letters(attacked.base / "state" / "analyze" / "dead_letters"))
     forged = len(attack["random_key"]) + len(attack["attacker_five"])
     assert why["unauthenticated release batch: bad shuffler signature"] == len(attack["random_key"]) // 2 + 1
     assert why["unauthenticated release batch: unknown shuffler key id"] == forged - len(attack["random_key"]) // 2
@@ -259,7 +259,8 @@ def test_analyst_directory_holds_no_identity_and_no_raw_bytes(world, reports_att
         blob = b"".join(p.read_bytes() for p in files)
         assert not [n for n in needles if n in blob]
         assert not [r for r in raw[:500] if r.value[10:40] in blob]
-    letters = dead_letters(attacked.out / "dead_letters") + dead_letters(stage.out / "dead_letters")
+    letters = (dead_letters(attacked.base / "state" / "analyze" / "dead_letters")
+               + dead_letters(stage.base / "state" / "analyze" / "dead_letters"))
     assert all(d["original"] is None for d in letters)
 
 

@@ -184,7 +184,7 @@ def test_poison_pills_are_dead_lettered_and_the_valid_records_processed(broker, 
 
     enc_letters = dead_letters(stage.base / "state" / "encode" / "dead_letters")
     shuf_letters = dead_letters(stage.base / "state" / "shuffle" / "dead_letters")
-    ana_letters = dead_letters(stage.out / "dead_letters")
+    ana_letters = dead_letters(stage.base / "state" / "analyze" / "dead_letters")
     encoded_poison = len(raw_poison) - len(enc_letters)
     # Encoded and refused by the shuffler: the 9999-12-31 event (from the future) and the event time 2**63,
     # whose overlong varint the Avro decoder wraps modulo 2**64 to 0 (stale).

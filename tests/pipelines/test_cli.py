@@ -97,7 +97,8 @@ def test_simulate_then_run_through_the_cli(broker, tmp_path: Path) -> None:
     encode_letters, shuffle_letters = (_letters(state / stage / "dead_letters") for stage in ("encode", "shuffle"))
     assert len(encode_letters) == 2 and all(d["original"] and d["reason"] for d in encode_letters)
     assert len(shuffle_letters) == 4 and all(d["reason"] for d in shuffle_letters)
-    assert not _letters(out / "dead_letters")  # nothing the analyzer refused
+    assert not _letters(state / "analyze" / "dead_letters")  # nothing the analyzer refused
+    assert not (out / "dead_letters").exists()  # dead letters never land in the shared output directory
     published = [decode_record("Estimate", r.value) for r in read_topic(broker.bootstrap, f"{raw}-estimates")]
     assert sorted(e["item"] for e in published) == sorted(estimates["item"].to_pylist())
     # ... and on Kafka, each in its own domain's topic (their principals differ: docs/operations.md)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from transforms.io.kafka import retry
 from transforms.io.kafka.clients import KafkaWriteError
 from transforms.io.kafka.config import to_librdkafka
 
@@ -55,7 +56,9 @@ class TransactionalPublisher:
         settings.update(to_librdkafka(dict(kafka_config or {})))
         settings["on_delivery"] = self._delivered
         self._p = Producer(settings)
-        self._p.init_transactions(TIMEOUT_S)  # fences any earlier producer of this id, aborts its open transaction
+        # Fences any earlier producer of this id and aborts its open transaction; a coordinator still loading (a
+        # broker just restarted) answers with a retriable error that transforms.io.kafka.retry waits out.
+        retry.call(f"transaction init of {transactional_id(topic)}", lambda: self._p.init_transactions(TIMEOUT_S))
         self._fenced = False
         self._bootstrap, self._config = bootstrap, dict(kafka_config or {})
         self._written: dict[int, int] = {}  # partition -> last offset written in the current transaction
@@ -79,7 +82,8 @@ class TransactionalPublisher:
         deadline = time.monotonic() + TIMEOUT_S
         try:
             for partition, offset in self._written.items():
-                while probe.get_watermark_offsets(TopicPartition(self.topic, partition), 10, False)[1] <= offset:
+                while retry.call(f"watermark offsets of {self.topic}[{partition}]", lambda p=partition:
+                                 probe.get_watermark_offsets(TopicPartition(self.topic, p), 10, False))[1] <= offset:
                     if time.monotonic() > deadline:
                         raise KafkaWriteError(f"{self.topic}[{partition}]: committed release not visible after "
                                               f"{TIMEOUT_S:g} s")
@@ -109,7 +113,17 @@ class TransactionalPublisher:
                 n += 1
             if self._p.flush(TIMEOUT_S):
                 raise KafkaWriteError(f"{self.topic}: records still undelivered after {TIMEOUT_S:g} s")
-            self._p.commit_transaction(TIMEOUT_S)
+            # A retriable commit error (coordinator moving, a time-out) is retried as librdkafka documents:
+            # commit_transaction() again; one that requires an abort, or a fatal one, is not retriable.
+            retry.call(f"transaction commit on {self.topic}", lambda: self._p.commit_transaction(TIMEOUT_S))
+        except retry.KafkaCallError as err:
+            kafka_error = retry.kafka_error_of(err.cause)
+            if kafka_error is not None and kafka_error.fatal():
+                self._fenced = True
+                raise ShufflerFencedError(f"fenced on {self.topic!r}: another shuffler initialised transactional id "
+                                          f"{transactional_id(self.topic)!r} ({kafka_error.str()})") from None
+            self._abort()
+            raise KafkaWriteError(f"release transaction on {self.topic!r} aborted: {err}") from None
         except (KafkaException, SystemError) as err:  # SystemError: a fatal error surfacing through a callback
             kafka_error = _kafka_error(err)
             if kafka_error is not None and kafka_error.fatal():

@@ -20,12 +20,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
+from transforms.io.kafka import retry
 from transforms.io.kafka.clients import (
     CLIENT_ID,
     Consumer,
@@ -40,11 +41,21 @@ from transforms.io.kafka.clients import (
     split_element,
 )
 from transforms.io.kafka.config import DEFAULT_CLIENT, check_client
-from transforms.state.files import StateError
+from transforms.io.kafka.planning import (
+    PartitionRange,
+    RewoundLogError,
+    commit_plan,
+    committed_offsets,
+    consumer_lag,
+    open_transactions,
+    plan_bounded_read,
+    wait_for_partitions,
+)
 
 __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "KafkaWriteError", "PartitionRange",
-           "ReadFromKafkaBounded", "WriteToKafka", "commit_plan", "committed_offsets", "ensure_topics",
-           "plan_bounded_read", "produce_records", "read_from_kafka", "read_topic", "run_and_commit"]
+           "ReadFromKafkaBounded", "RewoundLogError", "WriteToKafka", "commit_plan", "committed_offsets",
+           "consumer_lag", "ensure_topics", "open_transactions", "plan_bounded_read", "produce_records",
+           "read_from_kafka", "read_topic", "run_and_commit", "wait_for_partitions"]
 
 _log = logging.getLogger(__name__)
 _BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
@@ -52,116 +63,10 @@ _BATCH_BYTES = 8 * 1024 * 1024  # ... and bytes: 2,000 release batches of 512 Ki
 _READ_CHUNK = 20_000  # records asked of one poll while reading a range (never past its stop)
 
 
-class PartitionRange(NamedTuple):
-    """Offsets [start, stop) of one partition: the unit of work of a bounded read."""
-
-    topic: str
-    partition: int
-    start: int
-    stop: int
-
-
 def ensure_topics(bootstrap: str, topics: Sequence[str], partitions: int = 1,
                   client_config: Mapping[str, Any] | None = None, *, client: str = DEFAULT_CLIENT) -> None:
     """Create `topics` with `partitions` partitions; existing topics are left as they are."""
     create_topics(client, bootstrap, list(topics), partitions, dict(client_config or {}))
-
-
-class RewoundLogError(StateError):
-    """A partition's log ends before the offset a job resumes from: the topic was deleted and recreated, the
-    broker lost its data, or the state belongs to another topic. Reading on from the new end would silently
-    skip the new log's first records (and move the resume point backwards), so the job refuses."""
-
-
-def plan_bounded_read(bootstrap: str, topic: str, group_id: str | None, *,
-                      consumer_config: Mapping[str, Any] | None = None,
-                      start_offsets: Mapping[int, int] | None = None,
-                      client: str = DEFAULT_CLIENT) -> list[PartitionRange]:
-    """Per partition: start = ``start_offsets`` (a job's own durable resume point), else the committed
-    offset of `group_id`, else the beginning; stop = the end of the log as a read-committed reader sees it (the
-    last stable offset: records of a transaction still open are read by a later run, once it has ended)."""
-    config = dict(consumer_config or {})
-    probe = consumer(client, bootstrap, group_id, **config)
-    try:
-        partitions = probe.partitions(topic)
-        if not partitions:
-            raise ValueError(f"topic {topic!r} does not exist on {bootstrap}")
-        begin, ends = probe.offsets(topic, partitions)
-    finally:
-        probe.close()
-    committed: dict[int, int | None] = {}
-    if start_offsets:
-        committed = {p: start_offsets.get(p) for p in partitions}
-    elif group_id is not None:
-        grouped = consumer(client, bootstrap, group_id, **config)
-        try:
-            committed = grouped.committed(topic, partitions)
-        finally:
-            grouped.close()
-    plan, rewound = [], []
-    for p in partitions:
-        done = committed.get(p)
-        start = begin[p] if done is None else max(done, begin[p])
-        if done is not None and done < begin[p]:
-            _log.error("%s[%d]: %d records (offsets %d to %d) were deleted by the topic's retention before this "
-                       "job read them; they are lost to their windows. Keep the retention longer than the job's "
-                       "longest stop", topic, p, begin[p] - done, done, begin[p] - 1)
-        if start > ends[p]:
-            rewound.append(f"{topic}[{p}] resumes at {start}, its log ends at {ends[p]}")
-        plan.append(PartitionRange(topic, p, start, ends[p]))
-    if rewound:
-        raise RewoundLogError(
-            f"the log is shorter than what this job has already read ({'; '.join(rewound)}): the topic was deleted "
-            "and recreated, the broker lost its data, or the offsets belong to another topic or cluster. Nothing was "
-            "read. Reading on from the new end would skip the new log's first records; to read a new log, give it "
-            "a new topic name (offsets are kept per topic, and released windows stay released)")
-    _log.debug("planned %d records from %s for group %s: %s", sum(r.stop - r.start for r in plan), topic,
-              group_id, [(r.partition, r.start, r.stop) for r in plan])
-    return plan
-
-
-def committed_offsets(bootstrap: str, group_id: str, topic: str,
-                      consumer_config: Mapping[str, Any] | None = None, *,
-                      client: str = DEFAULT_CLIENT) -> dict[int, int]:
-    """Partition -> offset committed by ``group_id`` on ``topic`` (partitions without a commit are left out)."""
-    grouped = consumer(client, bootstrap, group_id, **dict(consumer_config or {}))
-    try:
-        found = grouped.committed(topic, grouped.partitions(topic))
-    finally:
-        grouped.close()
-    return {p: int(o) for p, o in found.items() if o is not None}
-
-
-def consumer_lag(bootstrap: str, group_id: str, topic: str, consumer_config: Mapping[str, Any] | None = None,
-                 *, client: str = DEFAULT_CLIENT) -> tuple[int, int]:
-    """(records committed, records between the group's committed offsets and the log's end), summed over the
-    topic's partitions (a partition without a commit counts from its beginning)."""
-    config = dict(consumer_config or {})
-    grouped = consumer(client, bootstrap, group_id, **config)
-    try:
-        partitions = grouped.partitions(topic)
-        begin, ends = grouped.offsets(topic, partitions)
-        committed = grouped.committed(topic, partitions)
-    finally:
-        grouped.close()
-    done = {p: begin[p] if committed.get(p) is None else max(int(committed[p]), begin[p]) for p in partitions}
-    return (sum(int(committed[p]) for p in partitions if committed.get(p) is not None),
-            sum(max(ends[p] - done[p], 0) for p in partitions))
-
-
-def commit_plan(bootstrap: str, group_id: str, plan: Iterable[PartitionRange],
-                consumer_config: Mapping[str, Any] | None = None, *, client: str = DEFAULT_CLIENT) -> None:
-    """Commit `stop` of every range for `group_id`."""
-    by_topic: dict[str, dict[int, int]] = {}
-    for r in plan:
-        by_topic.setdefault(r.topic, {})[r.partition] = r.stop
-    grouped = consumer(client, bootstrap, group_id, **dict(consumer_config or {}))
-    try:
-        for topic, offsets in by_topic.items():
-            grouped.commit(topic, offsets)
-    finally:
-        grouped.close()
-    _log.debug("committed %s for group %s", by_topic, group_id)
 
 
 def _read_range(reader: Consumer, r: PartitionRange, stall_timeout_s: float,
@@ -358,18 +263,23 @@ class WriteToKafka(beam.PTransform):
     """Writes `bytes` or `(key, value)` elements to `topic`; a bundle fails unless every record was acked."""
 
     def __init__(self, bootstrap: str, topic: str, *, producer_config: Mapping[str, Any] | None = None,
-                 flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> None:
+                 flush_timeout_s: float | None = None, client: str = DEFAULT_CLIENT) -> None:
         super().__init__()
-        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, flush_timeout_s, client)
+        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, _flush_s(flush_timeout_s), client)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
         return pcoll | "Produce" >> beam.ParDo(self._fn)
 
 
+def _flush_s(timeout_s: float | None) -> float:
+    """A flush waits as long as the client may retry a record (the retry policy's deadline), plus a margin."""
+    return timeout_s if timeout_s is not None else retry.producer_timeout_ms() / 1000 + 10.0
+
+
 def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                     producer_config: Mapping[str, Any] | None = None,
                     progress: Callable[[int], None] | None = None, progress_every: int = 10_000,
-                    flush_timeout_s: float = 60.0, client: str = DEFAULT_CLIENT) -> int:
+                    flush_timeout_s: float | None = None, client: str = DEFAULT_CLIENT) -> int:
     """Produce `values` outside Beam (simulator, tests); returns the count, raises on the first failure."""
     if progress_every < 1:
         raise ValueError(f"progress_every must be positive, got {progress_every}")
@@ -386,7 +296,7 @@ def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
                     progress(n)
                 if chunk < progress_every:
                     break
-            out.flush(flush_timeout_s)
+            out.flush(_flush_s(flush_timeout_s))
         except KafkaWriteError as err:
             raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {err}") from err
         error = out.error()

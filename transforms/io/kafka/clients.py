@@ -12,45 +12,27 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
+from transforms.io.kafka import retry
 from transforms.io.kafka.config import CONFLUENT, KAFKA_PYTHON, check_client, to_librdkafka
+from transforms.io.kafka.records import (
+    CLIENT_ID,
+    MAX_RECORDS,
+    Element,
+    KafkaReadError,
+    KafkaRecord,
+    KafkaWriteError,
+    split_element,
+)
+from transforms.io.kafka.retry import KafkaCallError
+
+__all__ = ["CLIENT_ID", "MAX_RECORDS", "Consumer", "Element", "KafkaReadError", "KafkaRecord", "KafkaWriteError",
+           "Producer", "consumer", "create_topics", "producer", "split_element"]
 
 _log = logging.getLogger(__name__)
-CLIENT_ID = "esa-telemetry"
-MAX_RECORDS = 100_000  # per poll: few large polls (kafka-python's default is 500)
 _NO_GROUP = "esa-telemetry-unused"  # librdkafka insists on a group.id; manual assignment never joins it
-
-
-Element = bytes | tuple[bytes | None, bytes]
-
-
-def split_element(element: Element) -> tuple[bytes | None, bytes]:
-    """(key, value) of a produced element: ``bytes`` (no key) or a ``(key, value)`` tuple."""
-    if isinstance(element, tuple):
-        key, value = element
-        return key, value
-    if isinstance(element, bytes | bytearray):
-        return None, bytes(element)
-    raise TypeError(f"Kafka elements must be bytes or (key, value) tuples, got {type(element).__name__}")
-
-
-class KafkaRecord(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes
-
-
-class KafkaReadError(RuntimeError):
-    """A bounded read made no progress (broker gone, records deleted under us)."""
-
-
-class KafkaWriteError(RuntimeError):
-    """The broker refused or timed out a produced record."""
 
 
 class Consumer(Protocol):
@@ -72,116 +54,6 @@ class Producer(Protocol):
     def close(self) -> None: ...
 
 
-# ---------------------------------------------------------------- kafka-python
-
-# what of --kafka_config the kafka-python admin client takes (connection and identity, not producer/consumer tuning)
-_ADMIN_KEYS = ("client_id", "security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version",
-               "bootstrap_timeout_ms")
-
-
-class _KpConsumer:
-    def __init__(self, bootstrap: str, group_id: str | None, config: Mapping[str, Any]) -> None:
-        from kafka import KafkaConsumer
-
-        settings: dict[str, Any] = {
-            "client_id": CLIENT_ID, "enable_auto_commit": False, "auto_offset_reset": "earliest",
-            "isolation_level": "read_committed",  # an aborted transaction's records are never read
-            "max_partition_fetch_bytes": 16 * 1024 * 1024,
-        }
-        settings.update(config)
-        self._c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, **settings)
-
-    @staticmethod
-    def _tp(topic: str, partition: int) -> Any:
-        from kafka import TopicPartition
-
-        return TopicPartition(topic, partition)
-
-    def partitions(self, topic: str) -> list[int]:
-        return sorted(self._c.partitions_for_topic(topic) or ())
-
-    def offsets(self, topic: str, partitions: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]:
-        tps = [self._tp(topic, p) for p in partitions]
-        begin, end = self._c.beginning_offsets(tps), self._c.end_offsets(tps)
-        return {tp.partition: o for tp, o in begin.items()}, {tp.partition: o for tp, o in end.items()}
-
-    def assign(self, topic: str, starts: Mapping[int, int]) -> None:
-        tps = {p: self._tp(topic, p) for p in starts}
-        self._c.assign(list(tps.values()))
-        for p, offset in starts.items():
-            self._c.seek(tps[p], offset)
-
-    def poll(self, timeout_s: float, max_records: int = MAX_RECORDS) -> list[KafkaRecord]:
-        polled = self._c.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        return [KafkaRecord(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value)
-                for messages in polled.values() for m in messages]
-
-    def position(self, topic: str, partition: int) -> int:
-        return int(self._c.position(self._tp(topic, partition)))
-
-    def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
-        return {p: self._c.committed(self._tp(topic, p)) for p in partitions}
-
-    def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
-        from kafka.structs import OffsetAndMetadata
-
-        self._c.commit({self._tp(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
-
-    def close(self) -> None:
-        self._c.close(autocommit=False)
-
-
-class _KpProducer:
-    def __init__(self, bootstrap: str, config: Mapping[str, Any]) -> None:
-        from kafka import KafkaProducer
-
-        settings: dict[str, Any] = {"client_id": CLIENT_ID, "acks": "all", "linger_ms": 20,
-                                    "batch_size": 512 * 1024}
-        settings.update(config)
-        self._p = KafkaProducer(bootstrap_servers=bootstrap, **settings)
-        self._error: BaseException | None = None
-
-    def _on_error(self, exc: BaseException) -> None:
-        self._error = self._error or exc  # runs on the sender thread
-
-    def send(self, topic: str, key: bytes | None, value: bytes) -> None:
-        self._p.send(topic, key=key, value=value).add_errback(self._on_error)
-
-    def send_many(self, topic: str, elements: Iterable[Element]) -> int:
-        n = 0
-        for element in elements:
-            key, value = split_element(element)
-            self.send(topic, key, value)
-            n += 1
-        return n
-
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def flush(self, timeout_s: float) -> None:
-        # Unsent records raise kafka-python's KafkaTimeoutError, as before this interface existed: the CLI
-        # maps kafka errors to "Kafka unreachable" (exit 4).
-        self._p.flush(timeout=timeout_s)
-
-    def close(self) -> None:
-        self._p.close(timeout=5)
-
-
-def _kp_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, config: Mapping[str, Any]) -> None:
-    from kafka import KafkaAdminClient
-
-    settings = {"client_id": CLIENT_ID} | {k: v for k, v in config.items() if k.startswith(_ADMIN_KEYS)}
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **settings)
-    try:
-        spec = {t: {"num_partitions": partitions, "replication_factor": 1} for t in topics}
-        response = admin.create_topics(spec, raise_errors=False, wait_for_metadata=True)
-        for result in response.get("topics", []):
-            if result["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-                raise RuntimeError(f"cannot create topic {result['name']!r}: {result.get('error_message')}")
-    finally:
-        admin.close()
-
-
 # ---------------------------------------------------------------- confluent-kafka (librdkafka)
 
 _TIMEOUT_S = 15.0  # metadata, offsets and commits
@@ -190,31 +62,6 @@ _LOG = logging.getLogger("kafka.librdkafka")  # under "kafka": quieted with kafk
 
 def _rd_settings(bootstrap: str) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "client.id": CLIENT_ID, "logger": _LOG}
-
-
-T = TypeVar("T")
-
-
-def _retrying(call: Callable[[], T], budget_s: float = _TIMEOUT_S) -> T:
-    """``call()``, again while librdkafka calls its error retriable: the group coordinator of a fresh broker (or
-    one that just moved) answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS for a moment, and librdkafka's
-    synchronous committed()/commit() return that instead of waiting it out."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    transient = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                 KafkaError.COORDINATOR_NOT_AVAILABLE}
-    deadline, pause = time.monotonic() + budget_s, 0.05
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            retriable = isinstance(err, KafkaError) and (err.retriable() or err.code() in transient)
-            if not retriable or time.monotonic() + pause > deadline:
-                raise
-            _log.info("retrying a group request: %s", err)
-            time.sleep(pause)
-            pause = min(1.0, pause * 2)
 
 
 class _CkConsumer:
@@ -239,15 +86,25 @@ class _CkConsumer:
         self._next: dict[tuple[str, int], int] = {}  # last delivered offset + 1, per partition
 
     def partitions(self, topic: str) -> list[int]:
-        meta = self._c.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return []
-        return sorted(meta.partitions)
+        from confluent_kafka import KafkaError, KafkaException
+
+        def ask() -> list[int]:
+            meta = self._c.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
+            if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                return []  # not (yet) in the metadata: the caller decides whether to wait (`wait_for_partitions`)
+            if meta.error is not None:
+                raise KafkaException(meta.error)  # LEADER_NOT_AVAILABLE of a topic being created: retried
+            return sorted(meta.partitions)
+
+        return retry.call(f"metadata of {topic}", ask)
 
     def offsets(self, topic: str, partitions: Sequence[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """(low, high) per partition; high is the last stable offset for this read_committed consumer (librdkafka
+        asks ListOffsets with the consumer's isolation level): never past an open transaction's first record."""
         from confluent_kafka import TopicPartition
 
-        marks = {p: self._c.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S) for p in partitions}
+        marks = {p: retry.call(f"watermark offsets of {topic}[{p}]", lambda p=p: self._c.get_watermark_offsets(
+            TopicPartition(topic, p), timeout=_TIMEOUT_S)) for p in partitions}
         return {p: int(low) for p, (low, _) in marks.items()}, {p: int(high) for p, (_, high) in marks.items()}
 
     def assign(self, topic: str, starts: Mapping[int, int]) -> None:
@@ -289,24 +146,35 @@ class _CkConsumer:
     def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
         from confluent_kafka import TopicPartition
 
-        found = _retrying(lambda: self._c.committed([TopicPartition(topic, p) for p in partitions],
-                                                    timeout=_TIMEOUT_S))
-        failed = [tp for tp in found if tp.error is not None]
-        if failed:
-            raise RuntimeError(f"committed offsets of {topic}[{failed[0].partition}]: {failed[0].error}")
+        def ask() -> list[Any]:
+            found = self._c.committed([TopicPartition(topic, p) for p in partitions], timeout=_TIMEOUT_S)
+            _raise_partition_error(found)
+            return list(found)
+
+        found = retry.call(f"committed offsets of {topic}", ask)
         return {tp.partition: (int(tp.offset) if tp.offset >= 0 else None) for tp in found}
 
     def commit(self, topic: str, offsets: Mapping[int, int]) -> None:
         from confluent_kafka import TopicPartition
 
-        done = _retrying(lambda: self._c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
-                                                asynchronous=False))
-        failed = [tp for tp in done or () if tp.error is not None]
-        if failed:
-            raise RuntimeError(f"commit of {topic} refused: {failed[0].error}")
+        def ask() -> None:
+            done = self._c.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                                  asynchronous=False)
+            _raise_partition_error(done or ())
+
+        retry.call(f"offset commit on {topic}", ask)
 
     def close(self) -> None:
         self._c.close()
+
+
+def _raise_partition_error(partitions: Iterable[Any]) -> None:
+    """A per-partition error of a committed()/commit() answer, raised so `retry.call` judges it."""
+    from confluent_kafka import KafkaException
+
+    failed = [tp for tp in partitions if tp.error is not None]
+    if failed:
+        raise KafkaException(failed[0].error)
 
 
 class _CkProducer:
@@ -326,6 +194,9 @@ class _CkProducer:
             # Unkeyed records spread over every partition, as kafka-python spreads them: the sticky default put a
             # whole bounded burst (20k records) in one partition, leaving the readers' parallelism unused.
             "sticky.partitioning.linger.ms": 0,
+            # Retriable send errors (a leader moving, a broker restarting) are retried by librdkafka itself,
+            # idempotently, within the one deadline of transforms.io.kafka.retry.
+            "message.timeout.ms": retry.producer_timeout_ms(),
         })
         settings.update(to_librdkafka(config))
         settings["on_delivery"] = self._on_delivery  # one producer-wide report callback, none per record
@@ -385,16 +256,22 @@ def _ck_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, co
     admin = AdminClient(settings)
     futures = admin.create_topics([NewTopic(t, partitions, 1) for t in topics], operation_timeout=_TIMEOUT_S,
                                   request_timeout=_TIMEOUT_S)
+    refused = {}
     for topic, future in futures.items():
         try:
             future.result(timeout=_TIMEOUT_S + 5)
         except Exception as exc:
             err = exc.args[0] if exc.args else None
             if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(f"cannot create topic {topic!r}: {exc}") from exc
+                refused[topic] = exc
+    if refused:  # a principal may write a topic it may not create: an existing topic is all it needs
+        known = retry.call("metadata", lambda: admin.list_topics(timeout=_TIMEOUT_S)).topics
+        for topic, exc in refused.items():
+            if topic not in known or known[topic].error is not None:
+                raise KafkaCallError(f"cannot create topic {topic!r} on {bootstrap}: {retry.describe(exc)}", exc)
     deadline = time.monotonic() + _TIMEOUT_S  # like kafka-python's wait_for_metadata
     while time.monotonic() < deadline:
-        known = admin.list_topics(timeout=_TIMEOUT_S).topics
+        known = retry.call("metadata", lambda: admin.list_topics(timeout=_TIMEOUT_S)).topics
         if all(t in known and known[t].error is None for t in topics):
             return
         time.sleep(0.05)
@@ -407,14 +284,18 @@ def consumer(client: str, bootstrap: str, group_id: str | None = None, **config:
     """A manual-assignment consumer of library ``client``; never auto-commits."""
     if check_client(client) == CONFLUENT:
         return _CkConsumer(bootstrap, group_id, config)
-    return _KpConsumer(bootstrap, group_id, config)
+    from transforms.io.kafka.kafka_python import KpConsumer
+
+    return KpConsumer(bootstrap, group_id, config)
 
 
 def producer(client: str, bootstrap: str, **config: Any) -> Producer:
     """An acks=all producer of library ``client``."""
     if check_client(client) == CONFLUENT:
         return _CkProducer(bootstrap, config)
-    return _KpProducer(bootstrap, config)
+    from transforms.io.kafka.kafka_python import KpProducer
+
+    return KpProducer(bootstrap, config)
 
 
 def create_topics(client: str, bootstrap: str, topics: Sequence[str], partitions: int,
@@ -424,4 +305,6 @@ def create_topics(client: str, bootstrap: str, topics: Sequence[str], partitions
         _ck_create_topics(bootstrap, topics, partitions, config)
     else:
         assert client == KAFKA_PYTHON
-        _kp_create_topics(bootstrap, topics, partitions, config)
+        from transforms.io.kafka.kafka_python import create_topics as kp_create_topics
+
+        kp_create_topics(bootstrap, topics, partitions, config)
