@@ -79,16 +79,19 @@ def _simulate(args: argparse.Namespace) -> int:
 def _run_job(command: str, argv: Sequence[str]) -> int:
     import importlib
 
-    from pipelines.job_cli import BEAM_NOTE, UsageError, help_text, parse_job_argv
+    from pipelines.job_cli import BEAM_NOTE, UsageError, help_text, parse_job_argv, wants_help
+    from pipelines.job_preflight import check_job, check_specs
 
+    if wants_help(argv):  # no Beam import: the help answers at once
+        print_out(help_text(command, f"{BEAM_JOBS[command]}."))
+        return 0
+    check_specs(argv)  # a bad spec costs no Beam start-up either
     try:
         job = parse_job_argv(command, argv)
     except UsageError as err:
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)
-    if job.help:
-        print_out(help_text(command, f"{BEAM_JOBS[command]}."))
-        return 0
+    check_job(command, job.beam_argv)  # runner and keys, before anything is created
     LOG.debug("%s: %s", command, BEAM_NOTE)
     module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
     service = _service_options(job.beam_argv)

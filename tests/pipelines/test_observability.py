@@ -163,7 +163,7 @@ def test_an_internal_error_exits_1_with_the_traceback_logged_and_one_line(monkey
                      "log above; exit 1)"]
 
 
-def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_logging: None,
+def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_logging: None, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """The grid demo's jam ended in exit 2, the code of a bad command line: a ValueError raised while a job
     runs is a bug (exit 1, traceback logged), while a job's missing flag stays a usage error (exit 2)."""
@@ -173,7 +173,11 @@ def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_l
         raise ValueError("interval must be in (0, 0.01], got 0.016")
 
     monkeypatch.setattr(pipelines.shuffle, "run_from_argv", broken)
-    assert cli.main(["shuffle", "--spec", "x.toml"]) == 1
+    from pipelines.cli_parser import DEFAULT_SPEC
+    from transforms.trust.keys import init_keys
+
+    init_keys(tmp_path / "keys")
+    assert cli.main(["shuffle", "--spec", str(DEFAULT_SPEC), "--keys_dir", str(tmp_path / "keys")]) == 1
     err = capsys.readouterr().err
     assert "internal error: ValueError: interval must be in" in err and "Traceback" in err
     monkeypatch.undo()
