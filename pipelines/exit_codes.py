@@ -14,6 +14,10 @@
     8  STATE_UNUSABLE     a state file is corrupt or inconsistent (the message names it), a topic's log
                           ends before the job's resume offset (recreated), or the state directory is on a
                           filesystem it cannot be used on; the job refuses to guess
+  130  INTERRUPTED        stopped by SIGINT (Ctrl-C) before it finished; what it had committed stays
+                          committed, and a demo that sealed nothing can use the same --out again
+  143  TERMINATED         stopped by SIGTERM, likewise (a --follow job stopped by either signal after its
+                          run committed exits 0)
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class ExitCode(IntEnum):
     DEAD_LETTERS = 6
     OUT_OF_SPACE = 7
     STATE_UNUSABLE = 8
+    INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 def epilog() -> str:
