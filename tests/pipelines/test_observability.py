@@ -117,6 +117,21 @@ def test_progress_line_and_metrics_of_runs() -> None:
     assert got[("esa_watermark_timestamp_seconds", stage)] == 1_700_000_000
 
 
+def test_records_read_counts_a_held_set_once() -> None:
+    """The second run re-reads the 32 sets the first held (their window may have closed) and 18 new ones: the
+    counter grows by 18, so dead letters over reads is a ratio of records, not of reads."""
+    first = _shuffle_summary(100, 60, {"late": 7})
+    first.extra["progress"]["new_records"] = 100
+    second = _shuffle_summary(50, 40, {"late": 3})
+    second.extra["progress"]["new_records"] = 18
+    metrics = JobMetrics("shuffle")
+    metrics.observe(first)
+    metrics.observe(second)
+    stage = (("stage", "shuffle"),)
+    assert _samples(metrics)[("esa_records_read_total", stage)] == 118
+    assert first.accounting["read"] + second.accounting["read"] == 150  # the runs' own accounting is unchanged
+
+
 def test_metrics_and_health_endpoints_serve_over_http() -> None:
     metrics = JobMetrics("analyze")
     summary = RunSummary({"kafka_records_read": 4}, Path("out"), 1.0, "analyze",
