@@ -69,16 +69,10 @@ def _key_loaders(command: str) -> list[Callable[[Path], object]]:
     """The key loaders the job's pipeline calls (the same functions, so the check cannot drift from the use)."""
     from transforms.trust import keys
     from transforms.trust.devices import SimulatedFleet
-    from transforms.trust.layout import KeysDir
-
-    def registry(root: Path) -> object:  # a missing registry is read as empty: every set would be refused
-        path = KeysDir(root).device_registry
-        if not path.exists():
-            raise keys.KeyFileError(f"{path}: the device registry is missing (enrol devices into it)")
-        return path
 
     encode = [keys.load_analyzer_public, keys.load_shuffler_sealing_public, SimulatedFleet.from_keys_dir]
-    shuffle = [registry, keys.load_shuffler_signer, keys.load_shuffler_sealing_private, keys.load_analyzer_publics]
+    # Not the device registry: a missing one is read as empty, and devices may enrol through a topic instead.
+    shuffle = [keys.load_shuffler_signer, keys.load_shuffler_sealing_private, keys.load_analyzer_publics]
     analyze = [keys.load_analyzer_private, keys.load_shuffler_verifiers]
     return {"encode": encode, "shuffle": shuffle, "analyze": analyze}.get(command, encode + shuffle + analyze)
 

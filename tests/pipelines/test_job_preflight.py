@@ -97,7 +97,6 @@ def test_missing_keys_in_every_job(job: str, tmp_path: Path, capsys, monkeypatch
 
 @pytest.mark.parametrize(("job", "missing", "named"), [
     ("encode", "public/analyzer-*", "analyzer public"),
-    ("shuffle", "registry/devices.parquet", "device registry is missing"),
     ("shuffle", "shuffler/*.ed25519", "shuffler signing"),
     ("analyze", "analyzer/*.x25519", "analyzer private"),
     ("analyze", "public/shuffler-*.ed25519.pub", "shuffler public"),
