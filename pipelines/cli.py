@@ -91,16 +91,19 @@ def _simulate(args: argparse.Namespace) -> int:
 def _run_job(command: str, argv: Sequence[str]) -> int:
     import importlib
 
-    from pipelines.job_cli import BEAM_NOTE, UsageError, help_text, parse_job_argv
+    from pipelines.job_cli import BEAM_NOTE, UsageError, help_text, parse_job_argv, wants_help
+    from pipelines.job_preflight import check_job, check_specs
 
+    if wants_help(argv):  # no Beam import: the help answers at once
+        print_out(help_text(command, f"{BEAM_JOBS[command]}."))
+        return 0
+    check_specs(argv)  # a bad spec costs no Beam start-up either
     try:
         job = parse_job_argv(command, argv)
     except UsageError as err:
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.USAGE)
-    if job.help:
-        print_out(help_text(command, f"{BEAM_JOBS[command]}."))
-        return 0
+    check_job(command, job.beam_argv)  # runner and keys, before anything is created
     LOG.debug("%s: %s", command, BEAM_NOTE)
     module = importlib.import_module("pipelines.end_to_end" if command == "run" else f"pipelines.{command}")
     service = _service_options(job.beam_argv)
@@ -293,26 +296,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (shadowed := layout_error()) is not None:
         print(f"esa {command}: error: {shadowed}", file=sys.stderr)
         return int(ExitCode.CONFIG)
-    try:
-        if command in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs; job_cli checks them first
-            return _run_job(command, argv[1:])
-        return _dispatch(parse_native(argv))
-    except BrokenPipeError:
-        # The reader went away (``esa query --json | head``): stop quietly, without a traceback at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        print(f"esa {command}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as err:
-        code = _error_code(command, err)
-        if code is None:  # a bug: the traceback goes to the log, one line to the operator
-            LOG.critical("esa %s: internal error", command, exc_info=True)
-            print(f"esa {command}: internal error: {type(err).__name__}: {_one_line(err)} (traceback in the log "
-                  f"above; exit {int(ExitCode.UNEXPECTED)})", file=sys.stderr)
-            return int(ExitCode.UNEXPECTED)
-        return code
+    from pipelines.interrupts import stop_signals
+
+    with stop_signals() as stop:
+        try:
+            if command in BEAM_JOBS:  # Beam owns the flags of the pipeline jobs; job_cli checks them first
+                return _run_job(command, argv[1:])
+            return _dispatch(parse_native(argv))
+        except BrokenPipeError:
+            # The reader went away (``esa query --json | head``): stop quietly, without a traceback at exit.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+        except KeyboardInterrupt:
+            return _interrupted(command, stop)
+        except Exception as err:
+            if stop.received is not None:  # Beam re-raises a KeyboardInterrupt wrapped: the signal decides
+                return _interrupted(command, stop)
+            code = _error_code(command, err)
+            if code is None:  # a bug: the traceback goes to the log, one line to the operator
+                LOG.critical("esa %s: internal error", command, exc_info=True)
+                print(f"esa {command}: internal error: {type(err).__name__}: {_one_line(err)} (traceback in the "
+                      f"log above; exit {int(ExitCode.UNEXPECTED)})", file=sys.stderr)
+                return int(ExitCode.UNEXPECTED)
+            return code
+
+
+def _interrupted(command: str, stop: Any) -> int:
+    """One line; ``128 + signal`` (130 SIGINT, 143 SIGTERM). What a run had committed stays committed."""
+    print(f"esa {command}: interrupted by {stop.name()}; stopped (exit {stop.exit_code()})", file=sys.stderr)
+    return stop.exit_code()
 
 
 def _one_line(err: BaseException) -> str:

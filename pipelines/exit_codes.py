@@ -19,6 +19,10 @@
     9  FENCED             another shuffler took over this shuffled topic's transactional id (the documented
                           outcome of starting a second shuffler): this one stopped; what it had sealed stays in
                           its ledger, republished only if it is started again
+  130  INTERRUPTED        stopped by SIGINT (Ctrl-C) before it finished; what it had committed stays
+                          committed, and a demo that sealed nothing can use the same --out again
+  143  TERMINATED         stopped by SIGTERM, likewise (a --follow job stopped by either signal after its
+                          run committed exits 0)
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class ExitCode(IntEnum):
     OUT_OF_SPACE = 7
     STATE_UNUSABLE = 8
     FENCED = 9
+    INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 def epilog() -> str:

@@ -140,7 +140,9 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
     LOG.log(logging.INFO if fresh else logging.DEBUG, "%s run %s: %d records planned from %s, %d of them new "
             "(resume %s)", stage, key, sum(r.stop - r.start for r in plan), topic, fresh,
             {r.partition: r.start for r in plan})
-    return BoundedRun(config, stage, topic, state, plan, key, staging, now)
+    bounded = BoundedRun(config, stage, topic, state, plan, key, staging, now)
+    bounded.observed["new_records"] = fresh  # read for the first time: what esa_records_read_total counts
+    return bounded
 
 
 def nothing_to_do(run: BoundedRun, windowed: bool) -> bool:

@@ -84,22 +84,20 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default {default})".replace("%", "%%")
 
 
-def _group_title(cls: type) -> str:
-    """``Name: first sentence of its docstring`` (a docstring's first line may end mid-sentence)."""
-    paragraph = " ".join((inspect.getdoc(cls) or "").split("\n\n", 1)[0].split())
-    sentence = paragraph.split(". ", 1)[0].rstrip(".").replace("``", "`")
-    return f"{cls.__name__}: {sentence}" if sentence else cls.__name__
-
-
 def help_text(command: str, what: str) -> str:
-    """``esa COMMAND --help``: the esa options of every class in ``pipelines.options``, and the Beam note."""
-    from apache_beam.options.pipeline_options import _BeamArgumentParser
+    """``esa COMMAND --help``: the esa flags this job uses (``pipelines.job_flags``), the Beam flags most asked
+    for, and the Beam note. Beam is not imported: a ``--help`` answers at once."""
+    from pipelines.job_flags import RUNNERS_HELP, WINDOWED, esa_parser
 
-    parser = _BeamArgumentParser(prog=f"esa {command}", allow_abbrev=False, description=what, epilog=BEAM_NOTE,
-                                 usage=f"esa [-v] {command} --spec F.toml [esa options] [Beam options]",
-                                 formatter_class=_DefaultsFormatter)
-    for cls in _option_classes(module_only=True):
-        cls._add_argparse_args(parser.add_argument_group(_group_title(cls)))
+    parser = esa_parser(f"esa {command}", command, description=what, epilog=BEAM_NOTE,
+                        usage=f"esa [-v] {command} --spec F.toml [esa options] [Beam options]",
+                        formatter_class=_DefaultsFormatter)
+    beam = parser.add_argument_group("Beam (every other Beam pipeline option passes through)")
+    beam.add_argument("--runner", default=None, help=RUNNERS_HELP)
+    if command in WINDOWED:
+        beam.add_argument("--streaming", action="store_true",
+                          help="one unbounded pipeline: the streaming shuffler only (--kafka_io sdf on PrismRunner, "
+                               "FlinkRunner or DataflowRunner)")
     cli = parser.add_argument_group("esa command")
     cli.add_argument("--max_dead_letter_fraction", type=float, default=MAX_DEAD_LETTER_FRACTION,
                      help="exit with code 6 (after a loud warning) when more than this fraction of the records "
@@ -133,11 +131,15 @@ def _suggest(flag: str, flags: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def wants_help(argv: Sequence[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
+
+
 def parse_job_argv(command: str, argv: Sequence[str]) -> JobArgs:
     """Check a job's flags (UsageError naming the first unknown one and the closest known flag) and split off
     the esa command's own (``--max_dead_letter_fraction``)."""
     args = list(argv)
-    if any(a in ("-h", "--help") for a in args):
+    if wants_help(args):
         return JobArgs([], MAX_DEAD_LETTER_FRACTION, help=True)
     flags = set(known_flags()) | {"--max_dead_letter_fraction"}
     args = [canonical(a, flags) for a in args]

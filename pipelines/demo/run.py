@@ -42,6 +42,7 @@ from transforms.io.kafka.config import DEFAULT_CLIENT
 from transforms.mechanisms.base import Mechanism
 from transforms.spec import AnalysisSpec, SpecError, load_spec
 from transforms.state.estimates_store import read_estimates
+from transforms.state.layout import StateDir
 
 LOG = logging.getLogger(__name__)
 # The example spec each ``esa demo --kind`` runs by default (``--spec`` runs any other); shipped in the wheel.
@@ -245,13 +246,17 @@ def print_summary(facts: dict[str, Any], out: Path, plot_file: str) -> None:
 
 
 def refuse_used_out(out: Path) -> None:
-    """A ConfigError (exit 3, before anything is produced) if ``out`` holds an earlier run's outputs or state.
+    """A ConfigError (exit 3, before anything is produced) if ``out`` holds an earlier run's outputs or sealed
+    windows.
 
     Why refuse: that run's windows are sealed in ``OUT.state``, so this run's reports for the same windows
     would all be dead-lettered as late while the summary compared the old estimates with the new truth; and
-    a summary of ``OUT/estimates`` would mix the two runs' specs. Nothing is deleted for the user."""
+    a summary of ``OUT/estimates`` would mix the two runs' specs. Nothing is deleted for the user. A run that
+    was interrupted before any window was sealed (Ctrl-C during the encoder, say) leaves only resume offsets
+    of its own topics, which no later demo reads (each run makes new ones): its ``--out`` is used again."""
     state = default_state_dir(out)
-    used = [p for p in (out / "estimates", out / "summary.json", state) if p.exists() and (
+    sealed = [p for stage in sorted(state.glob("*")) for p in (StateDir(stage).ledger, StateDir(stage).releases)]
+    used = [p for p in (out / "estimates", out / "summary.json", *sealed) if p.exists() and (
         not p.is_dir() or any(p.iterdir()))]
     if used:
         raise ConfigError(f"--out {out} already holds an earlier run's outputs ({', '.join(str(p) for p in used)}): "

@@ -27,8 +27,14 @@ Z95 = 1.96
 WIDTH, HEIGHT, PAD = 720, 260, 48
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 COLUMNS = ["spec_id", "analysis", "window_end", "crowd_id", "item", "item_index", "estimate", "stderr", "n_reports",
-           "n_clients", "n_deleted", "eps_central", "eps_central_cumulative", "delta_cumulative", "mechanism",
-           "unit", "statistic"]
+           "n_clients", "n_deleted", "eps_local", "eps_central", "delta", "eps_central_cumulative",
+           "delta_cumulative", "mechanism", "unit", "statistic"]
+Y_TICKS = 5  # about this many labelled y values, each with a grid line
+# Why n_deleted is null unless the spec opts in (transforms.analyzer.estimates): said where it would show.
+NOT_PUBLISHED = "not published"
+DELETIONS_NOTE = ("Deleted by threshold: \u201cnot published\u201d means the shuffler kept the count to itself, "
+                  "because next to the reports it would reveal the exact crowd size the randomized deletion hides "
+                  "(a spec may publish it with [crowd] publish_deletions = true).")
 MAX_CROWDS = 6
 STYLE = """body{font:14px system-ui,sans-serif;margin:2em auto;max-width:760px;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em}h3{font-size:1em}
@@ -48,7 +54,8 @@ class _Axes:
     def __init__(self, xs: list[float], lows: list[float], highs: list[float]) -> None:
         self.x0, self.x1 = min(xs), max(xs)
         self.y0, self.y1 = min([*lows, 0.0]), max([*highs, 0.0])
-        if self.x1 == self.x0:
+        self.single = self.x1 == self.x0
+        if self.single:
             self.x0, self.x1 = self.x0 - 1, self.x1 + 1
         if self.y1 == self.y0:
             self.y1 = self.y0 + 1
@@ -59,17 +66,27 @@ class _Axes:
     def y(self, value: float) -> float:
         return HEIGHT - PAD + (value - self.y0) / (self.y1 - self.y0) * -(HEIGHT - 2 * PAD)
 
+    def ticks(self) -> list[float]:
+        """Round values (1, 2 or 5 times a power of ten apart) spanning the y range, about ``Y_TICKS``."""
+        span = self.y1 - self.y0
+        raw = span / Y_TICKS
+        power = 10 ** math.floor(math.log10(raw))
+        step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+        first = math.ceil(self.y0 / step) * step
+        return [first + i * step for i in range(int((self.y1 - first) / step + 1e-9) + 1)]
+
     def frame(self, x_labels: tuple[str, str], y_label: str) -> str:
         left, bottom = PAD, HEIGHT - PAD
-        return (f'<line x1="{left}" y1="{bottom}" x2="{WIDTH - PAD}" y2="{bottom}" stroke="#888"/>'
+        grid = "".join(f'<line class="grid" x1="{left}" y1="{self.y(v):.1f}" x2="{WIDTH - PAD}" y2="{self.y(v):.1f}" '
+                       f'stroke="#e4e4e4"/><text class="tick" x="{left - 4}" y="{self.y(v) + 4:.1f}" font-size="11" '
+                       f'text-anchor="end">{v:.3g}</text>' for v in self.ticks())
+        return (grid + f'<line x1="{left}" y1="{bottom}" x2="{WIDTH - PAD}" y2="{bottom}" stroke="#888"/>'
                 f'<line x1="{left}" y1="{PAD}" x2="{left}" y2="{bottom}" stroke="#888"/>'
-                f'<line x1="{left}" y1="{self.y(0):.1f}" x2="{WIDTH - PAD}" y2="{self.y(0):.1f}" stroke="#ddd"/>'
+                f'<line x1="{left}" y1="{self.y(0):.1f}" x2="{WIDTH - PAD}" y2="{self.y(0):.1f}" stroke="#bbb"/>'
                 f'<text x="{left}" y="{bottom + 16}" font-size="11">{html.escape(x_labels[0])}</text>'
                 f'<text x="{WIDTH - PAD}" y="{bottom + 16}" font-size="11" text-anchor="end">'
                 f'{html.escape(x_labels[1])}</text>'
-                f'<text x="4" y="{PAD - 8}" font-size="11">{html.escape(y_label)}</text>'
-                f'<text x="{left - 4}" y="{PAD + 4}" font-size="11" text-anchor="end">{self.y1:.3g}</text>'
-                f'<text x="{left - 4}" y="{bottom}" font-size="11" text-anchor="end">{self.y0:.3g}</text>')
+                f'<text x="4" y="{PAD - 8}" font-size="11">{html.escape(y_label)}</text>')
 
 
 def _svg(body: str, title: str) -> str:
@@ -81,16 +98,21 @@ def series_chart(series: dict[str, list[tuple[int, float, float]]], unit: str, t
     """Lines of estimate over window end, each with its 95% band (a polygon of ± 1.96 stderr)."""
     points = [p for values in series.values() for p in values]
     axes = _Axes([p[0] for p in points], [p[1] - Z95 * p[2] for p in points], [p[1] + Z95 * p[2] for p in points])
-    parts = [axes.frame((_when(axes.x0), _when(axes.x1)), unit)]
+    labels = (f"one window, ending {_when(points[0][0])} UTC", "") if axes.single else (_when(axes.x0), _when(axes.x1))
+    parts = [axes.frame(labels, unit)]
     for i, (name, values) in enumerate(series.items()):
         colour = COLOURS[i % len(COLOURS)]
+        real = values
+        if len(values) == 1:  # one window: a level across the chart with its band, not a lone dot
+            (t, e, s), = values
+            values = [(axes.x0, e, s), (t, e, s), (axes.x1, e, s)]
         upper = [f"{axes.x(t):.1f},{axes.y(e + Z95 * s):.1f}" for t, e, s in values]
         lower = [f"{axes.x(t):.1f},{axes.y(e - Z95 * s):.1f}" for t, e, s in reversed(values)]
         line = " ".join(f"{axes.x(t):.1f},{axes.y(e):.1f}" for t, e, _ in values)
         parts.append(f'<polygon class="band" points="{" ".join(upper + lower)}" fill="{colour}" fill-opacity="0.15"/>')
         parts.append(f'<polyline class="line" points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
         parts.extend(f'<circle cx="{axes.x(t):.1f}" cy="{axes.y(e):.1f}" r="2.5" fill="{colour}"/>'
-                     for t, e, _ in values)
+                     for t, e, _ in real)
         parts.append(f'<text x="{WIDTH - PAD + 4}" y="{PAD + 14 * i}" font-size="11" fill="{colour}">'
                      f'{html.escape(name[:12])}</text>')
     return _svg("".join(parts), title)
@@ -132,7 +154,8 @@ def _crowd_section(crowd: str | None, rows: list[dict[str, Any]], top: int) -> s
     series = {k: sorted((r["window_end"], r["estimate"], r["stderr"]) for r in by_item[k]) for k in ranked}
     last = [(k, r["estimate"], r["stderr"]) for k in ranked[:30] for r in by_item[k] if r["window_end"] == windows[-1]]
     title = "all clients" if crowd is None else f"crowd {crowd}"
-    out = [f"<h2>{html.escape(title)}</h2>",
+    latest = next(r for r in rows if r["window_end"] == windows[-1])
+    out = [f"<h2>{html.escape(title)}</h2>", _privacy_line(latest),
            f"<h3>Estimates over {len(windows)} window(s): the {len(ranked)} leading items, 95% bands</h3>",
            series_chart(series, unit, f"estimates over windows, {title}"),
            f"<h3>Last window ({_when(windows[-1])} UTC): estimates with 95% error bars</h3>",
@@ -147,10 +170,26 @@ def _crowd_section(crowd: str | None, rows: list[dict[str, Any]], top: int) -> s
     out.append("<h3>Record accounting per window</h3>")
     out.append(_table(["window end (UTC)", "clients analysed", "reports", "deleted by threshold", "ε window",
                        "ε cumulative", "δ cumulative"],
-                      [[_when(w), first[w]["n_clients"], first[w]["n_reports"], first[w].get("n_deleted") or "-",
+                      [[_when(w), first[w]["n_clients"], first[w]["n_reports"], _deleted(first[w].get("n_deleted")),
                         f"{first[w]['eps_central']:.4g}", _fmt(first[w].get("eps_central_cumulative")),
                         _fmt(first[w].get("delta_cumulative"))] for w in windows]))
+    if any(first[w].get("n_deleted") is None for w in windows):
+        out.append(f'<p class="note">{html.escape(DELETIONS_NOTE)}</p>')
     return "\n".join(out)
+
+
+def _privacy_line(row: dict[str, Any]) -> str:
+    """What every chart below is under: ε_local, n and δ of the last window (the table has each window's)."""
+    local = row.get("eps_local")
+    local_text = "none (multi-message protocol)" if local is None or not math.isfinite(float(local)) \
+        else f"{float(local):.4g}"
+    return (f'<p class="privacy">ε_local {html.escape(local_text)} ({html.escape(str(row.get("mechanism")))}), '
+            f'n = {int(row["n_clients"]):,} clients analysed, ε_central {float(row["eps_central"]):.4g} at '
+            f'δ = {float(row["delta"]):.3g} (last window)</p>')
+
+
+def _deleted(value: Any) -> str:
+    return NOT_PUBLISHED if value is None else f"{int(value):,}"
 
 
 def _fmt(value: Any) -> str:

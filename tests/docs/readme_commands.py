@@ -119,9 +119,9 @@ def classify(command: Command) -> str:
         return "quickstart-demo"
     if prefix:
         raise ValueError(f"README command not run by any test: {command.line!r}")
-    if argv[:4] == ("python", "-m", "transforms.trust", "init") and len(argv) == 5:
+    if argv[0] in ("python", ".venv/bin/python") and argv[1:4] == ("-m", "transforms.trust", "init") and len(argv) == 5:
         return "trust-init"
-    if argv[:1] == ("esa",) and len(argv) > 1:
+    if argv[0] in ("esa", ".venv/bin/esa") and len(argv) > 1:
         sub = argv[1]
         if sub in ("encode", "shuffle", "analyze") and "--follow" in argv:
             return "service"

@@ -117,6 +117,21 @@ def test_progress_line_and_metrics_of_runs() -> None:
     assert got[("esa_watermark_timestamp_seconds", stage)] == 1_700_000_000
 
 
+def test_records_read_counts_a_held_set_once() -> None:
+    """The second run re-reads the 32 sets the first held (their window may have closed) and 18 new ones: the
+    counter grows by 18, so dead letters over reads is a ratio of records, not of reads."""
+    first = _shuffle_summary(100, 60, {"late": 7})
+    first.extra["progress"]["new_records"] = 100
+    second = _shuffle_summary(50, 40, {"late": 3})
+    second.extra["progress"]["new_records"] = 18
+    metrics = JobMetrics("shuffle")
+    metrics.observe(first)
+    metrics.observe(second)
+    stage = (("stage", "shuffle"),)
+    assert _samples(metrics)[("esa_records_read_total", stage)] == 118
+    assert first.accounting["read"] + second.accounting["read"] == 150  # the runs' own accounting is unchanged
+
+
 def test_metrics_and_health_endpoints_serve_over_http() -> None:
     metrics = JobMetrics("analyze")
     summary = RunSummary({"kafka_records_read": 4}, Path("out"), 1.0, "analyze",
@@ -163,7 +178,7 @@ def test_an_internal_error_exits_1_with_the_traceback_logged_and_one_line(monkey
                      "log above; exit 1)"]
 
 
-def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_logging: None,
+def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_logging: None, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """The grid demo's jam ended in exit 2, the code of a bad command line: a ValueError raised while a job
     runs is a bug (exit 1, traceback logged), while a job's missing flag stays a usage error (exit 2)."""
@@ -173,7 +188,11 @@ def test_a_value_error_inside_a_job_is_internal_not_usage(monkeypatch, restore_l
         raise ValueError("interval must be in (0, 0.01], got 0.016")
 
     monkeypatch.setattr(pipelines.shuffle, "run_from_argv", broken)
-    assert cli.main(["shuffle", "--spec", "x.toml"]) == 1
+    from pipelines.cli_parser import DEFAULT_SPEC
+    from transforms.trust.keys import init_keys
+
+    init_keys(tmp_path / "keys")
+    assert cli.main(["shuffle", "--spec", str(DEFAULT_SPEC), "--keys_dir", str(tmp_path / "keys")]) == 1
     err = capsys.readouterr().err
     assert "internal error: ValueError: interval must be in" in err and "Traceback" in err
     monkeypatch.undo()

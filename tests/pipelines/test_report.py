@@ -95,3 +95,46 @@ def test_the_page_renders_in_headless_chromium(output_dir: Path, tmp_path: Path)
     broken.write_text(page.read_text().replace("</body>", "<script>notDefined()</script></body>"))
     seen = console_lines(chromium(broken, tmp_path / "profile-broken", "--dump-dom").stderr)
     assert any("notDefined is not defined" in line for line in seen)
+
+
+def test_privacy_parameters_stand_next_to_the_charts(output_dir: Path) -> None:
+    """ε_local, n and δ of the last window under each crowd's heading, before its first chart."""
+    from pipelines.reports.html import write_reports
+
+    (page,) = write_reports(output_dir)
+    text = page.read_text(encoding="utf-8")
+    lines = re.findall(r"<h2>[^<]*</h2>\s*<p class=\"privacy\">([^<]*)</p>\s*<h3>", text)
+    assert len(lines) == 2, text[:3000]  # both crowds
+    assert all("ε_local 2 (olh)" in ln and "n = 1,002 clients" in ln and "δ = 1e-06" in ln for ln in lines), lines
+
+
+def test_deletions_say_why_they_are_not_shown(output_dir: Path) -> None:
+    from pipelines.reports.html import NOT_PUBLISHED, write_reports
+
+    text = write_reports(output_dir)[0].read_text(encoding="utf-8")
+    cells = re.findall(r"<td>[^<]*</td><td>\d+</td><td>\d+</td><td>([^<]*)</td>", text)
+    assert cells and set(cells) == {NOT_PUBLISHED} and "-" not in cells
+    assert "publish_deletions" in text  # the reason, and how a spec opts in
+
+
+def test_one_window_is_a_level_with_its_band_and_axes_have_ticks_and_grid(tmp_path: Path) -> None:
+    from pipelines.reports.html import write_reports
+
+    out = tmp_path / "one"
+    write_release_estimates(out, _rows(0, None, 0.5), spec_name="langs", window_end_ms=START + HOUR,
+                            release_id="r0", kind="histogram")
+    text = write_reports(out)[0].read_text(encoding="utf-8")
+    charts = text.split("<svg")[1:]
+    series = charts[0]
+    lines = re.findall(r'class="line" points="([^"]*)"', series)
+    assert len(lines) == len(ITEMS)
+    for points in lines:  # a horizontal line across the plot, not a single dot
+        xs = [float(p.split(",")[0]) for p in points.split()]
+        ys = {p.split(",")[1] for p in points.split()}
+        assert max(xs) - min(xs) > 500 and len(ys) == 1, points
+    assert "one window, ending" in series
+    for chart in charts:  # every chart: at least three labelled y values, each with a grid line
+        ticks = re.findall(r'class="tick"[^>]*>([^<]*)<', chart)
+        assert len(ticks) >= 3 and chart.count('class="grid"') == len(ticks), ticks
+        values = [float(t) for t in ticks]
+        assert values == sorted(values) and len(set(values)) == len(values)

@@ -34,6 +34,9 @@ def test_an_unreachable_broker_is_one_line_and_exit_4(command: str, tmp_path: Pa
     elif command == "demo":
         argv = ["demo", "--bootstrap", bootstrap, "--clients", "100", "--out", str(tmp_path / "demo")]
     else:
+        from transforms.trust.keys import init_keys
+
+        init_keys(tmp_path / "out.keys")  # the keys are checked first: this test is about the broker
         argv = [command, "--spec", str(SPEC), "--kafka_bootstrap", bootstrap, "--output_dir", str(tmp_path / "out")]
     done = _esa(*argv)
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
@@ -43,6 +46,9 @@ def test_an_unreachable_broker_is_one_line_and_exit_4(command: str, tmp_path: Pa
 
 
 def test_run_refuses_a_missing_raw_topic(broker: LocalBroker, tmp_path: Path) -> None:
+    from transforms.trust.keys import init_keys
+
+    init_keys(tmp_path / "out.keys")
     done = _esa("run", "--spec", str(SPEC), "--kafka_bootstrap", broker.bootstrap, "--raw_topic", "no-such-raw",
                 "--output_dir", str(tmp_path / "out"))
     assert done.returncode == 4 and done.stderr.strip().splitlines()[-1].startswith(

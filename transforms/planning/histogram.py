@@ -1,7 +1,7 @@
 """``esa plan --kind histogram``: which frequency oracle, at which local epsilon, for d categories and n clients.
 
 Two questions, answered for every single-report oracle (``grr``, ``oue``, ``olh``, ``hadamard``, ``cms``) and
-001's attribute-fragmented ``rappor``:
+the attribute-fragmented ``rappor`` of *Encode, Shuffle, Analyze* (Erlingsson et al., 2020):
 
 * **central target** (``epsilon_central``): the largest local epsilon whose central epsilon over n shuffled
   clients meets (eps_c, delta), by the verified bisection of ``plan_search``. The central epsilon is the
@@ -238,7 +238,8 @@ def format_histogram_plan(plan: HistogramPlan) -> str:
             "smallest central epsilon for the stderr)" if plan.target_stderr is not None
             else "smallest stderr within the privacy target)"))
     if any(o.mechanism == "rappor" for o in plan.options):
-        lines.append("rappor           eps_local is 001's removal budget (replacement 2 eps); one message per set bit")
+        lines.append("rappor           eps_local is a removal budget (Erlingsson et al.'s ESA; under replacement "
+                     "2 eps); one message per set bit")
     lines += [f"note             {note}" for note in plan.notes]
     return "\n".join(lines)
 
