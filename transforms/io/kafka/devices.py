@@ -17,8 +17,9 @@ from transforms.io.kafka.bounded import (
     plan_bounded_read,
     produce_records,
 )
-from transforms.io.kafka.clients import _ADMIN_KEYS, CLIENT_ID, KafkaRecord, consumer
+from transforms.io.kafka.clients import CLIENT_ID, KafkaRecord, consumer
 from transforms.io.kafka.config import CONFLUENT, DEFAULT_CLIENT, check_client, to_librdkafka
+from transforms.io.kafka.kafka_python import _ADMIN_KEYS
 from transforms.trust.enrolment import enrolment_record
 
 __all__ = ["COMPACTED", "devices_topic_exists", "ensure_devices_topic", "produce_enrolments", "read_devices"]
