@@ -38,6 +38,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.common import DifferentialPrivacyParameters
 
 from ._checks import check_delta, check_epsilon, check_int
+from .blanket_shuffle import BOUND_BLANKET, BlanketDecomposition, best_epsilon, blanket_shuffle_pld
 from .shuffle_bound import check_mixture_alpha, epsilon_central
 from .shuffle_pld import (
     DEFAULT_INTERVAL,
@@ -57,7 +58,8 @@ FALLBACK_SHARES = (0.5, 0.9, 0.99)  # shares of delta_total tried for the too-la
 METHOD_FALLBACK = ("; windows too large for an exact PLD as the canonical pair of their tight bound (a share of "
                    "delta_total split over them) or as the exact PLD of the largest crowd that fits, whichever "
                    "total is smaller")
-METHOD_PLD = "pld: tight shuffle bound per window, composed by privacy loss distributions"
+METHOD_PLD = ("pld: tight shuffle bound per window (the blanket pair where the mechanism declares one and it is "
+              "smaller, else the generic clone pair), composed by privacy loss distributions")
 METHOD_MIXED = ("pld: tight shuffle bound per window where available; (eps, delta) windows as the canonical "
                 "(eps, delta) pair (optimal composition of their ledgers)")
 
@@ -87,8 +89,12 @@ class WindowRelease:
     count_threshold: int | None = None
     count_charges: int = 0
     channels: int = 1  # independent shuffled populations one replacement changes (unary encodings: 2)
+    blanket: tuple[float, float, float, float, float] | None = None  # the mechanism's blanket decomposition
 
     def __post_init__(self) -> None:
+        if self.blanket is not None:
+            object.__setattr__(self, "blanket", tuple(float(v) for v in self.blanket))  # JSON gives a list
+            BlanketDecomposition(*self.blanket)  # validated here, not in the middle of a composition
         check_int("n_clients", self.n_clients, 0)
         check_int("channels", self.channels, 1)
         check_int("count_charges", self.count_charges, 0)
@@ -123,7 +129,7 @@ class WindowRelease:
         n = self.n_clients if self.approx_epsilon is not None else quantize_clients(self.n_clients)
         return (self.mechanism_alpha, self.eps_local, n, self.crowd_epsilon, self.crowd_delta,
                 self.approx_epsilon, self.approx_delta, self.count_sigma, self.count_threshold, self.count_charges,
-                self.channels)
+                self.channels, self.blanket)
 
 
 CLIENT_GRID = 1.02  # windows share a PLD when their client counts round down to the same point of this grid
@@ -180,8 +186,24 @@ def _local_pld(alpha: float, eps_local: float, interval: float) -> pld_lib.Priva
     return pld_lib.from_two_probability_mass_functions(lower, upper, value_discretization_interval=interval)
 
 
-def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, fallback_delta: float | None = None
-               ) -> pld_lib.PrivacyLossDistribution | None:
+def reports_pld(release: WindowRelease, n: int, interval: float, reference_delta: float
+                ) -> pld_lib.PrivacyLossDistribution:
+    """The reports' PLD: the blanket pair where the release declares a decomposition and it certifies a smaller
+    epsilon at ``reference_delta`` (the odometer's delta: a choice on public parameters only, each pair being
+    valid) and fits ``MAX_POINTS``; the generic clone pair otherwise."""
+    if release.blanket is not None:
+        dec = BlanketDecomposition(*release.blanket)
+        _, bound = best_epsilon(n, release.mechanism_alpha, release.eps_local, reference_delta, dec)
+        if bound == BOUND_BLANKET:
+            try:
+                return blanket_shuffle_pld(n, dec, interval)
+            except PLDTooLargeError:
+                pass
+    return shuffle_pld(n, release.mechanism_alpha, release.eps_local, interval)
+
+
+def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, fallback_delta: float | None = None,
+               reference_delta: float = 1e-6) -> pld_lib.PrivacyLossDistribution | None:
     """The PLD of one window, reports and crowd count composed (None if it released nothing). A window too
     large for an exact PLD raises ``PLDTooLargeError`` unless ``fallback_delta`` is given: then its reports
     enter as the canonical pair of the tight bound at that delta."""
@@ -193,7 +215,7 @@ def window_pld(release: WindowRelease, interval: float = DEFAULT_INTERVAL, fallb
                                                   value_discretization_interval=interval)
     elif n >= 2:
         try:
-            out = shuffle_pld(n, release.mechanism_alpha, release.eps_local, interval)
+            out = reports_pld(release, n, interval, reference_delta)
         except PLDTooLargeError:
             if fallback_delta is None:
                 raise
@@ -266,7 +288,7 @@ class PrivacyOdometer:
             if group is None:
                 group = self._groups[key] = [0, None, None, part, False]
                 try:
-                    group[1] = window_pld(part, self.interval)
+                    group[1] = window_pld(part, self.interval, reference_delta=self.delta_total)
                 except PLDTooLargeError:
                     group[4] = True
             group[0] += 1
