@@ -258,6 +258,12 @@ class PrivacyOdometer:
         self.releases: list[WindowRelease] = []
         self._groups: dict[tuple, list] = {}  # key -> [count, base PLD, composed PLD or None, member, too large]
         self._total: tuple[float, float] | None = None  # (epsilon, delta_cumulative), None when stale
+        # The groups' composition as a balanced tree over the sorted keys: a changed group recomposes only the
+        # nodes above it (log2 of the groups), not every group again (the cost per release then stays flat
+        # with many size groups, e.g. small windows). Rebuilt from scratch when a new key changes the order.
+        self._order: list[tuple] = []
+        self._nodes: dict[tuple[int, int], pld_lib.PrivacyLossDistribution | None] = {}
+        self._stale: set[tuple] = set()
         self.compositions = 0
 
     @property
@@ -293,6 +299,7 @@ class PrivacyOdometer:
                     group[4] = True
             group[0] += 1
             group[2] = None
+            self._stale.add(key)
         self._total = None
 
     def _composed(self, group: list) -> pld_lib.PrivacyLossDistribution | None:
@@ -302,17 +309,39 @@ class PrivacyOdometer:
         return group[2]
 
     def _exact(self, counts_only: bool = False) -> pld_lib.PrivacyLossDistribution | None:
-        total = None
-        for key in sorted(self._groups, key=repr):
-            group = self._groups[key]
-            if counts_only and not _is_count(group[3]):
-                continue
-            composed = None if group[4] else self._composed(group)
-            if composed is not None:
-                if total is not None:
-                    self.compositions += 1
-                total = composed if total is None else total.compose(composed)
-        return total
+        if counts_only:  # the counts' part alone (one group in practice): folded directly
+            total = None
+            for key in sorted(self._groups, key=repr):
+                group = self._groups[key]
+                composed = None if group[4] or not _is_count(group[3]) else self._composed(group)
+                if composed is not None:
+                    total = composed if total is None else total.compose(composed)
+            return total
+        order = sorted(self._groups, key=repr)
+        if order != self._order:
+            self._order, self._nodes = order, {}
+        else:
+            for key in self._stale:  # drop the cached nodes on the path of every changed group
+                i, lo, hi = order.index(key), 0, len(order)
+                while hi - lo > 1:
+                    self._nodes.pop((lo, hi), None)
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if i < mid else (mid, hi)
+        self._stale = set()
+        return self._fold(0, len(order)) if order else None
+
+    def _fold(self, lo: int, hi: int) -> pld_lib.PrivacyLossDistribution | None:
+        """The composition of groups ``order[lo:hi]`` (cached per node; leaves are the groups' own)."""
+        if hi - lo == 1:
+            group = self._groups[self._order[lo]]
+            return None if group[4] else self._composed(group)
+        if (lo, hi) not in self._nodes:
+            mid = (lo + hi) // 2
+            left, right = self._fold(lo, mid), self._fold(mid, hi)
+            if left is not None and right is not None:
+                self.compositions += 1
+            self._nodes[(lo, hi)] = right if left is None else left if right is None else left.compose(right)
+        return self._nodes[(lo, hi)]
 
     def _read(self) -> tuple[float, float]:
         if self._total is not None:
