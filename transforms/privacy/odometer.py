@@ -23,7 +23,8 @@ published (each is a valid guarantee; the choice does not look at data; labelled
 Windows are grouped: ``n_clients`` is rounded *down* to a 2% geometric grid before the PLD is built.
 That is conservative because the shuffle bound's pair for n + 1 users is the pair for n users plus one more
 independent blanket report, a post-processing, so fewer users never certify more privacy; it costs at most
-2% of n (about 1% of eps) and lets a year of windows share a handful of PLDs.
+2% of n (measured at the demo setting: +0.37% of the total after 365 windows, +0.38% after 8,760) and lets a
+year of windows share a handful of PLDs.
 """
 
 from __future__ import annotations
