@@ -27,6 +27,7 @@ KEYS = {
     "alpha_certified",
     "eps_central",
     "eps_central_bound",
+    "eps_central_notion",
     "eps_central_generic",
     "eps_central_blanket",
     "blanket",

@@ -106,12 +106,15 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "eps_central": eps_central,
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
-        "parameters": json.dumps({**_parameters(spec, mechanism, result), "eps_central_bound": bound},
+        "parameters": json.dumps({**_parameters(spec, mechanism, result), "eps_central_bound": bound,
+                                  "eps_central_notion": EPS_CENTRAL_NOTION},
                                  sort_keys=True, default=str),
     }
     return [{**common, "item": item.name, "item_index": item.index, "estimate": item.estimate,
              "stderr": item.stderr, "raw_estimate": item.raw} for item in readout(spec, result)]
 
+
+EPS_CENTRAL_NOTION = "replacement"  # every per-window eps_central: one client's value replaced, n public
 
 COLLUDING_FRACTION = 0.1  # the published what-if: this share of the crowd's devices colludes with the analyst
 

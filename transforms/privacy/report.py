@@ -108,6 +108,7 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
         "alpha_certified": certified_alpha(alpha, epsilon),
         "eps_central": best,
         "eps_central_bound": bound,
+        "eps_central_notion": "replacement",
         "eps_central_generic": generic,
         "eps_central_blanket": blanket,
         "blanket": None if decomposition is None else {"decomposition": list(decomposition.as_tuple()),
