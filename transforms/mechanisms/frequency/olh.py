@@ -44,7 +44,7 @@ from transforms.mechanisms.frequency.counting import (
     structured,
 )
 from transforms.mechanisms.hashing import hash_to_buckets
-from transforms.privacy.blanket_shuffle import BlanketDecomposition, blanket_olh
+from transforms.privacy.blanket_shuffle import BlanketDecomposition, blanket_olh_classes
 from transforms.privacy.mixture import olh_buckets
 
 __all__ = ["OLH", "OLHAccumulator", "default_buckets"]
@@ -240,7 +240,7 @@ def _olh_decomposition(epsilon: float, g: int, d: int, seed_family: int) -> Blan
         block = table[start:start + step]
         same += (block[:, :, None] == block[:, None, :]).sum(axis=0)
     pairs = same[np.triu_indices(d, 1)] / seed_family
-    return blanket_olh(epsilon, g, float(pairs.min()), float(pairs.max()))
+    return blanket_olh_classes(epsilon, g, pairs.tolist())
 
 
 class OLHAccumulator(CountAccumulator):
