@@ -200,8 +200,8 @@ def blanket_buckets(n: int, gamma: float, *, edges: np.ndarray = _FINE_EDGES, ex
     if hi - lo + 1 <= exact:
         s = np.arange(lo, hi + 1)
         return s, binom_pmf(s, trials, gamma), outside
-    cuts = np.unique(np.clip(np.floor(mean + edges * sd).astype(np.int64), lo, hi + 1))
-    cuts[0], cuts = lo, np.unique(np.append(cuts, hi + 1))
+    inner = np.floor(mean + edges[1:-1] * sd).astype(np.int64)
+    cuts = np.unique(np.concatenate([[lo], np.clip(inner, lo, hi + 1), [hi + 1]]))  # bucket i: [cuts[i], cuts[i+1])
     starts, ends = cuts[:-1], cuts[1:] - 1
     # Pr[start <= S <= end] from the nearer tail (no cancellation of the small tail probabilities).
     low_side = binom_cdf(ends, trials, gamma) - binom_cdf(starts - 1, trials, gamma)
