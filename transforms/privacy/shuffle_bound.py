@@ -9,7 +9,9 @@ of the shuffled multiset, and it under-reports epsilon (exactly enumerated in
 tests/privacy/test_shuffle_exact.py: 15 k-RR reports, d = 4, eps0 = 2, delta = 1e-3 give 1.82 against the
 pair's 1.58). So the certified accountants ``ShuffleDivergence`` / ``epsilon_central`` accept the mechanism's
 alpha (validated, and kept for reports) but evaluate the pair at the generic alpha. They are what the
-pipeline reports; the closed forms of ``closed_forms`` are only for comparison.
+pipeline reports, unless the per-mechanism blanket pair of ``blanket_shuffle`` (a decomposition in which the
+victim's leftover law IS the others' blanket leftover) certifies less; the closed forms of ``closed_forms`` are
+only for comparison.
 
 For large n nearly all the mass of ``C ~ Bin(n-1, 2 alpha)`` sits within a few standard deviations of its
 mean, so ``ShuffleDivergence`` may restrict the sum to a window and *add* the probability of leaving the
