@@ -34,7 +34,7 @@ from transforms.io.dead_letters import dead_letter
 from transforms.io.kafka.bounded import KafkaRecord
 from transforms.io.sinks import WriteAvroFile, WriteEstimatesParquet
 from transforms.mechanisms.frequency.oracles import GRR
-from transforms.privacy.blanket_shuffle import epsilon_blanket_shuffle
+from transforms.privacy.blanket_shuffle import best_epsilon, epsilon_blanket_shuffle
 from transforms.privacy.composition import chain_composition
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.spec import AnalysisSpec, spec_from_dict
@@ -125,8 +125,9 @@ def test_one_valid_estimate_row_per_item(analyzed: MechanismRun) -> None:
 def test_central_epsilon_is_the_tight_shuffle_bound(analyzed: MechanismRun) -> None:
     spec, mech = analyzed.spec, analyzed.spec.randomizer
     generic = epsilon_central(N, mech.mixture_alpha, spec.epsilon, spec.delta)
-    blanket = epsilon_blanket_shuffle(N, mech.blanket_decomposition(), spec.epsilon, spec.delta)
-    expected, bound = (blanket, "blanket pair") if blanket < generic else (generic, "generic clone pair")
+    expected, bound = best_epsilon(N, mech.mixture_alpha, spec.epsilon, spec.delta, mech.blanket_decomposition())
+    assert expected <= generic and expected <= epsilon_blanket_shuffle(N, mech.blanket_decomposition(),
+                                                                       spec.epsilon, spec.delta)
     for row in analyzed.rows:
         assert row["eps_central"] == pytest.approx(expected, rel=1e-12)
         assert json.loads(row["parameters"])["eps_central_bound"] == bound
