@@ -5,7 +5,7 @@ per-release path, on a real state directory) for W daily windows of README's dem
 d = 64, n ~ 50,000 wandering by a few percent) and reports the mean seconds per release over the first 100
 and over 1,000 windows, with and without a claimed (charged) crowd count. Issue 26's target: 1,000 windows
 in under 3x the per-window time of 100. The odometer's own work per release is one self-composition of the
-changed group plus one composition per other group (counted in tests/privacy/test_ledger_odometer.py).
+changed group plus one composition per tree node above it (counted in tests/privacy/test_ledger_odometer.py).
 
     .venv/bin/python benchmarks/ledger_odometer.py [--windows 1000]
 """

@@ -11,7 +11,8 @@ def privacy_command(args: argparse.Namespace) -> int:
     from transforms.privacy.report import build_privacy_report, format_privacy_report
 
     report = build_privacy_report(args.mechanism, args.domain, args.epsilon, args.n, args.delta,
-                                  fragments=args.fragments, epsilon_fragment=args.epsilon_fragment)
+                                  fragments=args.fragments, epsilon_fragment=args.epsilon_fragment,
+                                  decomposition=_decomposition(args.mechanism, args.domain, args.epsilon))
     text = format_privacy_report(report)
     if args.windows is not None:
         from transforms.privacy.windows_report import format_windows_report, windows_report
@@ -26,6 +27,20 @@ def privacy_command(args: argparse.Namespace) -> int:
                          "--windows only")
     print_out(json.dumps(report, indent=2) if args.json else text)
     return 0
+
+
+def _decomposition(mechanism: str, domain: int, epsilon: float) -> object:
+    """The product's randomizer's blanket decomposition (``Randomizer.blanket_decomposition``) for the report;
+    None where the name is no single-message oracle or its parameters do not build one (the report then
+    refuses them with its own message, or uses the generic pair)."""
+    if mechanism not in ("grr", "oue", "olh"):
+        return None
+    from transforms.mechanisms.registry import MECHANISMS
+
+    try:
+        return MECHANISMS[mechanism].load()(domain, epsilon).blanket_decomposition()
+    except (ValueError, TypeError):
+        return None
 
 
 def plan_command(args: argparse.Namespace) -> int:

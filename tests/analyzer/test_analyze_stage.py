@@ -34,6 +34,7 @@ from transforms.io.dead_letters import dead_letter
 from transforms.io.kafka.bounded import KafkaRecord
 from transforms.io.sinks import WriteAvroFile, WriteEstimatesParquet
 from transforms.mechanisms.frequency.oracles import GRR
+from transforms.privacy.blanket_shuffle import best_epsilon, epsilon_blanket_shuffle
 from transforms.privacy.composition import chain_composition
 from transforms.privacy.shuffle_bound import epsilon_central
 from transforms.spec import AnalysisSpec, spec_from_dict
@@ -123,9 +124,13 @@ def test_one_valid_estimate_row_per_item(analyzed: MechanismRun) -> None:
 
 def test_central_epsilon_is_the_tight_shuffle_bound(analyzed: MechanismRun) -> None:
     spec, mech = analyzed.spec, analyzed.spec.randomizer
-    expected = epsilon_central(N, mech.mixture_alpha, spec.epsilon, spec.delta)
+    generic = epsilon_central(N, mech.mixture_alpha, spec.epsilon, spec.delta)
+    expected, bound = best_epsilon(N, mech.mixture_alpha, spec.epsilon, spec.delta, mech.blanket_decomposition())
+    assert expected <= generic and expected <= epsilon_blanket_shuffle(N, mech.blanket_decomposition(),
+                                                                       spec.epsilon, spec.delta)
     for row in analyzed.rows:
         assert row["eps_central"] == pytest.approx(expected, rel=1e-12)
+        assert json.loads(row["parameters"])["eps_central_bound"] == bound
         assert row["eps_central"] < row["eps_local"]  # 20,000 reports amplify eps = 1 to about 0.02
 
 
@@ -195,11 +200,14 @@ def test_shuffle_then_analyze_counts_and_published_deletions(tmp_path: Path, pub
 def test_several_reports_per_client_compose_in_the_ledger() -> None:
     """k reports per client: k times the single-report bound at delta / sum_{i<k} e^{i eps}, total delta kept."""
     mech, n, delta = GRR(16, 1.5), 20_000, 1e-6
+    dec = mech.blanket_decomposition()
     one = central_epsilon(mech, n, delta, 1)
-    assert one == pytest.approx(epsilon_central(n, mech.mixture_alpha, 1.5, delta))
+    assert one == pytest.approx(min(epsilon_central(n, mech.mixture_alpha, 1.5, delta),
+                                    epsilon_blanket_shuffle(n, dec, 1.5, delta)))
     for k in (2, 3):
         spread = sum(math.exp(i * 1.5) for i in range(k))
-        per_report = epsilon_central(n, mech.mixture_alpha, 1.5, delta / spread)
+        per_report = min(epsilon_central(n, mech.mixture_alpha, 1.5, delta / spread),
+                         epsilon_blanket_shuffle(n, dec, 1.5, delta / spread))
         eps_k, delta_k = chain_composition(per_report, delta / spread, k)
         assert central_epsilon(mech, n, delta, k) == pytest.approx(eps_k)
         assert delta_k <= delta

@@ -72,3 +72,16 @@ def test_an_undeclared_own_accounting_is_caught() -> None:
             return 0.1
 
     assert overrides(Forgetful, "epsilon_central") != Forgetful.accounts_central
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_a_blanket_decomposition_is_declared_only_by_single_message_randomizers(name: str) -> None:
+    # The per-mechanism shuffle bound (privacy.blanket_shuffle) accounts one report per client under the
+    # replacement notion; a mechanism with its own accountant or several messages must not inherit one.
+    from transforms.privacy.blanket_shuffle import BlanketDecomposition
+
+    cls = MECHANISMS[name].load()
+    declared = spec_of(name).randomizer.blanket_decomposition()
+    assert declared is None or isinstance(declared, BlanketDecomposition)
+    if overrides(cls, "blanket_decomposition"):
+        assert cls.single_message and not cls.accounts_central and cls.epsilon_replacement is None

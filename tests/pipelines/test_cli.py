@@ -41,18 +41,20 @@ def test_privacy_json_matches_spec_vectors(mechanism, domain, eps, n, delta, exp
                "--delta", str(delta), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["eps_central"] == pytest.approx(expected, rel=1e-3)
+    assert report["eps_central_generic"] == pytest.approx(expected, rel=1e-3)  # the generic pair: the spec's vectors
+    assert report["eps_central"] <= report["eps_central_generic"]  # the smallest valid bound is published
     assert set(report["closed_forms"]) >= {"efmrtt19", "blanket_krr", "lemma_ii6", "theorem_iii1"}
 
 
 def test_privacy_at_a_million_reports_is_fast() -> None:
-    """Contract: under 1 s for n = 1e6 (the computation; imports are measured by the benchmark note)."""
+    """Contract (issue 33): each per-window bound at n = 1e6 in at most 2 s on one core, measured as CPU time
+    (the machine's load does not count); the report computes both the generic and the blanket pair."""
     for mechanism in ("grr", "oue", "olh", "generic"):
-        start = time.perf_counter()
+        start = time.process_time()
         privacy_report(mechanism, 64, 2.0, 1_000_000, 1e-6)
-        elapsed = time.perf_counter() - start
-        print(f"{mechanism}: {elapsed:.3f} s")
-        assert elapsed < 1.0
+        elapsed = time.process_time() - start
+        print(f"{mechanism}: {elapsed:.3f} s CPU")
+        assert elapsed < 2.0
 
 
 def test_privacy_rejects_bad_arguments() -> None:

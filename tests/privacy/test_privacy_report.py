@@ -26,6 +26,11 @@ KEYS = {
     "alpha_rule",
     "alpha_certified",
     "eps_central",
+    "eps_central_bound",
+    "eps_central_notion",
+    "eps_central_generic",
+    "eps_central_blanket",
+    "blanket",
     "closed_forms",
 }
 CLOSED_FORMS = {"efmrtt19", "blanket_krr", "lemma_ii6", "theorem_iii1", "fmt21_clones", "lemma_ii5"}
@@ -48,7 +53,13 @@ def test_report_contents(mechanism: str) -> None:
     assert set(report["closed_forms"]) == CLOSED_FORMS
     assert report["alpha"] == expected_alpha(mechanism, domain, eps)
     assert report["alpha_certified"] == pytest.approx(alpha_generic(eps), rel=1e-15)  # §1.2: no leftover law
-    assert report["eps_central"] == epsilon_central(n, report["alpha"], eps, delta)
+    assert report["eps_central_generic"] == epsilon_central(n, report["alpha"], eps, delta)
+    # the published value is the smaller of the two valid bounds, and says which it is
+    candidates = [report["eps_central_generic"]] + ([report["eps_central_blanket"]]
+                                                    if report["eps_central_blanket"] is not None else [])
+    assert report["eps_central"] == min(candidates)
+    assert (report["eps_central_bound"] == "blanket pair") == (report["eps_central"] < report["eps_central_generic"])
+    assert (report["blanket"] is None) == (mechanism in ("olh", "generic"))  # OLH's needs its family (the CLI's)
     assert 0.0 < report["eps_central"] < eps
     for form in report["closed_forms"].values():
         assert set(form) == {"epsilon", "reason"}

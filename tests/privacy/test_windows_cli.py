@@ -8,6 +8,7 @@ import pytest
 
 from pipelines.cli import main
 from transforms.planning.planner import kv_alpha
+from transforms.privacy.blanket_shuffle import blanket_grr
 from transforms.privacy.crowd_count import design
 from transforms.privacy.mixture import alpha_binary_rr, alpha_grr
 from transforms.privacy.odometer import WindowRelease, compose_with_delta, cumulative_epsilon, interval_for
@@ -27,7 +28,7 @@ def test_privacy_windows_matches_odometer(capsys: pytest.CaptureFixture[str]) ->
     sigma, threshold = design(1.0, 1e-6, 365, 1)
     assert (count["sigma"], count["threshold"], count["charges"]) == (sigma, threshold, 1)
     release = WindowRelease(alpha_grr(4.0, 64), 4.0, 20000, count_sigma=sigma, count_threshold=threshold,
-                            count_charges=1)
+                            count_charges=1, blanket=blanket_grr(4.0, 64).as_tuple())  # k-RR's blanket pair
     eps, delta_cum, _ = compose_with_delta([release] * 30, 1e-6, interval_for(report["eps_central"]))
     assert block["eps_central_total"] == pytest.approx(eps, rel=1e-12)
     assert block["delta_cumulative"] == pytest.approx(delta_cum, rel=1e-12)

@@ -28,7 +28,7 @@ from transforms.analyzer.readout import readout, readout_parameters
 from transforms.mechanisms.base import Accumulator, Mechanism, replacement_local_epsilon
 from transforms.mechanisms.frequency.blanket import require_blanket
 from transforms.privacy.blanket import epsilon_against_colluders
-from transforms.privacy.shuffle_bound import epsilon_central
+from transforms.privacy.blanket_shuffle import best_epsilon
 from transforms.spec import AnalysisSpec
 
 
@@ -46,27 +46,37 @@ class CrowdAccumulator:
 
 
 def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1) -> float:
-    """Central epsilon of n shuffled clients at total ``delta`` (docs/mathematics.md §1.2; no amplification below 2).
+    """Central epsilon of n shuffled clients at total ``delta`` (``central_epsilon_bound``'s number)."""
+    return central_epsilon_bound(mechanism, n, delta, reports_per_client)[0]
+
+
+def central_epsilon_bound(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1
+                          ) -> tuple[float, str]:
+    """(central epsilon of n shuffled clients at total ``delta``, the bound that gave it): docs/mathematics.md
+    §1.2; no amplification below 2 clients.
 
     A mechanism with its own accounting (fragmenting, multi-message protocols) provides
-    ``epsilon_central(n, delta)``. Otherwise, with up to k reports per client, a neighbouring dataset
-    changes k reports: the single-report bound is computed at delta' = delta / sum_{i<k} e^{i eps_local}
-    and chained over k (§1.4), which keeps the total delta within ``delta`` because the per-report
-    central epsilon never exceeds eps_local.
+    ``epsilon_central(n, delta)``. Otherwise the smaller of the generic clone pair and, where the randomizer
+    declares a blanket decomposition, the blanket pair (``privacy.blanket_shuffle.best_epsilon``). With up to
+    k reports per client, a neighbouring dataset changes k reports: the single-report bound is computed at
+    delta' = delta / sum_{i<k} e^{i eps_local} and chained over k (§1.4), which keeps the total delta within
+    ``delta`` because the per-report central epsilon never exceeds eps_local.
     """
     k = reports_per_client
     eps_local = float(mechanism.epsilon_local)
     if n < 2:
-        return k * eps_local
+        return k * eps_local, "local (no shuffling)"
     if mechanism.accounts_central and k == 1:
-        return float(mechanism.epsilon_central(n, delta))
+        return float(mechanism.epsilon_central(n, delta)), "mechanism's own accountant"
+    dec = mechanism.blanket_decomposition()  # type: ignore[attr-defined]
     if k == 1:
-        return float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta))
+        return best_epsilon(n, mechanism.mixture_alpha, eps_local, delta, dec)
     spread = math.expm1(k * eps_local) / math.expm1(eps_local) if k * eps_local < 700 else math.inf
     delta_per_report = delta / spread  # sum_{i<k} e^{i eps_local} >= sum_{i<k} e^{i eps_c}
     if delta_per_report < 1e-300:
-        return k * eps_local  # nothing certifiable: the plain composition of the local guarantees
-    return k * float(epsilon_central(n, mechanism.mixture_alpha, eps_local, delta_per_report))
+        return k * eps_local, "local (no shuffling)"  # nothing certifiable: the plain composition
+    eps, bound = best_epsilon(n, mechanism.mixture_alpha, eps_local, delta_per_report, dec)
+    return k * eps, f"{bound}, chained over {k} reports"
 
 
 def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAccumulator, window_start_ms: int,
@@ -80,6 +90,7 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         result = accumulator.counts.estimate()
     k = spec.max_reports_per_client
     clients = int(accumulator.n) - m  # real clients: eps_central is the honest crowd's, of these alone
+    eps_central, bound = central_epsilon_bound(mechanism, clients, spec.delta, k)
     common = {
         "schema_version": SCHEMA_VERSION,
         "spec_id": spec.spec_id,
@@ -92,14 +103,18 @@ def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAc
         "n_deleted": accumulator.deleted,
         # replacement notion like eps_central (rappor's removal budget is in parameters); k reports compose
         "eps_local": k * float(replacement_local_epsilon(mechanism)),
-        "eps_central": central_epsilon(mechanism, clients, spec.delta, k),
+        "eps_central": eps_central,
         "delta": float(spec.delta),
         "mechanism": mechanism.name,
-        "parameters": json.dumps(_parameters(spec, mechanism, result), sort_keys=True, default=str),
+        "parameters": json.dumps({**_parameters(spec, mechanism, result), "eps_central_bound": bound,
+                                  "eps_central_notion": EPS_CENTRAL_NOTION},
+                                 sort_keys=True, default=str),
     }
     return [{**common, "item": item.name, "item_index": item.index, "estimate": item.estimate,
              "stderr": item.stderr, "raw_estimate": item.raw} for item in readout(spec, result)]
 
+
+EPS_CENTRAL_NOTION = "replacement"  # every per-window eps_central: one client's value replaced, n public
 
 COLLUDING_FRACTION = 0.1  # the published what-if: this share of the crowd's devices colludes with the analyst
 

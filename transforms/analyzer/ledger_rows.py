@@ -14,6 +14,7 @@ rebuilt from the ledger after a restart; within a run it is carried forward incr
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +33,7 @@ def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, A
     own = (mechanism.accounts_central and channels == 1) \
         or spec.max_reports_per_client > 1 or not math.isfinite(float(mechanism.epsilon_local))
     design = spec.crowd.count_design(spec.window_seconds)
+    dec = None if own or channels != 1 else mechanism.blanket_decomposition()
     return {"mechanism": mechanism.name, "own_accountant": bool(own), "metric": spec.metric,
             "mixture_alpha": None if own else float(mechanism.mixture_alpha),
             "eps_local": None if own else float(mechanism.epsilon_local), "n_clients": n,
@@ -39,7 +41,15 @@ def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, A
             "notion": spec.crowd.notion, "count_charges": spec.crowd.charges,
             "count_sigma": None if design is None else design[0],
             "count_threshold": None if design is None else design[1],
-            "window_seconds": spec.window_seconds, "channels": channels}
+            "window_seconds": spec.window_seconds, "channels": channels,
+            "blanket": None if dec is None else list(dec.as_tuple()),
+            "eps_central_bound": _bound_of(rows)}
+
+
+def _bound_of(rows: list[dict[str, Any]]) -> str | None:
+    """The bound the rows' eps_central came from (``estimates.central_epsilon_bound``), as the row states it."""
+    parameters = rows[0].get("parameters") if rows else None
+    return json.loads(parameters).get("eps_central_bound") if isinstance(parameters, str) else None
 
 
 def metric_of(entry: Any) -> str:
@@ -61,7 +71,7 @@ def window_release(account: dict[str, Any], charge_legacy_count: bool = False) -
         return WindowRelease(None, None, account["n_clients"], *crowd, float(account["eps_central"]),
                              float(account["delta"]), **count)
     return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd, **count,
-                         channels=int(account.get("channels") or 1))
+                         channels=int(account.get("channels") or 1), blanket=account.get("blanket"))
 
 
 def withheld_release(spec: AnalysisSpec) -> WindowRelease | None:

@@ -158,6 +158,14 @@ class Randomizer:
     n_expected: int | None = None  # shuffle-only protocols: the crowd size their noise is calibrated for
     calibrated_to_central: ClassVar[bool] = False  # True: ``epsilon`` is a central target the noise is sized to
 
+    def blanket_decomposition(self) -> Any:
+        """The privacy-blanket decomposition of the randomizer for the per-mechanism shuffle bound
+        (``transforms.privacy.blanket_shuffle.BlanketDecomposition``: blanket weight gamma <= sum_y min_x P(y|x),
+        the blanket draws' clone probability and the victim's weights), or None: only the generic clone pair
+        applies. tests/privacy/test_blanket_shuffle.py checks every declaration against the exact output
+        table by linear programming, so a declared gamma above the true common mass fails."""
+        return None
+
     def epsilon_central(self, n: int, delta: float) -> float:
         """The mechanism's own central epsilon for n clients (only where ``accounts_central``)."""
         raise NotImplementedError(f"{type(self).__name__} has no own central accounting: use the shuffle bound")

@@ -15,6 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 from ._checks import check_delta, check_epsilon, check_int
+from .blanket_shuffle import (
+    BOUND_BLANKET,
+    BOUND_GENERIC,
+    BlanketDecomposition,
+    blanket_grr,
+    blanket_oue,
+    epsilon_blanket_shuffle,
+)
 from .closed_forms import (
     ClosedForm,
     blanket_krr,
@@ -64,12 +72,16 @@ def _closed_forms(mechanism: str, domain: int, eps: float, n: int, delta: float)
     ]
 
 
-def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: float) -> dict[str, Any]:
+def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: float,
+                   decomposition: BlanketDecomposition | None = None) -> dict[str, Any]:
     """Central (eps_c, delta) of n shuffled reports of ``mechanism`` (replacement DP on both sides).
 
-    ``eps_central`` is the tight bound of ``shuffle_bound`` (the number to rely on), evaluated at
-    ``alpha_certified`` (the mechanism's ``alpha`` is reported for reference); ``closed_forms`` maps
-    each closed form to ``{"epsilon": float | None, "reason": str | None}`` for comparison.
+    ``eps_central`` is the smaller of the generic clone pair of ``shuffle_bound`` (evaluated at
+    ``alpha_certified``; the mechanism's ``alpha`` is reported for reference) and the blanket pair of
+    ``blanket_shuffle`` where the mechanism has a blanket ``decomposition`` (its ``blanket_decomposition()``;
+    None: the formula of k-RR or OUE, which need nothing but (d, eps); OLH's needs its hash family, so the
+    caller passes it); ``eps_central_bound`` names the bound used. ``closed_forms`` maps each closed form to
+    ``{"epsilon": float | None, "reason": str | None}`` for comparison.
     """
     if mechanism not in PRIVACY_MECHANISMS:
         multi = mechanism in FRAGMENTED_PRIVACY_MECHANISMS
@@ -80,6 +92,11 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
     n = check_int("n", n, 2)
     delta = check_delta("delta", delta)
     alpha, rule = mechanism_alpha(mechanism, domain, epsilon)
+    if decomposition is None and mechanism in ("grr", "oue"):
+        decomposition = blanket_grr(epsilon, domain) if mechanism == "grr" else blanket_oue(epsilon)
+    generic = epsilon_central(n, alpha, epsilon, delta)
+    blanket = None if decomposition is None else epsilon_blanket_shuffle(n, decomposition, epsilon, delta)
+    best, bound = (blanket, BOUND_BLANKET) if blanket is not None and blanket < generic else (generic, BOUND_GENERIC)
     return {
         "mechanism": mechanism,
         "domain": domain,
@@ -89,7 +106,13 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
         "alpha": alpha,
         "alpha_rule": rule,
         "alpha_certified": certified_alpha(alpha, epsilon),
-        "eps_central": epsilon_central(n, alpha, epsilon, delta),
+        "eps_central": best,
+        "eps_central_bound": bound,
+        "eps_central_notion": "replacement",
+        "eps_central_generic": generic,
+        "eps_central_blanket": blanket,
+        "blanket": None if decomposition is None else {"decomposition": list(decomposition.as_tuple()),
+                                                       "rule": decomposition.rule},
         "closed_forms": {
             form.name: {"epsilon": form.epsilon, "reason": form.reason}
             for form in _closed_forms(mechanism, domain, epsilon, n, delta)
@@ -106,6 +129,7 @@ def build_privacy_report(
     *,
     fragments: int | None = None,
     epsilon_fragment: float | None = None,
+    decomposition: BlanketDecomposition | None = None,
 ) -> dict[str, Any]:
     """The report of any mechanism of ``ALL_PRIVACY_MECHANISMS`` (``fragments``/``epsilon_fragment``: report
     fragmenting only; passing them for another mechanism is an error, not silently ignored)."""
@@ -116,7 +140,7 @@ def build_privacy_report(
         raise ValueError(f"mechanism must be one of {', '.join(ALL_PRIVACY_MECHANISMS)}; got {mechanism!r}")
     if fragments is not None or epsilon_fragment is not None:
         raise ValueError("fragments / epsilon_fragment apply to rappor_fragments only")
-    return privacy_report(mechanism, domain, epsilon, n, delta)
+    return privacy_report(mechanism, domain, epsilon, n, delta, decomposition)
 
 
 def format_privacy_report(report: dict[str, Any]) -> str:
@@ -131,7 +155,11 @@ def format_privacy_report(report: dict[str, Any]) -> str:
         f"mixture alpha    {report['alpha']:.6g}  [{report['alpha_rule']}]",
         f"certified at     {report['alpha_certified']:.6g}  [generic 1/(e^eps + 1): the clone pair dominates only "
         "without a victim leftover law]",
-        f"central epsilon  {report['eps_central']:.6g}  (tight numerical bound, docs/mathematics.md §1.2)",
+        f"central epsilon  {report['eps_central']:.6g}  ({report['eps_central_bound']}: the smallest valid bound, "
+        "docs/mathematics.md §1.2)",
+        f"  generic pair   {report['eps_central_generic']:.6g}",
+        "  blanket pair   " + (f"{report['eps_central_blanket']:.6g}  [{report['blanket']['rule']}]"
+                              if report["blanket"] is not None else "n/a: no blanket decomposition declared"),
         "closed forms (comparison only):",
     ]
     width = max(len(name) for name in report["closed_forms"])

@@ -9,7 +9,9 @@ of the shuffled multiset, and it under-reports epsilon (exactly enumerated in
 tests/privacy/test_shuffle_exact.py: 15 k-RR reports, d = 4, eps0 = 2, delta = 1e-3 give 1.82 against the
 pair's 1.58). So the certified accountants ``ShuffleDivergence`` / ``epsilon_central`` accept the mechanism's
 alpha (validated, and kept for reports) but evaluate the pair at the generic alpha. They are what the
-pipeline reports; the closed forms of ``closed_forms`` are only for comparison.
+pipeline reports, unless the per-mechanism blanket pair of ``blanket_shuffle`` (a decomposition in which the
+victim's leftover law IS the others' blanket leftover) certifies less; the closed forms of ``closed_forms`` are
+only for comparison.
 
 For large n nearly all the mass of ``C ~ Bin(n-1, 2 alpha)`` sits within a few standard deviations of its
 mean, so ``ShuffleDivergence`` may restrict the sum to a window and *add* the probability of leaving the
@@ -31,6 +33,7 @@ from .bisection import smallest_certified
 
 __all__ = [
     "FAST_WINDOW_SDS",
+    "CloneDivergence",
     "ClonePairDivergence",
     "ShuffleDivergence",
     "certified_alpha",
@@ -38,6 +41,7 @@ __all__ = [
     "epsilon_central",
     "hockey_stick",
     "pair_hockey_stick",
+    "pair_terms",
 ]
 
 # Half-width, in standard deviations of Bin(n-1, 2 alpha), of the window used by ``epsilon_central``. The
@@ -75,44 +79,60 @@ def certified_alpha(alpha: object, eps_local: float) -> float:
     return tail / (1.0 + tail)  # 1/(e^eps + 1) without overflow
 
 
-class ClonePairDivergence:
-    """``eps_c -> D_{e^eps_c}(P_alpha || Q_alpha)`` of the clone pair at exactly the given (n, alpha, eps_local).
+def pair_terms(trials: int, clone: float, w1: float, w2: float, w0: float, window_sds: float | None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(m, A1, A2, neglected mass) of a clone pair (``CloneDivergence``) over totals m >= 1.
 
-    The pair's divergence for any admissible alpha (the §1.2 algorithm and its reference values); a privacy
-    bound only at the generic alpha (see the module docstring): accountants use ``ShuffleDivergence``.
+    ``window_sds=None`` keeps every m; a number keeps m within mean +- window_sds * sd of C ~ Bin(trials,
+    clone) (plus one) and returns the P-mass of C outside it, which bounds everything left out.
+    """
+    c_lo, c_hi = 0, trials
+    if window_sds is not None:
+        width = check_real("window_sds", window_sds)
+        if width <= 0.0:
+            raise ValueError(f"window_sds must be > 0 or None, got {width!r}")
+        mean, sd = trials * clone, math.sqrt(trials * clone * (1.0 - clone))
+        c_lo = max(0, math.floor(mean - width * sd))
+        c_hi = min(trials, math.ceil(mean + width * sd))
+    # T = C + Delta1 + Delta2 lies in [c_lo, c_hi + 1] whenever C lies in [c_lo, c_hi]; each m contributes
+    # at most P[T = m], so the P-mass of C outside the window bounds everything left out.
+    neglected = float(_cdf(c_lo - 1, trials, clone) + _sf(c_hi, trials, clone))
+    # m = 0 contributes nothing: the only outcome (0, 0) has the same probability under P and Q.
+    m = np.arange(max(1, c_lo), c_hi + 2, dtype=np.int64)
+    b_m = _pmf(m, trials, clone)
+    b_m1 = _pmf(m - 1, trials, clone)
+    k = b_m * max(0.0, w0) / 2.0
+    return m, k + b_m1 * w1, k + b_m1 * w2, neglected
+
+
+class CloneDivergence:
+    """``eps_c -> D_{e^eps_c}(P || Q)`` of a general clone pair: ``trials`` others, each a clone with probability
+    ``clone`` (half of x's kind, half of x''s), a victim of x's kind / x''s kind / neither with weights ``w1`` /
+    ``w2`` / ``w0`` (swapped under Q). Weights may sum to less than one: the rest is a victim outcome revealed
+    and equal under P and Q (it adds nothing to the divergence). The pair of §1.2 is ``trials = n - 1``,
+    ``clone = 2 alpha`` and ``(e^eps alpha, alpha, 1 - alpha - e^eps alpha)``; the blanket pair of
+    ``blanket_shuffle`` is one per revealed blanket count.
 
     Everything that does not depend on eps_c (the binomial weights A1, A2 of every total m) is computed once
     here, so a bisection step only recomputes the threshold x* and two binomial tails per m.
     ``window_sds=None`` sums over every m (exact); a number restricts m to mean +- window_sds * sd of
-    Bin(n-1, 2 alpha) (plus one) and adds the neglected mass ``neglected_mass`` (an upper bound).
+    Bin(trials, clone) (plus one) and adds the neglected mass ``neglected_mass`` (an upper bound).
     An instance caches the tails of its last evaluation, so share it between threads only with a lock.
     """
 
-    def __init__(self, n: int, alpha: float, eps_local: float, *, window_sds: float | None = None) -> None:
-        self.n = check_int("n", n, 2)
-        self.eps_local = check_epsilon("eps_local", eps_local)
-        self.alpha = check_mixture_alpha(alpha, self.eps_local)
-        trials, p = self.n - 1, 2.0 * self.alpha
-        c_lo, c_hi = 0, trials
-        if window_sds is not None:
-            width = check_real("window_sds", window_sds)
-            if width <= 0.0:
-                raise ValueError(f"window_sds must be > 0 or None, got {width!r}")
-            mean, sd = trials * p, math.sqrt(trials * p * (1.0 - p))
-            c_lo = max(0, math.floor(mean - width * sd))
-            c_hi = min(trials, math.ceil(mean + width * sd))
-        # T = C + Delta1 + Delta2 lies in [c_lo, c_hi + 1] whenever C lies in [c_lo, c_hi]; each m contributes
-        # at most P[T = m], so the P-mass of C outside the window bounds everything left out.
-        self.neglected_mass = float(_cdf(c_lo - 1, trials, p) + _sf(c_hi, trials, p))
-        # m = 0 contributes nothing: the only outcome (0, 0) has the same probability under P and Q.
-        m = np.arange(max(1, c_lo), c_hi + 2, dtype=np.int64)
-        b_m = _pmf(m, trials, p)
-        b_m1 = _pmf(m - 1, trials, p)
-        e_alpha = math.exp(self.eps_local + math.log(self.alpha))
-        k = b_m * max(0.0, 1.0 - self.alpha - e_alpha) / 2.0
-        self._m = m
-        self._a1 = k + b_m1 * e_alpha
-        self._a2 = k + b_m1 * self.alpha
+    def __init__(self, trials: int, clone: float, w1: float, w2: float, w0: float, *,
+                 window_sds: float | None = None) -> None:
+        trials = check_int("trials", trials, 0)
+        p = check_real("clone", clone)
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"clone must lie in (0, 1], got {p!r}")
+        m, a1, a2, self.neglected_mass = pair_terms(trials, p, w1, w2, w0, window_sds)
+        self._set_terms(m, a1, a2)
+
+    def _set_terms(self, m: np.ndarray, a1: np.ndarray, a2: np.ndarray) -> None:
+        """The pair as arrays over totals m >= 1 (several pairs' terms may be concatenated, each scaled by its
+        weight: the divergence is linear in A1, A2 and the threshold x* depends on their ratio only)."""
+        self._m, self._a1, self._a2 = m, a1, a2
         # Binomial tails of the last evaluation, reused by ``_update_tails`` where x* did not move.
         self._x_star = m + 1
         self._s_u = np.zeros(m.shape)
@@ -150,6 +170,22 @@ class ClonePairDivergence:
             self._s_w[changed] = s_w
             self._s_u[changed] = s_w + _pmf(x - 1, m - 1, 0.5)  # a sum of two tails: no cancellation
         self._x_star = x_star
+
+
+class ClonePairDivergence(CloneDivergence):
+    """``eps_c -> D_{e^eps_c}(P_alpha || Q_alpha)`` of the clone pair at exactly the given (n, alpha, eps_local).
+
+    The pair's divergence for any admissible alpha (the §1.2 algorithm and its reference values); a privacy
+    bound only at the generic alpha (see the module docstring): accountants use ``ShuffleDivergence``.
+    """
+
+    def __init__(self, n: int, alpha: float, eps_local: float, *, window_sds: float | None = None) -> None:
+        self.n = check_int("n", n, 2)
+        self.eps_local = check_epsilon("eps_local", eps_local)
+        self.alpha = check_mixture_alpha(alpha, self.eps_local)
+        e_alpha = math.exp(self.eps_local + math.log(self.alpha))
+        super().__init__(self.n - 1, 2.0 * self.alpha, e_alpha, self.alpha, 1.0 - self.alpha - e_alpha,
+                         window_sds=window_sds)
 
 
 class ShuffleDivergence(ClonePairDivergence):

@@ -48,8 +48,8 @@ from .crowd import crowd_threshold
 from .crowd_count import count_log_pmfs
 from .shuffle_bound import certified_alpha, check_mixture_alpha
 
-__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "count_pld", "crowd_count_pld",
-           "crowd_count_pmfs", "pld_fits", "shuffle_loss_pmf", "shuffle_pld"]
+__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "binned_loss", "count_pld",
+           "crowd_count_pld", "crowd_count_pmfs", "pld_fits", "pld_from_binned", "shuffle_loss_pmf", "shuffle_pld"]
 
 # Loss grid of the PLDs. Pessimistic rounding moves each window's loss up by less than one step, so W
 # composed windows overstate eps by at most W * interval (about half that on average): 1e-5 keeps the
@@ -93,8 +93,8 @@ def _grouped_mass(xs: np.ndarray, xe: np.ndarray, trials: np.ndarray, row: np.nd
     return a1 * (upper0 - lower0) + a2 * (upper1 - lower1)
 
 
-def _layout(n: int, alpha: float, eps_local: float, window_sds: float, group_interval: float | None) -> tuple:
-    """The (m, x) window of the pair and its grouping: everything before the PLD's points are built."""
+def _pair_rows(n: int, alpha: float, eps_local: float, window_sds: float) -> tuple:
+    """(m, b_m, A1, A2, mass outside the m window, P-mass of the outcome m = 0) of the §1.2 clone pair."""
     n = check_int("n", n, 2)
     eps_local = check_epsilon("eps_local", eps_local)
     alpha = check_mixture_alpha(alpha, eps_local)
@@ -107,7 +107,13 @@ def _layout(n: int, alpha: float, eps_local: float, window_sds: float, group_int
     b_m, b_m1 = binom_pmf(m, trials, p), binom_pmf(m - 1, trials, p)
     e_alpha = math.exp(eps_local + math.log(alpha))
     k = b_m * max(0.0, 1.0 - alpha - e_alpha) / 2.0
-    a1, a2 = k + b_m1 * e_alpha, k + b_m1 * alpha
+    zero = float(b_m[0] * max(0.0, 1.0 - alpha - e_alpha)) if m[0] == 0 else 0.0
+    return alpha, m, b_m, e_alpha, k + b_m1 * e_alpha, k + b_m1 * alpha, outside, zero
+
+
+def _x_layout(m: np.ndarray, a1: np.ndarray, a2: np.ndarray, width: float, group_interval: float | None
+              ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(P-mass outside the x windows, x_lo, x_hi, group width, points per m) of a pair's rows (m >= 0)."""
     # x window per m: m/2 +- width * sd of Bin(m - 1, 1/2), plus one for the shift between B(x-1) and B(x).
     half = np.ceil(width * np.sqrt(np.maximum(m - 1, 0)) / 2.0).astype(np.int64) + 1
     x_lo = np.maximum(0, m // 2 - half)
@@ -116,17 +122,84 @@ def _layout(n: int, alpha: float, eps_local: float, window_sds: float, group_int
     mt = np.maximum(m - 1, 0)
     tail1 = binom_cdf(x_lo - 2, mt, 0.5) + binom_sf(x_hi - 1, mt, 0.5)
     tail2 = binom_cdf(x_lo - 1, mt, 0.5) + binom_sf(x_hi, mt, 0.5)
-    outside += float(np.sum(np.where(m > 0, a1 * tail1 + a2 * tail2, 0.0)))
+    outside = float(np.sum(np.where(m > 0, a1 * tail1 + a2 * tail2, 0.0)))
     # Consecutive x may share one point (a "group") whose loss is the group's largest: the loss is
     # non-decreasing in x (A1 >= A2), so this only rounds losses up. The width keeps the rounding below
     # ``group_interval`` via the slope bound d loss/dx <= 2 (A1 - A2)/(m A2); None keeps every x.
-    width = np.ones(m.shape, dtype=np.int64)
+    group = np.ones(m.shape, dtype=np.int64)
     if group_interval is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.floor(group_interval * m * a2 / (2.0 * (a1 - a2)))
-        width = np.where(np.isfinite(w) & (w > 1), np.minimum(w, 2**40), 1).astype(np.int64)
-    counts = (x_hi - x_lo) // width + 1
-    return alpha, outside, m, b_m, e_alpha, a1, a2, x_lo, x_hi, width, counts
+        group = np.where(np.isfinite(w) & (w > 1), np.minimum(w, 2**40), 1).astype(np.int64)
+    counts = np.where(m > 0, (x_hi - x_lo) // group + 1, 0)
+    return outside, x_lo, x_hi, group, counts
+
+
+def _layout(n: int, alpha: float, eps_local: float, window_sds: float, group_interval: float | None) -> tuple:
+    """The (m, x) window of the §1.2 pair and its grouping: everything before the PLD's points are built."""
+    alpha, m, b_m, e_alpha, a1, a2, outside, _ = _pair_rows(n, alpha, eps_local, window_sds)
+    x_out, x_lo, x_hi, width, counts = _x_layout(m, a1, a2, check_real("window_sds", window_sds), group_interval)
+    counts = np.where(m == 0, 1, counts)  # the outcome (0, 0): one point
+    return alpha, outside + x_out, m, b_m, e_alpha, a1, a2, x_lo, x_hi, width, counts
+
+
+def _points(m: np.ndarray, a1: np.ndarray, a2: np.ndarray, x_lo: np.ndarray, x_hi: np.ndarray,
+            width: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(loss, P-probability) of every point of the rows given (m >= 1), grouped as ``_x_layout`` says."""
+    total = int(counts.sum())
+    rows = np.repeat(np.arange(m.size), counts)
+    start = x_lo[rows] + (np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)) * width[rows]
+    x = np.minimum(start + width[rows] - 1, x_hi[rows])  # the group's last x carries its (largest) loss
+    mm, big1, big2 = m[rows], a1[rows], a2[rows]
+    single = width[rows] == 1
+    prob = big1 * np.exp(_log_binom_half(x - 1, mm - 1)) + big2 * np.exp(_log_binom_half(x, mm - 1))
+    if not single.all():
+        g = ~single
+        prob[g] = _grouped_mass(start[g], x[g], np.maximum(mm[g] - 1, 0), rows[g], big1[g], big2[g])
+    with np.errstate(divide="ignore", invalid="ignore"):  # A1 = A2 = 0 (underflow) only where prob = 0
+        loss = np.log(big1 * x + big2 * (mm - x)) - np.log(big2 * x + big1 * (mm - x))
+    keep = prob > 0.0
+    return loss[keep], prob[keep]
+
+
+CHUNK_POINTS = 1 << 18  # points built at once: a few MB of temporaries, whatever the crowd (peak memory)
+
+
+def binned_loss(m: np.ndarray, a1: np.ndarray, a2: np.ndarray, interval: float, window_sds: float = PLD_WINDOW_SDS
+                ) -> tuple[dict[int, float], float]:
+    """The P-law of a clone pair's privacy loss (rows m >= 1 with weights A1, A2, possibly several pairs'
+    concatenated) rounded UP to multiples of ``interval``, as {index: mass}, and the P-mass left outside the
+    x windows (to be put on infinite loss). Built ``CHUNK_POINTS`` points at a time, so the peak memory is
+    that of one chunk plus the binned result, not of all points at once."""
+    outside, x_lo, x_hi, width, counts = _x_layout(m, a1, a2, window_sds, interval)
+    if int(counts.sum()) > MAX_POINTS:
+        raise PLDTooLargeError(f"the PLD needs {int(counts.sum()):,} points (> {MAX_POINTS:,})")
+    live = (a1 > 0.0) & (a2 > 0.0) & (counts > 0)
+    top = float(np.max(np.log(a1[live]) - np.log(a2[live]), initial=0.0))  # |loss| <= log(A1/A2)
+    offset = math.ceil(top / interval) + 2
+    mass = np.zeros(2 * offset + 1)
+    bounds = np.searchsorted(np.cumsum(counts), np.arange(CHUNK_POINTS, int(counts.sum()) + CHUNK_POINTS,
+                                                                   CHUNK_POINTS), side="right")
+    start = 0
+    for stop in np.unique(np.append(np.maximum(bounds, 1), m.size)):
+        part = slice(start, max(int(stop), start + 1))
+        keep = live[part]
+        if keep.any():
+            loss, prob = _points(m[part][keep], a1[part][keep], a2[part][keep], x_lo[part][keep], x_hi[part][keep],
+                                 width[part][keep], counts[part][keep])
+            index = np.ceil(loss / interval - 1e-9).astype(np.int64) + offset  # 1e-9: float noise on multiples
+            mass += np.bincount(np.clip(index, 0, 2 * offset), weights=prob, minlength=2 * offset + 1)
+        start = part.stop
+        if start >= m.size:
+            break
+    nonzero = np.flatnonzero(mass)
+    return {int(i) - offset: float(mass[i]) for i in nonzero}, outside
+
+
+def pld_from_binned(pmf: dict[int, float], infinity: float, interval: float) -> pld_lib.PrivacyLossDistribution:
+    """A symmetric pair's PLD from its binned loss law (pessimistic rounding already applied)."""
+    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
+        pmf, infinity_mass=min(1.0, infinity), value_discretization_interval=interval, pessimistic_estimate=True)
 
 
 def pld_fits(n: int, alpha: float, eps_local: float, interval: float = DEFAULT_INTERVAL) -> bool:
@@ -142,27 +215,19 @@ def shuffle_loss_pmf(n: int, alpha: float, eps_local: float, window_sds: float =
 
     Exact on the (m, x) window (with ``group_interval``: losses rounded up by less than it, far fewer points
     at large n alpha); the P-mass outside the window is returned separately (an upper bound on it, from
-    binomial tails) so the caller can count it as infinite loss.
+    binomial tails) so the caller can count it as infinite loss. All points at once: for checks; the
+    odometer's ``shuffle_pld`` builds the same points in chunks (``binned_loss``).
     """
     alpha, outside, m, b_m, e_alpha, a1, a2, x_lo, x_hi, width, counts = _layout(
         n, alpha, eps_local, window_sds, group_interval)
     if int(counts.sum()) > MAX_POINTS:
         raise PLDTooLargeError(f"the PLD of n={n}, alpha={alpha:g} needs {int(counts.sum()):,} points "
-                          f"(> {MAX_POINTS:,})")
-    rows = np.repeat(np.arange(m.size), counts)
-    start = x_lo[rows] + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)) * width[rows]
-    x = np.minimum(start + width[rows] - 1, x_hi[rows])  # the group's last x carries its (largest) loss
-    mm, A1, A2 = m[rows], a1[rows], a2[rows]
-    single = width[rows] == 1
-    prob = A1 * np.exp(_log_binom_half(x - 1, mm - 1)) + A2 * np.exp(_log_binom_half(x, mm - 1))
-    if not single.all():
-        g = ~single
-        prob[g] = _grouped_mass(start[g], x[g], np.maximum(mm[g] - 1, 0), rows[g], A1[g], A2[g])
-    with np.errstate(divide="ignore", invalid="ignore"):  # A1 = A2 = 0 (underflow) only where prob = 0
-        loss = np.log(A1 * x + A2 * (mm - x)) - np.log(A2 * x + A1 * (mm - x))
-    zero = mm == 0  # the single outcome (0, 0): same probability under P and Q
-    prob = np.where(zero, b_m[0] * max(0.0, 1.0 - alpha - e_alpha) if m[0] == 0 else 0.0, prob)
-    loss = np.where(zero, 0.0, loss)
+                               f"(> {MAX_POINTS:,})")
+    live = m > 0
+    loss, prob = _points(m[live], a1[live], a2[live], x_lo[live], x_hi[live], width[live], counts[live])
+    if m[0] == 0:
+        loss = np.append(loss, 0.0)  # the single outcome (0, 0): same probability under P and Q
+        prob = np.append(prob, b_m[0] * max(0.0, 1.0 - alpha - e_alpha))
     keep = prob > 0.0
     return loss[keep], prob[keep], outside
 
@@ -173,14 +238,13 @@ def shuffle_pld(n: int, alpha: float, eps_local: float, interval: float = DEFAUL
     """PLD of one window of n shuffled reports of an (eps_local, alpha)-mixture randomizer (the clone pair at
     ``certified_alpha``), rounded up to multiples of ``interval`` (pessimistic; x grouped within one more
     ``interval``, so one window's loss is overstated by less than 2 interval), out-of-window mass at +infinity.
-    Cached: windows repeat."""
-    loss, prob, outside = shuffle_loss_pmf(n, certified_alpha(alpha, eps_local), eps_local, group_interval=interval)
-    index = np.ceil(loss / interval - 1e-9).astype(np.int64)  # the 1e-9 only absorbs float noise on exact
-    lo = int(index.min())                                     # multiples; log-ratios are never that close
-    mass = np.bincount(index - lo, weights=prob)
-    pmf = {lo + i: float(v) for i, v in enumerate(mass) if v > 0.0}
-    return pld_lib.PrivacyLossDistribution.create_from_rounded_probability(
-        pmf, infinity_mass=min(1.0, outside), value_discretization_interval=interval, pessimistic_estimate=True)
+    Built in chunks (``binned_loss``). Cached: windows repeat."""
+    _, m, _, _, a1, a2, outside, zero = _pair_rows(n, certified_alpha(alpha, eps_local), eps_local, PLD_WINDOW_SDS)
+    live = m > 0
+    pmf, x_out = binned_loss(m[live], a1[live], a2[live], interval)
+    if zero > 0.0:
+        pmf[0] = pmf.get(0, 0.0) + zero
+    return pld_from_binned(pmf, outside + x_out, interval)
 
 
 def crowd_count_pmfs(eps_cr: float, delta_cr: float) -> tuple[dict[str, float], dict[str, float]]:

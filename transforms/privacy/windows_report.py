@@ -44,7 +44,9 @@ def count_release(claim: str, window_seconds: int, epsilon_year: float, delta_ye
 def _window(report: dict[str, Any], count: dict[str, Any]) -> WindowRelease:
     channels = 2 if report["mechanism"] in ("rappor", "rappor_fragments") else 1
     # rappor: removal budget of one channel (eps(tau) for the fragment tuple), two channels change
-    return WindowRelease(report["alpha"], report["epsilon_local"], report["n"], **count, channels=channels)
+    blanket = (report.get("blanket") or {}).get("decomposition") if channels == 1 else None
+    return WindowRelease(report["alpha"], report["epsilon_local"], report["n"], **count, channels=channels,
+                         blanket=None if blanket is None else tuple(blanket))
 
 
 def windows_report(report: dict[str, Any], windows: int, claim: str = "none", window_seconds: int = 86_400,

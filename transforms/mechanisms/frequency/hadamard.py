@@ -35,6 +35,7 @@ from transforms.mechanisms.frequency.counting import (
     rr_count_variance,
     structured,
 )
+from transforms.privacy.blanket_shuffle import BlanketDecomposition, blanket_hadamard
 from transforms.privacy.mixture import alpha_hadamard
 
 __all__ = ["MAX_HADAMARD_DOMAIN", "HadamardAccumulator", "HadamardResponse", "fwht", "hadamard_order"]
@@ -115,6 +116,9 @@ class HadamardResponse(Randomizer):
     @property
     def mixture_alpha(self) -> float:
         return alpha_hadamard(self.epsilon)
+
+    def blanket_decomposition(self) -> BlanketDecomposition:
+        return blanket_hadamard(self.epsilon)
 
     @property
     def message_bits(self) -> int:

@@ -27,7 +27,7 @@ warm-started at the textbook estimate, which is already within O(sqrt(d/(gS))) o
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,6 +44,7 @@ from transforms.mechanisms.frequency.counting import (
     structured,
 )
 from transforms.mechanisms.hashing import hash_to_buckets
+from transforms.privacy.blanket_shuffle import BlanketDecomposition, blanket_olh_classes
 from transforms.privacy.mixture import olh_buckets
 
 __all__ = ["OLH", "OLHAccumulator", "default_buckets"]
@@ -151,6 +152,12 @@ class OLH(HashedGRR):
     def parameters(self) -> dict[str, Any]:
         return {"d": self.d, "epsilon": self.epsilon, "g": self.buckets, "seed_family": self.seed_family}
 
+    def blanket_decomposition(self) -> BlanketDecomposition | None:
+        """The blanket pair of ``privacy.blanket_shuffle.blanket_olh`` over this family's range of pairwise
+        collision rates (fraction of seeds on which two items share a bucket), counted exactly from the hash
+        table; None (generic bound only) where counting every pair would cost more than MAX_PAIR_WORK."""
+        return _olh_decomposition(self.epsilon, self.buckets, self.d, self.seed_family)
+
     # -- decoding ---------------------------------------------------------------------------------------
 
     @cached_property
@@ -217,6 +224,23 @@ class OLH(HashedGRR):
             raise ValueError(f"enumerating {size} outputs exceeds {MAX_ENUMERATED_OUTPUTS}")
         check_values(np.array([value]), self.d)
         return seed_family_law(self.hash_table[:, value], self.buckets, self.p, self.q_other)
+
+
+MAX_PAIR_WORK = 1 << 27  # seed x item x item comparisons the collision range may take (~1 s)
+
+
+@lru_cache(maxsize=32)
+def _olh_decomposition(epsilon: float, g: int, d: int, seed_family: int) -> BlanketDecomposition | None:
+    if d < 2 or seed_family * d * d > MAX_PAIR_WORK:
+        return None
+    table = hash_to_buckets(np.arange(seed_family, dtype=np.uint64)[:, None], np.arange(d)[None, :], g)
+    same = np.zeros((d, d), dtype=np.int64)
+    step = max(1, MAX_PAIR_WORK // (8 * d * d))
+    for start in range(0, seed_family, step):
+        block = table[start:start + step]
+        same += (block[:, :, None] == block[:, None, :]).sum(axis=0)
+    pairs = same[np.triu_indices(d, 1)] / seed_family
+    return blanket_olh_classes(epsilon, g, pairs.tolist())
 
 
 class OLHAccumulator(CountAccumulator):

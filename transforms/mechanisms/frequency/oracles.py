@@ -26,6 +26,7 @@ from transforms.mechanisms.frequency.counting import (
 )
 from transforms.mechanisms.frequency.olh import OLH, OLHAccumulator
 from transforms.privacy.blanket import grr_blanket_weight, oue_blanket_weight
+from transforms.privacy.blanket_shuffle import BlanketDecomposition, blanket_grr, blanket_oue
 from transforms.privacy.mixture import alpha_grr, alpha_oue
 
 __all__ = [
@@ -82,6 +83,9 @@ class GRR(Randomizer, BlanketRandomizer):
     @property
     def mixture_alpha(self) -> float:
         return alpha_grr(self.epsilon, self.d)
+
+    def blanket_decomposition(self) -> BlanketDecomposition:
+        return blanket_grr(self.epsilon, self.d)
 
     @property
     def message_bits(self) -> int:
@@ -192,6 +196,9 @@ class OUE(Randomizer, BlanketRandomizer):
     @property
     def mixture_alpha(self) -> float:
         return alpha_oue(self.epsilon)
+
+    def blanket_decomposition(self) -> BlanketDecomposition:
+        return blanket_oue(self.epsilon)
 
     @property
     def message_bits(self) -> int:
