@@ -1,17 +1,18 @@
 """End-to-end throughput and memory of the three jobs, trust on, against the raw rate of the Kafka client.
 
-For each mechanism and population size n: the three jobs (encode -> shuffle -> analyze) run one after the
-other, each in a fresh process as in production (``benchmarks/stage_process.py``), with signing, sealing,
-verification and the ledgers on, every job on the Kafka client of --kafka_client. Printed per job: Kafka
-records/s and messages (reports)/s over the job's whole run (planning, Beam start-up and commit included),
-peak RSS of its process, the job's rate over the raw consume rate of the client it used, and the share it
-reaches of its cryptography's own ceiling (``benchmarks/crypto_ceiling.py``: sets/s for encode and shuffle,
-messages/s for analyze); then the chain (n over the sum of the three wall times) and the error figures against
-the known truth (max |z| and the share of items within 3 standard errors). A second table gives, per job, the
-raw rates of BOTH Kafka clients measured in the same run: each reads the job's own input topic (planning
-included, as the job pays it), then each produces the same records into a scratch topic of 3 partitions, like
-the input topics (as ``benchmarks/kafka_clients.py`` does: acks=all, the project's producer settings). Medians
-over --repeats.
+For each mechanism and population size n: the three jobs (encode -> shuffle -> analyze) run one after the other,
+each in a fresh process as in production (``benchmarks/stage_process.py``), with signing, sealing, verification
+and the ledgers on, every job on the Kafka client of --kafka_client. Printed per job: Kafka records/s and
+messages (reports)/s over the job's whole run (planning, Beam start-up and commit included), peak RSS of its
+process, the job's rate over the raw consume rate of the client it used, its CPU seconds per unit (a message set
+for encode and shuffle, a message for analyze; the job process's threads and any workers it reaped), and the
+share of that CPU its unavoidable cryptography takes (``benchmarks/crypto_ceiling.py``, the envelope included:
+``floor / CPU``, stable under load where wall rates are not); then the chain (n over the sum of the three wall
+times) and the error figures against the known truth (max |z| and the share of items within 3 standard errors).
+A second table gives, per job, the raw rates of BOTH Kafka clients measured in the same run: each reads the
+job's own input topic (planning included, as the job pays it), then each produces the same records into a
+scratch topic of 3 partitions, like the input topics (as ``benchmarks/kafka_clients.py`` does: acks=all, the
+project's producer settings). Medians over --repeats.
 
     python benchmarks/pipeline.py --clients 10000 100000 --mechanisms olh rappor --repeats 3
     python benchmarks/pipeline.py --clients 100000 --kafka_client kafka-python
@@ -33,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from benchmarks.crypto_ceiling import ceilings
+from benchmarks.crypto_ceiling import floor_seconds
 from benchmarks.kafka_clients import produce_rate
 from benchmarks.stage_process import run_stage
 from pipelines.broker import LocalBroker
@@ -94,16 +95,19 @@ def one_run(bootstrap: str, mechanism: str, n: int, tag: str, base: Path, beam_a
     for stage in STAGES:
         result = run_stage(stage, config, beam_args)
         raw = raw_rates(bootstrap, topics[INPUT[stage]], f"scratch-{stage}-{tag}")
+        units = result.messages if stage == "analyze" else result.records
         row |= {f"{stage}_rec": result.records_per_s, f"{stage}_msg": result.messages_per_s,
                 f"{stage}_s": result.seconds, f"{stage}_rss": result.peak_rss_mb,
+                f"{stage}_cpu_us": 1e6 * result.cpu_seconds / max(units, 1),
                 f"{stage}_ratio": result.records_per_s / raw[f"read_{client}"]}
         row |= {f"{stage}_{name}": rate for name, rate in raw.items()}
     row["chain"] = n / sum(row[f"{s}_s"] for s in STAGES)
     per_set = row["encode_msg"] / row["encode_rec"] if row["encode_rec"] else 1.0
-    ceiling = ceilings(per_set, thread_count(0))
+    floor = floor_seconds(per_set)
     for stage in STAGES:
-        done = row[f"{stage}_msg"] if stage == "analyze" else row[f"{stage}_rec"]
-        row[f"{stage}_ceiling"], row[f"{stage}_of_ceiling"] = ceiling[stage], done / ceiling[stage]
+        row[f"{stage}_floor_us"] = 1e6 * floor[stage]
+        row[f"{stage}_of_floor"] = row[f"{stage}_floor_us"] / row[f"{stage}_cpu_us"]
+        row[f"{stage}_ceiling"] = thread_count(0) / floor[stage]
     est = read_estimates(out).sort_by("item_index")
     truth = np.asarray(truth_table(spec, population)["frequency"])
     z = np.abs(np.asarray(est["raw_estimate"]) - truth * np.asarray(est["n_clients"]) / n) / np.asarray(est["stderr"])
@@ -125,7 +129,7 @@ def main() -> None:
     beam_args = args.beam_args.split()
     print(f"jobs on {args.kafka_client}; ratio = job records/s over the raw read rate of {args.kafka_client}")
     print(f"{'mechanism':<12}{'n':>10}  {'job':<8}{'records/s':>10}{'msgs/s':>10}{'ratio':>7}"
-          f"{'crypto/s':>10}{'of it':>7}{'peak MB':>9}{'wall s':>8}")
+          f"{'CPU us':>8}{'floor us':>9}{'of it':>7}{'peak MB':>9}{'wall s':>8}")
     medians: list[tuple[str, int, dict[str, float]]] = []
     with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         for mechanism in args.mechanisms:
@@ -138,7 +142,8 @@ def main() -> None:
                 for stage in STAGES:
                     print(f"{mechanism:<12}{n:>10,}  {stage:<8}{med[f'{stage}_rec']:>10,.0f}"
                           f"{med[f'{stage}_msg']:>10,.0f}{med[f'{stage}_ratio']:>7.3f}"
-                          f"{med[f'{stage}_ceiling']:>10,.0f}{med[f'{stage}_of_ceiling']:>7.2f}"
+                          f"{med[f'{stage}_cpu_us']:>8.0f}{med[f'{stage}_floor_us']:>9.0f}"
+                          f"{med[f'{stage}_of_floor']:>7.2f}"
                           f"{med[f'{stage}_rss']:>9,.0f}{med[f'{stage}_s']:>8.1f}")
                 print(f"{mechanism:<12}{n:>10,}  {'chain':<8}{med['chain']:>10,.0f} events/s   "
                       f"max|z| {max(r['max_z'] for r in runs):.2f}, within 3 se "

@@ -29,6 +29,11 @@ class StageResult:
     messages: int
     peak_rss_mb: float
     counters: dict[str, int]
+    cpu_seconds: float = 0.0  # user + system CPU of the job's process (all threads) and of any workers it reaped
+
+    @property
+    def cpu_per_record(self) -> float:
+        return self.cpu_seconds / self.records if self.records else 0.0
 
     @property
     def records_per_s(self) -> float:
@@ -49,6 +54,12 @@ def _vm_hwm_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process's threads and of its reaped children (SDK workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _child(stage: str, config: Any, beam_args: list[str]) -> StageResult:
     import logging
 
@@ -58,12 +69,12 @@ def _child(stage: str, config: Any, beam_args: list[str]) -> StageResult:
 
     logging.basicConfig(level=logging.WARNING)
     job = {"encode": encode, "shuffle": shuffle, "analyze": analyze}[stage]
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     summary = job.run(config.for_stage(stage), PipelineOptions(beam_args))
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu_started
     records, messages = (summary.count(name) for name in COUNTERS[stage])
     peak = _vm_hwm_mb()
-    return StageResult(stage, seconds, records, messages, peak, dict(summary.counters))
+    return StageResult(stage, seconds, records, messages, peak, dict(summary.counters), cpu)
 
 
 def run_stage(stage: str, config: Any, beam_args: list[str] | None = None) -> StageResult:
