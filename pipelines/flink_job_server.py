@@ -48,7 +48,9 @@ MAIN = "LoopbackFlinkJobServer"
 SOURCE = Path(__file__).resolve().parent / "java" / f"{MAIN}.java"
 HOST = "127.0.0.1"
 JAVA_OPTS = ("--add-opens=java.base/java.lang=ALL-UNNAMED", "--add-opens=java.base/java.util=ALL-UNNAMED",
-             "--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED")
+             "--add-opens=java.base/java.nio=ALL-UNNAMED", "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED",
+             "-Dorg.slf4j.simpleLogger.showDateTime=true",
+             "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd HH:mm:ss,SSS")
 STARTED = re.compile(r"JobService started on (\S+)")
 PR_SET_PDEATHSIG = 1
 START_TIMEOUT_S = 300.0  # a JVM with 160 jars on a loaded 2-core machine
