@@ -71,7 +71,7 @@ class LocalFlinkCluster:
     """One JobManager and ``taskmanagers`` TaskManagers of ``slots`` slots each, all state under ``directory``."""
 
     def __init__(self, directory: str | os.PathLike[str], rest_port: int = 0, slots: int = 2, taskmanagers: int = 2,
-                 version: str = FLINK_VERSION, taskmanager_memory: str = "1024m",
+                 version: str = FLINK_VERSION, taskmanager_memory: str = "1536m",
                  jobmanager_memory: str = "1024m") -> None:
         self.directory = Path(directory).resolve()
         self.rest_port, self.slots, self.taskmanagers = rest_port, slots, taskmanagers
@@ -138,6 +138,9 @@ class LocalFlinkCluster:
             "jobmanager.memory.process.size": self.jm_memory,
             "taskmanager.host": HOST, "taskmanager.bind-host": HOST,
             "taskmanager.numberOfTaskSlots": self.slots, "taskmanager.memory.process.size": self.tm_memory,
+            # Beam's batch jobs chain many pipelined exchanges per slot: the esa shuffle job at parallelism 2
+            # asked for 512 network buffers where the default (64 MB, 2048 buffers per TaskManager) left 496.
+            "taskmanager.memory.network.min": "192m", "taskmanager.memory.network.max": "256m",
             "rest.address": HOST, "rest.bind-address": HOST, "rest.port": port,
             "blob.server.port": 0, "parallelism.default": min(2, self.slots * self.taskmanagers),
             "state.backend.type": "hashmap",
@@ -274,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, default=2, help="task slots per TaskManager")
     parser.add_argument("--taskmanagers", type=int, default=2)
     parser.add_argument("--flink-version", default=FLINK_VERSION)
-    parser.add_argument("--taskmanager-memory", default="1024m", help="each TaskManager's process size")
+    parser.add_argument("--taskmanager-memory", default="1536m", help="each TaskManager's process size")
     args = parser.parse_args(argv)
     cluster = LocalFlinkCluster(args.directory, args.rest_port, args.slots, args.taskmanagers, args.flink_version,
                                 args.taskmanager_memory)
