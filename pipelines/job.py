@@ -25,7 +25,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines.exit_codes import KafkaUnavailableError
@@ -228,12 +228,20 @@ def finish_run(run: BoundedRun, held: dict[str, int], run_max_event_ms: dict[str
 
 
 def run_pipeline(build: Callable[[beam.Pipeline], None], options: PipelineOptions | None) -> dict[str, int]:
-    """Build with ``build``, run to completion on the FnApiRunner (or the runner the options name)."""
+    """Build with ``build``, run to completion on the FnApiRunner (or the runner the options name).
+
+    Beam 2.62's portable runners (Flink, Prism, a job endpoint) set ``--runner`` to None on the options object
+    they are given (newer Beams pass them a copy); it is put back, or the next pipeline of this process
+    (``esa run``'s shuffle and analyze, the next run of ``--follow``) would silently run in process."""
     options = options or PipelineOptions([])
+    named = options.view_as(StandardOptions).runner
     runner = FnApiRunner() if local_runner_requested(options) else None
     pipeline = beam.Pipeline(runner=runner, options=options)
     build(pipeline)
-    result = pipeline.run()
+    try:
+        result = pipeline.run()
+    finally:
+        options.view_as(StandardOptions).runner = named
     state = result.wait_until_finish()
     if str(state) not in {"DONE", "PipelineState.DONE"}:
         raise RuntimeError(f"pipeline ended in state {state}; nothing was released or committed")
