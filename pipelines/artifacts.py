@@ -2,25 +2,37 @@
 
 Three kinds, each from its own registry through its ordinary client: Maven jars (``mvn dependency:get``; Beam's
 own downloader uses plain HTTP to a fixed host, which we cannot rely on), Go binaries (``go install`` of a
-module version into the cache's ``bin/``) and PyPI wheels unpacked into a directory (``pip download``; never
-installed beside Beam: ``apache-flink`` pins an old Beam), all in ``cache_dir()``. A fetch that fails raises
-``ArtifactUnavailableError`` with one line naming what was asked for and the registry's own answer, so an
-operator can see whether to retry or to bring the file.
+module version into the cache's ``bin/``) and PyPI source distributions unpacked into a directory (``pip
+download``; never installed beside Beam: ``apache-flink`` pins an old Beam), all in ``cache_dir()``. What is
+fetched as a directory appears atomically (a locked fetch into a work directory, renamed when complete). A
+fetch that fails raises ``ArtifactUnavailableError`` with one line naming what was asked for and the
+registry's own answer, so an operator can see whether to retry or to bring the file.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import zipfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipelines.broker.jars import cache_root
 
-FETCH_TIMEOUT_S = 900  # a 300 MB wheel or a Go build on a slow machine
+FETCH_TIMEOUT_S = 900  # a 230 MB sdist, 150 MB of jars or a Go build on a slow machine
+COMPLETE = ".complete"  # written last into a work directory that is then renamed into place
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
+<groupId>esa-telemetry</groupId><artifactId>{name}</artifactId><version>1</version><packaging>pom</packaging>
+<dependencies>{dependencies}</dependencies></project>
+"""
 
 
 class ArtifactUnavailableError(RuntimeError):
@@ -89,22 +101,112 @@ def go_binary(package: str, version: str, name: str) -> Path:
     return target
 
 
-def unpacked_wheel(requirement: str, directory: str) -> Path:
-    """``pip download --no-deps REQUIREMENT`` unpacked under the cache as ``DIRECTORY`` (not installed)."""
+@contextmanager
+def _locked(name: str) -> Iterator[Path]:
+    """An exclusive lock on ``<cache>/NAME.lock``: concurrent first fetches (test sessions, a demo) serialize."""
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield root
+
+
+def _publish(work: Path, target: Path) -> None:
+    """Rename a completed work directory into place: readers see all of it or nothing."""
+    (work / COMPLETE).write_text("complete\n")
+    os.rename(work, target)
+
+
+def maven_classpath(name: str, coordinates: Sequence[str]) -> Path:
+    """Every jar of ``coordinates`` and of their runtime dependencies in ``<cache>/NAME/libs``.
+
+    Fetched with ``mvn dependency:copy-dependencies`` on a one-pom project the first time only (as Kafka's jars
+    are: ``pipelines.broker.jars``), under a lock, into a work directory renamed into place when complete; every
+    later call finds the directory and touches no network."""
+    target = cache_dir() / name
+    if (target / COMPLETE).is_file():
+        return target / "libs"
+    with _locked(name) as root:
+        if (target / COMPLETE).is_file():
+            return target / "libs"
+        if shutil.which("mvn") is None:
+            raise ArtifactUnavailableError(f"{', '.join(coordinates)}: not in {target}; no mvn on PATH to fetch them")
+        work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        try:
+            deps = "".join(f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>"
+                           "</dependency>" for g, a, v in (c.split(":") for c in coordinates))
+            (work / "pom.xml").write_text(_POM.format(name=name, dependencies=deps))
+            done = subprocess.run(["mvn", "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+                                   f"-DoutputDirectory={work / 'libs'}", "-DincludeScope=runtime"],
+                                  capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
+            if done.returncode != 0 or not any((work / "libs").glob("*.jar")):
+                why = _last_error(done.stdout + done.stderr)
+                raise ArtifactUnavailableError(f"{', '.join(coordinates)} could not be fetched with mvn: {why}")
+            _publish(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target / "libs"
+
+
+def unpacked_sdist(requirement: str, member: str, directory: str) -> Path:
+    """The ``MEMBER`` folder of PyPI's source distribution of ``REQUIREMENT`` (``pip download --no-binary``),
+    unpacked as ``<cache>/DIRECTORY`` (never installed); locked and renamed into place like ``maven_classpath``."""
     target = cache_dir() / directory
-    if (target / ".complete").is_file():
+    if (target / COMPLETE).is_file():
         return target
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                           "-d", str(wheels), requirement], capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
-    name, _, version = requirement.partition("==")
-    found = sorted(wheels.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
-    if done.returncode != 0 or not found:
-        raise ArtifactUnavailableError(f"pip download {requirement} failed: {_last_error(done.stderr + done.stdout)}")
-    if target.exists():
-        shutil.rmtree(target)  # an unpack cut short
-    with zipfile.ZipFile(found[-1]) as wheel:
-        wheel.extractall(target)
-    (target / ".complete").write_text(requirement + "\n")
+    with _locked(directory) as root:
+        if (target / COMPLETE).is_file():
+            return target
+        sdists = root / "sdists"
+        sdists.mkdir(parents=True, exist_ok=True)
+        name, _, version = requirement.partition("==")
+        pattern = f"{name}-{version}.tar.gz"
+        if not (sdists / pattern).is_file():
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary=:all:",
+                                   "-d", str(sdists), requirement], capture_output=True, text=True,
+                                  timeout=FETCH_TIMEOUT_S)
+            if done.returncode != 0 or not (sdists / pattern).is_file():
+                why = _last_error(done.stderr + done.stdout)
+                raise ArtifactUnavailableError(f"pip download {requirement} failed: {why}")
+        work = Path(tempfile.mkdtemp(prefix=f".{directory}-", dir=root))
+        try:
+            prefix = f"{name}-{version}/{member.strip('/')}/"
+            with tarfile.open(sdists / pattern) as archive:
+                members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+                for m in members:
+                    m.name = m.name[len(prefix):]
+                archive.extractall(work, members=[m for m in members if m.name], filter="data")
+            _publish(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+def compiled_java(source: Path, classpath: Path, directory: str) -> Path:
+    """``javac`` of one source file against ``classpath/*``, as the jar ``<cache>/DIRECTORY-<sha of the
+    source>/<name>.jar`` (a jar, not a class folder: a Flink job server ships its class path to the cluster)."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    target = cache_dir() / f"{directory}-{digest}"
+    jar = target / f"{source.stem}.jar"
+    if (target / COMPLETE).is_file():
+        return jar
+    with _locked(directory) as root:
+        if (target / COMPLETE).is_file():
+            return jar
+        if shutil.which("javac") is None:
+            raise ArtifactUnavailableError(f"{source.name}: no javac on PATH to compile it (a JDK 17+ is needed once)")
+        work = Path(tempfile.mkdtemp(prefix=f".{directory}-", dir=root))
+        try:
+            classes = work / "classes"
+            done = subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", f"{classpath}/*", str(source)],
+                                  capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
+            if done.returncode != 0:
+                raise ArtifactUnavailableError(f"javac {source.name} failed: {_last_error(done.stderr)}")
+            with zipfile.ZipFile(work / jar.name, "w", zipfile.ZIP_DEFLATED) as archive:
+                for path in sorted(classes.rglob("*.class")):
+                    archive.write(path, path.relative_to(classes).as_posix())
+            shutil.rmtree(classes)
+            _publish(work, target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return jar

@@ -1,10 +1,12 @@
 """A local Apache Flink session cluster: one JobManager and N TaskManagers on loopback, started with plain
-``java`` from the jars of PyPI's ``apache-flink-libraries`` wheel (flink-dist and lib/, no release tarball,
-no Flink shell scripts), stopped by the process ids it recorded.
+``java`` from the jars of PyPI's ``apache-flink-libraries`` source distribution (its ``deps/``: flink-dist
+and lib/, no release tarball, no Flink shell scripts), stopped by the process ids it recorded.
 
-Why this shape: the wheel is the one way Flink's jars reach a machine that can only use package registries,
-and it is unpacked into the project's cache (``pipelines.artifacts``), never installed beside Beam (the
-``apache-flink`` package pins an old Beam). Everything a run writes lives under the cluster directory:
+Why this shape: PyPI is the one way Flink's jars reach a machine that can only use package registries, and
+the sdist's ``deps/`` is unpacked into the project's cache (``pipelines.artifacts``), never installed beside
+Beam (the ``apache-flink`` package pins an old Beam). Flink 1.19.3: the Flink of Beam 2.62's runner
+(``pipelines.flink_job_server``), the newest Beam/Flink pair whose job server Maven Central serves.
+Everything a run writes lives under the cluster directory:
 ``conf/config.yaml`` (generated), ``log/`` (each process's log and stdout), ``checkpoints/``,
 ``savepoints/``, ``tmp/`` and ``pids.json``. The memory each process gets is computed by Flink's own
 ``BashJavaUtils``, as its scripts do, so the processes start exactly as ``jobmanager.sh``/``taskmanager.sh``
@@ -30,9 +32,9 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from pipelines.artifacts import unpacked_wheel
+from pipelines.artifacts import unpacked_sdist
 
-FLINK_VERSION = "2.2.1"  # its minor (2.2) is Beam 2.77's default --flink_version: the job server must match
+FLINK_VERSION = "1.19.3"  # the runner of Beam 2.62 is built for Flink 1.19 (pipelines.flink_job_server)
 HOST = "127.0.0.1"
 JOBMANAGER_MAIN = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
 TASKMANAGER_MAIN = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
@@ -52,8 +54,8 @@ appender.main.layout.pattern = %d{yyyy-MM-dd HH:mm:ss,SSS} %-5p %-60c %x - %m%n
 
 
 def flink_home(version: str = FLINK_VERSION) -> Path:
-    """The unpacked wheel's ``pyflink`` directory (``lib/flink-dist-<version>.jar`` and ``lib/``)."""
-    return unpacked_wheel(f"apache-flink-libraries=={version}", f"flink-{version}") / "pyflink"
+    """The sdist's unpacked ``deps`` directory (``lib/flink-dist-<version>.jar``, ``lib/``, ``bin/``)."""
+    return unpacked_sdist(f"apache-flink-libraries=={version}", "deps", f"flink-{version}")
 
 
 PORT_ATTEMPTS = 3  # start attempts when a port picked free was taken before the JobManager bound it
@@ -139,8 +141,8 @@ class LocalFlinkCluster:
             "rest.address": HOST, "rest.bind-address": HOST, "rest.port": port,
             "blob.server.port": 0, "parallelism.default": min(2, self.slots * self.taskmanagers),
             "state.backend.type": "hashmap",
-            "execution.checkpointing.dir": (self.directory / "checkpoints").as_uri(),
-            "execution.checkpointing.savepoint-dir": (self.directory / "savepoints").as_uri(),
+            "state.checkpoints.dir": (self.directory / "checkpoints").as_uri(),
+            "state.savepoints.dir": (self.directory / "savepoints").as_uri(),
             # A TaskManager that dies is replaced by restarting its job's tasks from the last checkpoint.
             "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 20,
             "restart-strategy.fixed-delay.delay": "2 s",

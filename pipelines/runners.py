@@ -6,9 +6,11 @@ package registries, and a production job should not fetch code at start-up anywa
 them in from the project's cache (``pipelines.artifacts``), fetched once by the registries' own clients:
 
 - PrismRunner: ``--prism_location`` defaults to Prism built with ``go install`` at this Beam's version.
-- FlinkRunner: ``--flink_job_server_jar`` defaults to ``beam-runners-flink-<flink minor>-job-server`` at this
-  Beam's version, fetched with ``mvn`` (the SDK and the job server must be the same Beam version). Given
-  ``--flink_job_server_jar`` or ``--job_endpoint`` (a job server the operator runs), nothing is fetched.
+- FlinkRunner: with Beam 2.62.0 and ``--flink_version 1.19`` (its default), the job server assembled from
+  Maven (``pipelines.flink_job_server``) is started for this process on loopback and stopped at its exit;
+  with another Beam, ``--flink_job_server_jar`` defaults to ``beam-runners-flink-<flink minor>-job-server`` at
+  this Beam's version, fetched with ``mvn`` (the SDK and the job server must be the same Beam version). Given
+  ``--flink_job_server_jar`` or ``--job_endpoint`` (a job server the operator runs), nothing is started.
 
 ``--streaming`` means one unbounded pipeline, which only the streaming shuffler is, and which only a runner
 that runs stages side by side can execute: anywhere else it is refused with one line, never ignored.
@@ -27,6 +29,9 @@ from apache_beam.options.pipeline_options import (
 
 from pipelines.artifacts import ArtifactUnavailableError, go_binary, maven_jar
 from pipelines.exit_codes import ConfigError
+from pipelines.flink_job_server import BEAM_VERSION as ASSEMBLED_BEAM
+from pipelines.flink_job_server import FLINK_MINOR as ASSEMBLED_FLINK
+from pipelines.flink_job_server import shared_job_server
 from pipelines.options import EsaKafkaOptions, local_runner_requested
 
 BEAM_VERSION = apache_beam.__version__
@@ -89,6 +94,19 @@ def prepare_runner(options: PipelineOptions) -> None:
         if not prism.prism_location:
             prism.prism_location = prism_binary()
     elif runner == "FlinkRunner":
-        flink = options.view_as(FlinkRunnerOptions)
-        if not flink.flink_job_server_jar and not options.view_as(PortableOptions).job_endpoint:
+        flink, portable = options.view_as(FlinkRunnerOptions), options.view_as(PortableOptions)
+        if flink.flink_job_server_jar or portable.job_endpoint:
+            return  # the operator's job server
+        if BEAM_VERSION == ASSEMBLED_BEAM and flink.flink_version == ASSEMBLED_FLINK:
+            portable.job_endpoint = assembled_job_server(flink.flink_master)
+        else:
             flink.flink_job_server_jar = flink_job_server_jar(flink.flink_version)
+
+
+def assembled_job_server(flink_master: str) -> str:
+    """The job server assembled from Maven (``pipelines.flink_job_server``), started for this process."""
+    try:
+        return shared_job_server(flink_master or "[auto]").endpoint
+    except (ArtifactUnavailableError, RuntimeError) as err:
+        raise ConfigError(f"FlinkRunner: {err}; give --job_endpoint of a running job server "
+                          "(see docs/deployment.md)") from None
