@@ -37,3 +37,12 @@ def test_late_gate_and_marker_ignore_an_empty_pane(tmp_path) -> None:
         assert list(LateGateFn().process(((*CROWD, 0), []), pane)) == []
     assert list(MarkReleaseFn(str(tmp_path)).process((CROWD, {"parts": [], "ends": []}))) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_pane_of_sub_crowd_sizes_is_no_size() -> None:
+    """A closing pane out of ``CombinePerKey(sum)`` would be a size of 0 for a sub-crowd that already has one:
+    two decisions for one sub-crowd (what Flink did at a drain); the shuffle sums a group instead."""
+    from transforms.shuffler.graph import _summed
+
+    assert _summed(((CROWD, 0), [])) == []
+    assert _summed(((CROWD, 0), [3, 4])) == [((CROWD, 0), 7)]

@@ -109,7 +109,11 @@ class Shuffle(beam.PTransform):
         decisions = (
             stripped
             | "PartSizes" >> beam.Map(lambda kv: (kv[0], count_of(kv[1])))
-            | "SubcrowdSizes" >> beam.CombinePerKey(sum)
+            # A group-by-key and a sum, not CombinePerKey(sum): a streaming runner's closing pane (Beam's Python
+            # SDK asks for EMIT_ALWAYS) would come out of a combiner as a sum of 0, a second size for the same
+            # sub-crowd (measured on Flink 1.19 at a drain); out of a group-by-key it is an empty group, skipped.
+            | "SubcrowdSizes" >> beam.GroupByKey()
+            | "SumSizes" >> beam.FlatMap(_summed)
             | "KeyByCrowd" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupCrowd" >> beam.GroupByKey()
             | "Threshold" >> beam.ParDo(CrowdThresholdFn(self._specs, self._key))
@@ -121,3 +125,10 @@ class Shuffle(beam.PTransform):
         )
         held = deduped[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
         return released, held, deduped[DEAD], run_times
+
+
+def _summed(keyed: tuple[Any, Iterable[int]]) -> Iterable[tuple[Any, int]]:
+    """(key, counts) -> (key, their sum); nothing for an empty pane."""
+    key, counts = keyed
+    counts = list(counts)
+    return [(key, sum(counts))] if counts else []
