@@ -1,9 +1,12 @@
-"""One local Flink session cluster for the Flink tests, started and stopped by the project's own command
-(``deploy/flink/local-cluster``), and the probe job's jar built once. The wheel's jars come from the project's
-cache (fetched with pip the first time on a machine, ~300 MB)."""
+"""What the Flink suite shares, made once per session: one local Flink 1.19.3 session cluster started and
+stopped by the project's own command (``deploy/flink/local-cluster``), the Beam 2.62.0 environment
+(``deploy/flink/env``), one job server assembled from Maven, and the probe job's jar. Everything is fetched
+into the project's cache the first time on a machine (the Flink sdist ~230 MB with pip, the job server's jars
+~150 MB with mvn, the environment with pip) and reused offline afterwards."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from pipelines.flink_cluster import LocalFlinkCluster, flink_home
+from pipelines.flink_job_server import JobServer
 from tests.flink.cluster import build_probe_jar
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "flink" / "local-cluster"
+ENV_SCRIPT = REPO / "deploy" / "flink" / "env"
 
 
 def run_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -42,3 +47,29 @@ def flink_cluster(flink_dir: Path) -> Iterator[LocalFlinkCluster]:
 @pytest.fixture(scope="session")
 def probe_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_probe_jar(flink_home(), tmp_path_factory.mktemp("probe"))
+
+
+@pytest.fixture(scope="session")
+def flink_env() -> Path:
+    """The Beam 2.62.0 environment with this checkout (created once per machine, minutes on a cold cache)."""
+    made = subprocess.run([str(ENV_SCRIPT)], capture_output=True, text=True, timeout=3600, cwd=REPO)
+    assert made.returncode == 0, made.stderr[-3000:]
+    return Path(made.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def harness_options(flink_env: Path) -> list[str]:
+    """SDK harnesses as processes the TaskManagers start from the 2.62.0 environment (not LOOPBACK)."""
+    command = json.dumps({"command": str(flink_env / "bin" / "esa-sdk-harness")})
+    return ["--environment_type=PROCESS", f"--environment_config={command}"]
+
+
+@pytest.fixture(scope="session")
+def job_server(flink_cluster: LocalFlinkCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobServer]:
+    """One job server for the cluster, shared by the tests that pass ``--job_endpoint``."""
+    server = JobServer(flink_cluster.rest, tmp_path_factory.mktemp("job-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -3,8 +3,7 @@ runs on it to FINISHED, and that its failure settings hold: a TaskManager killed
 noticed, the job restarts from its last checkpoint on the TaskManagers left and, with an exactly-once sink,
 writes every number exactly once, as its undisturbed twin does; a job stopped with a savepoint resumes from it
 after the whole cluster was stopped and started again, and again writes every number once. (These test the
-cluster and its config; Beam's jobs need Beam's Flink job server, which is not served here: see
-docs/deployment.md.)"""
+cluster and its config with a plain Flink job; Beam's jobs on it are in ``test_beam_on_flink.py``.)"""
 
 from __future__ import annotations
 
@@ -34,13 +33,13 @@ N = 40_000
 
 def test_the_cluster_is_one_jobmanager_and_two_taskmanagers_under_its_directory(flink_cluster, flink_dir) -> None:
     overview = flink_cluster.overview()
-    assert (overview["taskmanagers"], overview["slots-total"], overview["flink-version"]) == (2, 4, "2.2.1")
+    assert (overview["taskmanagers"], overview["slots-total"], overview["flink-version"]) == (2, 4, "1.19.3")
     pids = flink_cluster.pids()
     assert set(pids) == {"jobmanager", "taskmanager-1", "taskmanager-2"}
     assert all(flink_cluster.owns(pid) for pid in pids.values())
     config = (flink_dir / "conf" / "config.yaml").read_text()
-    assert f"execution.checkpointing.dir: {(flink_dir / 'checkpoints').as_uri()}" in config
-    assert f"execution.checkpointing.savepoint-dir: {(flink_dir / 'savepoints').as_uri()}" in config
+    assert f"state.checkpoints.dir: {(flink_dir / 'checkpoints').as_uri()}" in config
+    assert f"state.savepoints.dir: {(flink_dir / 'savepoints').as_uri()}" in config
     assert "rest.bind-address: 127.0.0.1" in config  # loopback only
     for name in pids:
         assert (flink_dir / "log" / f"{name}.log").stat().st_size > 0

@@ -1,0 +1,94 @@
+"""The three esa jobs on a real Flink 1.19.3 session cluster through Beam 2.62.0's portable Flink runner.
+
+The submitting ``esa`` is the one of ``deploy/flink/env`` (Beam 2.62.0, the Beam of the job server assembled
+from Maven); the SDK harnesses are processes the TaskManagers start from that environment (PROCESS
+environment, ``esa-sdk-harness``), never threads of the submitting process. Each run must give the estimate
+rows, the release ledgers (digests of what was released) and the record accounting of the in-process chain on
+the same topic data, bit for bit: with a fixed seed every random draw is a function of the record and the
+crowd, never of the runner, its parallelism or its bundling, so any difference is a portability bug. And
+every job the cluster ran for it is FINISHED in its ``/jobs/overview``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.end_to_end import run
+from pipelines.job_config import JobConfig
+from tests.flink.beam_jobs import SEED, Topics, esa, job_states, ledgers, produce, rows
+from transforms.spec import load_spec
+
+pytestmark = pytest.mark.slow
+N_CLIENTS = 6_000
+
+
+@pytest.fixture(scope="module")
+def topics(broker, tmp_path_factory: pytest.TempPathFactory) -> Topics:
+    return produce(broker.bootstrap, tmp_path_factory.mktemp("beam-on-flink"), N_CLIENTS)
+
+
+@pytest.fixture(scope="module")
+def reference(topics: Topics) -> dict:
+    """The in-process chain (FnApiRunner, this process's Beam) over the same raw topic."""
+    name = "fnapi"
+    config = JobConfig(bootstrap=topics.bootstrap, specs=(load_spec(topics.spec_path),), out_dir=topics.base / name,
+                       state_dir=topics.base / name / "state", keys_dir=topics.base / "keys",
+                       raw_topic=f"{topics.stem}-raw", reports_topic=f"{topics.stem}-{name}-rep",
+                       shuffled_topic=f"{topics.stem}-{name}-shuf", group_id=f"{topics.stem}-{name}", seed=SEED,
+                       drain=True)
+    summary = run(config)
+    assert summary.balanced, summary.accounting
+    expected = rows(summary.out_dir)
+    assert len(expected) == 2 * 16  # two windows x 16 items
+    return {"accounting": summary.accounting, "rows": expected, "ledgers": ledgers(topics.base / name / "state")}
+
+
+def _check(topics: Topics, name: str, accounting: dict, reference: dict) -> None:
+    assert accounting == reference["accounting"]
+    assert rows(topics.base / name) == reference["rows"]
+    found = ledgers(topics.base / name / "state")
+    assert found == reference["ledgers"] and all(found.values())
+
+
+def _finished_jobs(cluster, before: dict[str, str]) -> dict[str, str]:
+    return {jid: state for jid, state in job_states(cluster).items() if jid not in before}
+
+
+def test_esa_run_on_the_cluster_starts_its_own_job_server_and_matches_in_process(
+        flink_cluster, flink_env: Path, harness_options: list[str], topics: Topics, reference: dict) -> None:
+    """``esa run --runner FlinkRunner --flink_master H:P`` with no ``--job_endpoint``: the job server from Maven
+    is started for the command and gone after it."""
+    before = job_states(flink_cluster)
+    started = time.perf_counter()
+    summary = esa(flink_env, "run", *topics.flags("flink-run"), "--runner=FlinkRunner",
+                  f"--flink_master={flink_cluster.rest}", "--parallelism=2", *harness_options)
+    print(f"esa run on Flink, parallelism 2: {time.perf_counter() - started:.0f} s")
+    assert summary["balanced"] is True
+    _check(topics, "flink-run", summary["accounting"], reference)
+    jobs = _finished_jobs(flink_cluster, before)
+    assert len(jobs) == 3 and set(jobs.values()) == {"FINISHED"}, jobs  # encode, shuffle, analyze
+
+
+def test_split_encode_shuffle_analyze_on_the_cluster_match_in_process(
+        flink_cluster, flink_env: Path, harness_options: list[str], job_server, topics: Topics,
+        reference: dict) -> None:
+    """The three jobs as three commands, each in its own state directory, through one running job server
+    (``--job_endpoint``)."""
+    before = job_states(flink_cluster)
+    name = "flink-split"
+    flags = topics.flags(name)
+    runner = ["--runner=FlinkRunner", f"--flink_master={flink_cluster.rest}", f"--job_endpoint={job_server.endpoint}",
+              "--parallelism=2", *harness_options]
+    state = topics.base / name / "state"
+    accounting = {}
+    for stage in ("encode", "shuffle", "analyze"):
+        stage_flags = [f for f in flags if not f.startswith("--state_dir=")] + [f"--state_dir={state / stage}"]
+        summary = esa(flink_env, stage, *stage_flags, *runner)
+        assert summary["balanced"] is True, summary
+        accounting[stage] = summary["accounting"]
+    _check(topics, name, accounting, reference)
+    jobs = _finished_jobs(flink_cluster, before)
+    assert len(jobs) == 3 and set(jobs.values()) == {"FINISHED"}, jobs
