@@ -1,17 +1,17 @@
 """The streaming shuffler (``esa shuffle --kafka_io sdf``): one unbounded pipeline, windows closed by the
 runner's watermark, each release sealed and published by the driver's release agent while it runs.
 
-The pipeline (on the workers): the unbounded source (``transforms.io.kafka.unbounded``: commit on finalize, a
-per-partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged; its device
-registry reloaded when re-enrolled) -> each set in its crowd's event-time window
-(``transforms.shuffler.streaming.CrowdWindows``: on time at window end + allowed lateness, as the bounded
-``WindowClock``) -> late panes dead-lettered -> the unchanged ``Shuffle`` (dedupe, threshold, delete, permute)
-with every fired window treated as closed -> release parts staged, then each release's completion marker. The
-driver (this module): holds the state lock, starts the pipeline without blocking (a thread around the local
-runner; ``PortableRunner.run`` is asynchronous anyway), and runs the release agent
-(``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the stop
-file, which finishes the source, so the runner fires every open window (a drain), and the
-agent releases what was staged before it exits.
+The pipeline (on the workers): the unbounded source (``transforms.io.kafka.unbounded``: commit on finalize, a per-
+partition watermark believing only authenticated event times) -> ``IngressFn`` (unchanged; its device registry
+reloaded when re-enrolled) -> each set in its crowd's event-time window
+(``transforms.shuffler.streaming.crowd_window``, a standard ``FixedWindows``: on time at window end + allowed
+lateness, as the bounded ``WindowClock``) -> late panes dead-lettered -> the unchanged ``Shuffle`` (dedupe,
+threshold, delete, permute) with every fired window treated as closed -> release parts staged, then each release's
+completion marker. The driver (this module): holds the state lock, starts the pipeline without blocking (a thread
+around the local runner; ``PortableRunner.run`` is asynchronous anyway), and runs the release agent
+(``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the stop file,
+which finishes the source, so the runner fires every open window (a drain), and the agent releases what was staged
+before it exits.
 
 Semantics, and how they differ from the bounded runs: offsets are committed when the runner finalizes a
 bundle, so windows still open live in the runner's state (Flink/Dataflow checkpoints and snapshots). A job

@@ -14,7 +14,7 @@ from apache_beam.transforms.window import TimestampedValue
 
 from tests.transforms.streaming_runners import STREAMING_RUNNERS, streaming_runner
 from transforms.shuffler.elements import DEAD, SetElement
-from transforms.shuffler.streaming import ENDS, LATE_REASON, CrowdWindows, GateWindows
+from transforms.shuffler.streaming import ENDS, LATE_REASON, AtCrowdWindowFn, GateWindows, crowd_window
 from transforms.spec import spec_from_dict
 from transforms.wire.elements import SourceRef
 
@@ -72,10 +72,41 @@ def test_on_time_once_at_end_plus_lateness_then_late_sets_are_dead_lettered(runn
     assert {d["reason"] for d in dead} == {LATE_REASON} and {d["stage"] for d in dead} == {"shuffle"}
 
 
-def test_crowd_window_is_the_spec_window_shifted_by_its_lateness() -> None:
-    from apache_beam.transforms.window import WindowFn
+def test_crowd_window_ends_at_the_spec_window_end_plus_its_lateness() -> None:
+    from apache_beam.transforms.window import FixedWindows, WindowFn
+    from apache_beam.utils.timestamp import Duration
 
-    (window,) = CrowdWindows([SPEC]).assign(WindowFn.AssignContext(0, element=_group(["a"], 0)))
-    assert (window.start.micros // 1000, window.end.micros // 1000) == (
-        END - SIZE_S * 1000 + LATENESS_S * 1000, END + LATENESS_S * 1000)
-    assert CrowdWindows([SPEC]) == CrowdWindows([SPEC])
+    (stamped,) = AtCrowdWindowFn([SPEC]).process(_group(["a"], 0))
+    (assigned,) = FixedWindows(Duration(micros=1000)).assign(WindowFn.AssignContext(stamped.timestamp))
+    assert assigned == crowd_window(SPEC, END)
+    assert assigned.end.micros // 1000 == END + LATENESS_S * 1000  # fires when the bounded WindowClock closes it
+    assert assigned.start.micros // 1000 == END + LATENESS_S * 1000 - 1
+
+
+def test_the_streaming_graph_uses_only_standard_window_fns_and_no_side_input(tmp_path) -> None:
+    """What a runner that windows in Java (Flink, Dataflow) accepts: no ``pickled_python`` WindowFn, and no side
+    input (an empty one in the global window can stay unready on a streaming runner and hold every window)."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    from tests.transforms.release_inputs import KEY, TIMES_POLICY
+    from transforms.shuffler.streaming import StreamShuffle
+    from transforms.state.prior_runs import PriorRuns
+
+    options = PipelineOptions([])
+    options.view_as(StandardOptions).streaming = True
+    pipeline = beam.Pipeline(options=options)
+    _ = (pipeline | beam.Create([]).with_output_types(bytes)
+         | StreamShuffle([SPEC], str(tmp_path / "registry"), PriorRuns(), TIMES_POLICY, KEY, str(tmp_path), 86_400,
+                         keys_dir=str(tmp_path)))
+    proto = pipeline.to_runner_api()
+    urns = {s.window_fn.urn for s in proto.components.windowing_strategies.values()}
+    assert urns <= {"beam:window_fn:global_windows:v1", "beam:window_fn:fixed_windows:v1"}, urns
+    side_inputs = [t.unique_name for t in proto.components.transforms.values()
+                   if t.spec.urn == "beam:transform:pardo:v1" and _pardo(t).side_inputs]
+    assert side_inputs == []
+
+
+def _pardo(transform):
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    return beam_runner_api_pb2.ParDoPayload.FromString(transform.spec.payload)

@@ -75,12 +75,16 @@ class DedupeAndStripFn(beam.DoFn):
         return TaggedOutput(DEAD, dead_letter("shuffle", reason, source=sets.source(row), spec_id=sets.spec_id))
 
     def process(self, keyed: tuple[tuple[str, str | None, int, int], Iterable[Any]],
-                run_times: Mapping[str, int]) -> Iterator[Any]:
+                run_times: Mapping[str, int] | None = None) -> Iterator[Any]:
         (spec_id, _, window_end, _), values = keyed
+        loaded = [load(v) for v in values]
+        if not loaded:
+            return  # an empty pane: a streaming runner's closing pane (Beam's EMIT_ALWAYS), nothing to do
         spec = self._specs[spec_id]
         if self._watermark is None:
-            self._watermark = (self._clock.watermark(run_times),)
-        sets = PackedSets.concat([load(v) for v in values])
+            self._watermark = (self._clock.watermark(run_times or {}),)
+        sets = PackedSets.concat(loaded)
+        del loaded
         if not self._clock.closed(window_end, spec.allowed_lateness_seconds * 1000, self._watermark[0]):
             self._held.inc(len(sets))
             earliest = np.full(len(sets.sources), np.iinfo(np.int64).max, dtype=np.int64)

@@ -70,7 +70,9 @@ __all__ = ["HELD", "MAX_BUCKETS", "MAX_SUBKEYS", "RECORDS_PER_BUCKET", "RECORDS_
 
 
 class Shuffle(beam.PTransform):
-    """Authenticated sets (from ``IngressFn``) + per-partition event times -> (ReleaseParts, held, dead).
+    """Authenticated sets (from ``IngressFn``) + per-partition event times -> (ReleaseParts, held, dead, run times).
+
+    Given the sets alone (no event times) with a drain clock (every window closed), the graph has no side input.
 
     ``held`` carries (partition key, earliest offset) of sets in windows that are still open. With ``spill``
     (a directory or URL every worker can write, e.g. under the run's staging location), the stripped units
@@ -84,21 +86,34 @@ class Shuffle(beam.PTransform):
         self._subkeys = dict(subkeys or {})
         self._spill = spill
 
-    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> tuple[Any, Any, Any]:
-        keyed_sets, times = inputs
-        run_times = times | "MaxEventTime" >> beam.CombinePerKey(max)
+    def expand(self, inputs: beam.PCollection | tuple[beam.PCollection, beam.PCollection]) -> tuple[Any, Any, Any, Any]:
+        keyed_sets, times = (inputs, None) if isinstance(inputs, beam.PCollection) else inputs
+        dedupe = DedupeAndStripFn(self._specs, self._key, self._clock, self._subkeys, self._spill)
+        if times is None:
+            # No event times: only a drain clock may close windows without them. A streaming graph, whose runner
+            # closed the window already, passes its sets alone: no side input at all, so nothing can wait for one to be
+            # ready (an empty side input in the global window can stay unready on a streaming runner).
+            if not self._clock.drain:
+                raise ValueError("a Shuffle without event times needs a drain clock")
+            run_times = None
+            args: tuple[Any, ...] = ()
+        else:
+            run_times = times | "MaxEventTime" >> beam.CombinePerKey(max)
+            args = (AsDict(run_times),)
         deduped = (
             keyed_sets
             | "GroupByDeviceBucket" >> beam.GroupByKey()
-            | "DedupeAndStrip" >> beam.ParDo(DedupeAndStripFn(self._specs, self._key, self._clock, self._subkeys,
-                                                                              self._spill),
-                                             AsDict(run_times)).with_outputs(DEAD, HELD, main="kept")
+            | "DedupeAndStrip" >> beam.ParDo(dedupe, *args).with_outputs(DEAD, HELD, main="kept")
         )
         stripped = deduped.kept | "BySubkey" >> beam.Map(lambda kv: ((kv[0], kv[1][0]), kv[1][1]))
         decisions = (
             stripped
             | "PartSizes" >> beam.Map(lambda kv: (kv[0], count_of(kv[1])))
-            | "SubcrowdSizes" >> beam.CombinePerKey(sum)
+            # A group-by-key and a sum, not CombinePerKey(sum): a streaming runner's closing pane (Beam's Python
+            # SDK asks for EMIT_ALWAYS) would come out of a combiner as a sum of 0, a second size for the same
+            # sub-crowd (measured on Flink 1.19 at a drain); out of a group-by-key it is an empty group, skipped.
+            | "SubcrowdSizes" >> beam.GroupByKey()
+            | "SumSizes" >> beam.FlatMap(_summed)
             | "KeyByCrowd" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupCrowd" >> beam.GroupByKey()
             | "Threshold" >> beam.ParDo(CrowdThresholdFn(self._specs, self._key))
@@ -110,3 +125,10 @@ class Shuffle(beam.PTransform):
         )
         held = deduped[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
         return released, held, deduped[DEAD], run_times
+
+
+def _summed(keyed: tuple[Any, Iterable[int]]) -> Iterable[tuple[Any, int]]:
+    """(key, counts) -> (key, their sum); nothing for an empty pane."""
+    key, counts = keyed
+    counts = list(counts)
+    return [(key, sum(counts))] if counts else []

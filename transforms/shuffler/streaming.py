@@ -2,16 +2,22 @@
 staged with a completion marker for the driver's release agent.
 
 The bounded jobs decide which windows are closed themselves (``transforms.shuffler.graph.WindowClock``). A streaming
-pipeline leaves it to the runner: every authenticated set is put in the Beam window of its crowd,
-``CrowdWindows``: ``[end - size + lateness, end + lateness)`` for the spec's window ``[end - size, end)``, so
-the runner's on-time pane fires once the watermark passes *window end + allowed lateness*, exactly when the
-bounded ``WindowClock`` closes it. Beam's own allowed lateness is then used for something else: how long
-after that the runner still keeps a window's (tiny, DISCARDING) trigger state so that later sets come out
-as a LATE pane and are dead-lettered as late (``LateGateFn``) instead of being dropped silently. It is the
-ingress's ``max_age`` (older sets are refused at ingress anyway).
+pipeline leaves it to the runner: every authenticated set is re-timestamped to the last millisecond before
+*window end + allowed lateness* of its crowd and put in Beam's standard ``FixedWindows`` of one millisecond
+(``crowd_window``): the window ``[end + lateness - 1 ms, end + lateness)``, whose on-time pane fires once the
+watermark passes *window end + allowed lateness*, exactly when the bounded ``WindowClock`` closes it. Only a
+standard WindowFn: a runner that does its windowing in Java (Flink, Dataflow) refuses a pickled Python one
+("Unknown or unsupported WindowFn: beam:window_fn:pickled_python:v1"); specs of any window size and lateness
+share the one WindowFn, and crowds that end together share a Beam window but never a key. Beam's own allowed
+lateness is then used for something else: how long after that the runner still keeps a window's (tiny,
+DISCARDING) trigger state so that later sets come out as a LATE pane and are dead-lettered as late
+(``LateGateFn``) instead of being dropped silently. It is the ingress's ``max_age`` (older sets are refused at
+ingress anyway).
 
 After the gate the unchanged ``transforms.shuffler.graph.Shuffle`` runs with a clock that treats every window it
-sees as closed (``drain``): only on-time panes reach it, one per window. Its parts are staged one file per
+sees as closed (``drain``) and without event times, hence without a side input (an empty side input in the
+global window can stay unready on a streaming runner and hold every window): only on-time panes reach it, one
+per window. Its parts are staged one file per
 part under ``releases/<release id>/``; when all parts of a release are staged (one on-time pane, grouped per
 crowd) a marker ``done-*.pkl`` is written, last, with the part list and, per partition, the end offset of
 the window's records (the ledger's ``source_ends``: a re-read below it is a re-read, above it is late).
@@ -30,7 +36,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-from apache_beam.coders import coders
 from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.transforms import window
@@ -169,25 +174,24 @@ class SetEventTimes:
         return None
 
 
-class CrowdWindows(window.NonMergingWindowFn):
-    """Each ingress group ``((spec, crowd, window_end, bucket), sets)`` in ``[end - size + L, end + L)``, L the
-    spec's allowed lateness (see the module doc). Assigned from the key, not the element's timestamp."""
+CROWD_WINDOW_MS = 1  # the standard FixedWindows every crowd's sets are put in (see the module doc)
+
+
+def crowd_window(spec: AnalysisSpec, window_end_ms: int) -> IntervalWindow:
+    """The Beam window of a crowd of the spec's window ending at ``window_end_ms``: it ends at end + lateness."""
+    fires_ms = window_end_ms + spec.allowed_lateness_seconds * 1000
+    return IntervalWindow(_ms(fires_ms - CROWD_WINDOW_MS), _ms(fires_ms))
+
+
+class AtCrowdWindowFn(beam.DoFn):
+    """Each ingress group ``((spec, crowd, window_end, bucket), sets)`` re-timestamped into its crowd window
+    (``crowd_window``), from the key, not the element's old timestamp."""
     def __init__(self, specs: Iterable[AnalysisSpec]):
-        self._shape = {s.spec_id: (s.window_seconds * 1000, s.allowed_lateness_seconds * 1000) for s in specs}
+        self._specs = {s.spec_id: s for s in specs}
 
-    def assign(self, context: window.WindowFn.AssignContext) -> list[IntervalWindow]:
-        (spec_id, _, window_end, _), _ = context.element
-        size, lateness = self._shape[spec_id]
-        return [IntervalWindow(_ms(window_end - size + lateness), _ms(window_end + lateness))]
-
-    def get_window_coder(self) -> coders.Coder:
-        return coders.IntervalWindowCoder()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CrowdWindows) and other._shape == self._shape
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self._shape.items())))
+    def process(self, element: tuple[tuple[str, str | None, int, int], Any]) -> Iterator[Any]:
+        (spec_id, _, window_end, _), _ = element
+        yield window.TimestampedValue(element, crowd_window(self._specs[spec_id], window_end).start)
 
 
 class LateGateFn(beam.DoFn):
@@ -236,8 +240,10 @@ class GateWindows(beam.PTransform):
         from apache_beam.utils.timestamp import Duration
 
         return (sets
+                | "AtCrowdWindow" >> beam.ParDo(AtCrowdWindowFn(self._specs))
                 | "CrowdWindows" >> beam.WindowInto(
-                    CrowdWindows(self._specs), trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
+                    window.FixedWindows(Duration(micros=CROWD_WINDOW_MS * 1000)),
+                    trigger=trigger.AfterWatermark(late=trigger.AfterCount(1)),
                     accumulation_mode=trigger.AccumulationMode.DISCARDING,
                     allowed_lateness=Duration(seconds=self._late_for))
                 | "GroupWindow" >> beam.GroupByKey()
@@ -313,9 +319,6 @@ class StreamShuffle(beam.PTransform):
         self._python_gc = python_gc
 
     def expand(self, records: beam.PCollection) -> beam.pvalue.PDone:
-        from apache_beam.transforms import trigger
-
-
         specs, pipeline = self._specs, records.pipeline
         ingress = (records
                    | "Ingress" >> beam.ParDo(StreamingIngressFn(specs, self._registry, self._prior, self._times,
@@ -323,15 +326,9 @@ class StreamShuffle(beam.PTransform):
                                                                 python_gc=self._python_gc))
                    .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
         gated = ingress.sets | "Windows" >> GateWindows(specs, self._late_for)
-        # The runner closed the window: the shuffle's own clock must not hold anything back.
-        # Empty and bounded: its trigger changes nothing, but a non-default one keeps Beam's streaming direct runner
-        # (the TestStream tests) from lifting the shuffle's per-key max over it, which that runner cannot run.
-        no_times = (pipeline | "NoRunTimes" >> beam.Create([]).with_output_types(tuple[str, int])
-                    | "NoRunTimesWindow" >> beam.WindowInto(
-                        window.GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(1)),
-                        accumulation_mode=trigger.AccumulationMode.DISCARDING))
+        # The runner closed the window: the shuffle's own clock must not hold anything back, nor wait for times.
         clock = WindowClock(self._times.now_ms, 0, 0, drain=True)
-        released, _, shuffle_dead, _ = (gated.on_time, no_times) | "Shuffle" >> Shuffle(
+        released, _, shuffle_dead, _ = gated.on_time | "Shuffle" >> Shuffle(
             specs, self._key, clock, {s.spec_id: s.crowd.subkeys for s in specs})
         tokens = released | "StageParts" >> beam.ParDo(StagePartFn(self._root))
         _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()

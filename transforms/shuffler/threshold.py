@@ -107,9 +107,12 @@ class CrowdThresholdFn(beam.DoFn):
 
     def process(self, keyed: tuple[CrowdKey, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[CrowdKey, int], int]]:
         crowd_key, parts = keyed
+        parts = sorted(parts)
+        if not parts:
+            return  # an empty pane: a streaming runner's closing pane (Beam's EMIT_ALWAYS), nothing to decide
         spec_id, crowd, window_end = crowd_key
         crowd_spec = self._specs[spec_id].crowd
-        subkeys, counts = zip(*sorted(parts), strict=True)
+        subkeys, counts = zip(*parts, strict=True)
         n = int(sum(counts))
         rng = keyed_generator(self._key, "threshold", spec_id, str(crowd), window_end)
         n_hat = noisy_crowd_target(n, *_count_noise(rng, self._specs[spec_id]))
@@ -145,9 +148,11 @@ class ReleaseFn(beam.DoFn):
         spec_id, crowd, window_end = crowd_key
         # canonical (rank) order: GroupByKey's is not; plain lists of units (tests) are sorted
         loaded = [load(p) for p in joined["sets"]]
+        decisions = list(joined["decision"])
+        if not loaded and not decisions:
+            return  # an empty pane: a streaming runner's closing pane (Beam's EMIT_ALWAYS), nothing to release
         units = PackedUnits.concat([p if isinstance(p, PackedUnits) else PackedUnits.of(sorted(p)) for p in loaded])
         del loaded
-        decisions = list(joined["decision"])
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
         decision = decisions[0]

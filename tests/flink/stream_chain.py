@@ -1,0 +1,147 @@
+"""Helpers of the streaming shuffler's cluster tests: one population whose reports the bounded in-process chain
+(``esa shuffle --drain``, newest Beam) shuffles as the reference, and the streaming shuffler of the Beam 2.62.0
+environment (``esa shuffle --kafka_io sdf --streaming``) on the Flink cluster as a real process over the same
+reports, into its own group, state and topic; what the two are compared on (ledger digests, estimate rows) and
+what the cluster says about the job (state, checkpoints)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipelines.flink_cluster import LocalFlinkCluster
+from tests.e2e.chain_harness import Chain, estimate_rows, ledger_entries, new_chain, recent_start, run_inline
+from transforms.io.kafka.bounded import committed_offsets, ensure_topics
+
+SEED = 29
+# Allowed lateness 0: a window closes when the watermark passes its end, so the cluster must fire windows
+# from the source's watermark while the job runs (nothing held by a side input), not only at a drain.
+SPEC_TOML = """\
+[analysis]
+name = "flink_stream"
+metric = "flink_stream"
+
+[domain]
+size = 16
+
+[mechanism]
+name = "olh"
+epsilon = 3.0
+
+[window]
+size_seconds = 3600
+allowed_lateness_seconds = 0
+
+[crowd]
+epsilon = 1.0
+delta = 1e-6
+subkeys = 4
+
+[privacy]
+delta = 1e-6
+"""
+
+
+def reference(bootstrap: str, base: Path, n_clients: int) -> tuple[Chain, dict[str, Any]]:
+    """Two recent closed windows of ``n_clients`` reports each (plus one bad set of each kind on the reports
+    topic), run through the bounded chain in this process: the releases every streaming run must equal."""
+    from pipelines.demo.population import synthesize
+    from pipelines.demo.simulate import produce_population
+    from pipelines.enrolment import enrol_simulated
+    from transforms.spec import load_spec
+
+    base.mkdir(parents=True, exist_ok=True)
+    spec_path = base / "flink_stream.toml"
+    spec_path.write_text(SPEC_TOML)
+    spec = load_spec(spec_path)
+    chain = new_chain(bootstrap, base, "bounded", spec_path=str(spec_path), seed=SEED)
+    population = synthesize(spec, n_clients, windows=2, start_ms=recent_start(spec.window_seconds * 1000, back=4),
+                            seed=SEED)
+    enrol_simulated(chain.keys, population.client_ids.tolist())
+    produce_population(bootstrap, spec, population, raw_topic=chain.raw, reports_topic=chain.reports,
+                       bad_per_kind=1, seed=SEED)
+    return chain, run_inline(chain)
+
+
+def twin(bounded: Chain, out: Path) -> Chain:
+    """The same reports and keys, shuffled by a streaming run into its own state, group and topic."""
+    stream = replace(bounded, shuffled=f"{bounded.shuffled}-{out.name}", out=out, group=f"{bounded.group}-{out.name}",
+                     drain=False)
+    ensure_topics(bounded.bootstrap, [stream.shuffled], partitions=3)
+    return stream
+
+
+def stream_argv(env: Path, chain: Chain, endpoint: str, cluster: LocalFlinkCluster, harness: list[str],
+                *extra: str) -> list[str]:
+    """``<env>/bin/esa shuffle --kafka_io sdf --streaming`` on the cluster through ``endpoint`` (a job server),
+    checkpoints every 2 s, windows closed by a watermark that moves 5 s after the topic goes quiet."""
+    return [str(env / "bin" / "esa"), "shuffle", "--spec", chain.spec_path, "--kafka_bootstrap", chain.bootstrap,
+            "--output_dir", str(chain.out), "--state_dir", str(chain.state("shuffle")), "--keys_dir", str(chain.keys),
+            "--raw_topic", chain.raw, "--reports_topic", chain.reports, "--shuffled_topic", chain.shuffled,
+            "--consumer_group", f"{chain.group}-shuffle", "--seed", str(chain.seed), "--create_topics",
+            "--kafka_io", "sdf", "--streaming", "--runner", "FlinkRunner", "--flink_master", cluster.rest,
+            "--flink_version", "1.19", f"--job_endpoint={endpoint}", "--parallelism", "2",
+            "--checkpointing_interval", "2000", "--idle_timeout_seconds", "5", "--out_of_orderness_seconds", "60",
+            *harness, *extra]
+
+
+def start(argv: list[str], log: Path) -> subprocess.Popen:
+    """The driver as a real process (the newest Beam of this test process stays out of its environment)."""
+    child = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    return subprocess.Popen(argv, env=child, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+
+
+def committed(chain: Chain) -> int:
+    return sum(committed_offsets(chain.bootstrap, f"{chain.group}-shuffle", chain.reports).values())
+
+
+def settled(chain: Chain) -> list[Any]:
+    """The shuffler's ledger entries of windows released (or withheld below threshold), not only sealed."""
+    return [e for e in ledger_entries(chain, "shuffle") if e.status != "sealed"]
+
+
+def running_job(cluster: LocalFlinkCluster, known: set[str], timeout_s: float, proc: subprocess.Popen,
+                log: Path) -> str:
+    """The id of the one job not in ``known`` once it is RUNNING (the driver must stay alive meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        jobs = {j["jid"]: j["state"] for j in cluster.get("/jobs/overview")["jobs"] if j["jid"] not in known}
+        running = [jid for jid, state in jobs.items() if state == "RUNNING"]
+        if running:
+            return running[0]
+        assert proc.poll() is None, log.read_text()[-4000:]
+        time.sleep(1)
+    raise AssertionError(f"no new RUNNING job within {timeout_s:.0f} s: {log.read_text()[-3000:]}")
+
+
+def wait(predicate: Any, what: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> float:
+    """Poll ``predicate`` until true (the driver must stay alive); the seconds it took."""
+    started = time.monotonic()
+    while not predicate():
+        assert proc.poll() is None, f"the driver exited while waiting for {what}: {log.read_text()[-4000:]}"
+        assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(1)
+    return time.monotonic() - started
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 600) -> str:
+    """An operator's stop (SIGTERM): the source finishes, the runner fires what is open, the agent drains."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=timeout_s)
+    return out
+
+
+def same_releases(stream: Chain, bounded: Chain) -> None:
+    """The analyzer (in process) over the streaming run's topic: the same ledger digests and estimate rows."""
+    from pipelines import analyze
+
+    assert analyze.run(stream.config("analyze")).balanced
+    assert [e.digest for e in ledger_entries(stream, "shuffle")] == \
+        [e.digest for e in ledger_entries(bounded, "shuffle")]
+    rows = estimate_rows(stream)
+    assert rows and rows == estimate_rows(bounded)
