@@ -15,7 +15,9 @@ edge            READ the raw topic with its consumer group; WRITE the reports to
                 letters are raw events with client ids, readable by no other principal); its
                 transactional ids (prefix ``esa-encoder``): each run's sets are written in one transaction
 shuffler        READ the reports topic with its group; WRITE the shuffled topic and its dead-letter
-                topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing
+                topic; its transactional ids (prefix ``esa-shuffler``) for fenced release publishing;
+                READ and WRITE the devices topic (enrolments: the shuffler's device store reads it; the HTTP
+                ingestion edge, ``esa edge``, and the keys tool write it, both in the shuffler's domain)
 analyzer        READ the shuffled topic with its group; WRITE the estimates topic and its dead-letter
                 topic (reasons and positions only)
 (each job)      DESCRIBE_CONFIGS of the topics it reads and writes (the cleanup-policy check)
@@ -48,6 +50,7 @@ class DeploymentTopics:
     reports: str = "reports"
     shuffled: str = "shuffled"
     estimates: str = "estimates"
+    devices: str = "devices"
     edge_group: str = DEFAULT_GROUPS["encode"]
     shuffler_group: str = DEFAULT_GROUPS["shuffle"]
     analyzer_group: str = DEFAULT_GROUPS["analyze"]
@@ -75,6 +78,9 @@ _GRANTS: tuple[tuple[str, str, str, str, str], ...] = (
     ("shuffler", "TOPIC", "shuffler_dead_letters", "LITERAL", "WRITE"),
     ("shuffler", "TRANSACTIONAL_ID", SHUFFLER_TRANSACTIONAL_PREFIX, "PREFIXED", "WRITE"),
     ("shuffler", "TRANSACTIONAL_ID", SHUFFLER_TRANSACTIONAL_PREFIX, "PREFIXED", "DESCRIBE"),
+    ("shuffler", "TOPIC", "devices", "LITERAL", "READ"),
+    ("shuffler", "TOPIC", "devices", "LITERAL", "DESCRIBE"),
+    ("shuffler", "TOPIC", "devices", "LITERAL", "WRITE"),
     ("analyzer", "TOPIC", "shuffled", "LITERAL", "READ"),
     ("analyzer", "GROUP", "analyzer_group", "LITERAL", "READ"),
     ("analyzer", "TOPIC", "estimates", "LITERAL", "WRITE"),

@@ -19,7 +19,8 @@ def test_no_domain_may_read_what_it_must_not() -> None:
     grants = domain_grants(DeploymentTopics())
     reads = {(who, name) for who, kind, name, _, op in grants if kind == "TOPIC" and op == "READ"}
     assert reads == {("User:edge", "telemetry"), ("User:shuffler", "reports"), ("User:analyzer", "shuffled"),
-                     ("User:edge", "dead-letters-encode")}  # raw events with client ids: the edge's own only
+                     ("User:edge", "dead-letters-encode"),  # raw events with client ids: the edge's own only
+                     ("User:shuffler", "devices")}  # enrolments (device id -> public key): the shuffler's domain
     writes = {(who, name) for who, kind, name, _, op in grants if kind == "TOPIC" and op == "WRITE"}
     assert ("User:device", "shuffled") not in writes and ("User:analyzer", "reports") not in writes
     assert {who for who, name in writes if name == "telemetry"} == {"User:collector"}

@@ -30,6 +30,7 @@ from tests.e2e.chain_harness import SPEC_PATH, Chain, cli_argv, recent_start
 from transforms.io.kafka.bounded import KafkaWriteError, produce_records
 from transforms.io.kafka.config import CLIENTS
 from transforms.spec import load_spec
+from transforms.trust.keys import init_keys
 
 pytestmark = pytest.mark.slow
 USERS = ("collector", "device", "edge", "shuffler", "analyzer")
@@ -108,6 +109,7 @@ def test_each_job_runs_as_its_own_principal(secured: Secured, client: str) -> No
 @pytest.fixture(scope="module")
 def refusals(secured: Secured) -> Chain:
     _, chain = _deploy(secured, "refused")
+    init_keys(chain.keys)  # the jobs check their keys before they touch Kafka: these tests are about Kafka's refusals
     return chain
 
 
@@ -159,9 +161,9 @@ def test_a_device_cannot_write_the_shuffled_or_the_raw_topic(secured: Secured, r
 
 def test_esa_simulate_as_the_collector_without_rights_exits_in_one_line(secured: Secured,
                                                                         refusals: Chain) -> None:
-    """Issue 34, A1: the collector may write the raw topic only; ``esa simulate`` also ensures the reports topic,
-    which the collector may neither create nor see: one line naming the topic and the refusal, exit 4, never
-    a traceback (it was exit 1 with one)."""
+    """Issue 34, A1: the collector may write the raw topic only; ``esa simulate`` also ensures the devices and
+    reports topics, which the collector may neither create nor see: one line naming the topic and the refusal,
+    exit 4, never a traceback (it was exit 1 with one)."""
     import sys
 
     argv = [sys.executable, "-m", "pipelines.cli", "simulate", "--bootstrap", refusals.bootstrap, "--spec",
@@ -171,5 +173,9 @@ def test_esa_simulate_as_the_collector_without_rights_exits_in_one_line(secured:
     refused = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     lines = [line for line in refused.stderr.splitlines() if line.startswith("esa simulate")]
     assert refused.returncode == 4 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-    assert len(lines) == 1 and f"cannot create topic {refusals.reports!r}" in lines[0], lines
+    # simulate enrols its devices through the devices topic first, then ensures the reports topic: the first
+    # refusal is the one named
+    assert len(lines) == 1 and "authorization failed" in lines[0].lower(), lines
+    assert "cannot create the devices topic 'devices'" in lines[0] or f"cannot create topic {refusals.reports!r}" \
+        in lines[0], lines
     assert "AUTHORIZATION_FAILED" in lines[0]

@@ -20,6 +20,7 @@ from transforms.io.kafka.bounded import (
 from transforms.io.kafka.clients import CLIENT_ID, KafkaRecord, consumer
 from transforms.io.kafka.config import CONFLUENT, DEFAULT_CLIENT, check_client, to_librdkafka
 from transforms.io.kafka.kafka_python import _ADMIN_KEYS
+from transforms.io.kafka.retry import KafkaCallError
 from transforms.trust.enrolment import enrolment_record
 
 __all__ = ["COMPACTED", "devices_topic_exists", "ensure_devices_topic", "produce_enrolments", "read_devices"]
@@ -49,11 +50,11 @@ def ensure_devices_topic(bootstrap: str, topic: str, *, partitions: int = 1,
         except Exception as exc:
             err = exc.args[0] if exc.args else None
             if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(f"cannot create the devices topic {topic!r}: {exc}") from exc
+                raise KafkaCallError(f"cannot create the devices topic {topic!r} on {bootstrap}: {exc}", exc) from exc
         deadline = time.monotonic() + _TIMEOUT_S  # until the metadata shows it (kafka-python: wait_for_metadata)
         while topic not in admin.list_topics(timeout=_TIMEOUT_S).topics:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the devices topic {topic!r} was created but does not appear on {bootstrap}")
+                raise KafkaCallError(f"the devices topic {topic!r} was created but does not appear on {bootstrap}")
             time.sleep(0.1)
     else:
         from kafka import KafkaAdminClient
@@ -66,7 +67,8 @@ def ensure_devices_topic(bootstrap: str, topic: str, *, partitions: int = 1,
                                            raise_errors=False, wait_for_metadata=True)
             for result in response.get("topics", []):
                 if result["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
-                    raise RuntimeError(f"cannot create the devices topic {topic!r}: {result.get('error_message')}")
+                    raise KafkaCallError(f"cannot create the devices topic {topic!r} on {bootstrap}: "
+                                         f"{result.get('error_message')}")
         finally:
             admin.close()
 
