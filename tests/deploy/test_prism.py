@@ -26,10 +26,11 @@ from tests.e2e.chain_harness import (
     estimate_rows,
     ledger_entries,
     new_chain,
+    stream_read_everything,
     stream_twin,
+    topic_read_ends,
     topic_records,
 )
-from transforms.io.kafka.bounded import committed_offsets
 
 pytestmark = pytest.mark.slow
 N, WINDOWS = 5_000, 2
@@ -83,6 +84,7 @@ def test_the_streaming_shuffler_on_prism_equals_the_bounded_drain(broker, refere
     bounded, summaries = reference
     stream = stream_twin(bounded, bounded.out.parent / "prism-sdf")
     reports = topic_records(broker.bootstrap, stream.reports)
+    ends = topic_read_ends(broker.bootstrap, stream.reports)
     argv = cli_argv(stream, "shuffle", "--kafka_io", "sdf", "--streaming", *_prism_flags(prism))
     started = time.perf_counter()
     proc = subprocess.Popen(argv, env=_env(None), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -90,7 +92,7 @@ def test_the_streaming_shuffler_on_prism_equals_the_bounded_drain(broker, refere
     try:
         deadline = time.monotonic() + 150
         # Offsets are committed when Prism finalizes the source's bundles: all of them means all was read.
-        while sum(committed_offsets(broker.bootstrap, f"{stream.group}-shuffle", stream.reports).values()) < reports:
+        while not stream_read_everything(broker.bootstrap, f"{stream.group}-shuffle", stream.reports, ends):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the stream did not commit the whole topic in time"
             time.sleep(0.5)

@@ -109,11 +109,32 @@ def wait_for(predicate: Any, timeout: float = 60, what: str = "condition") -> No
 
 
 def topic_records(bootstrap: str, topic: str) -> int:
-    """Records on a topic (end offsets minus beginnings, summed over partitions)."""
-    from transforms.io.kafka.bounded import plan_bounded_read
+    """Records a read_committed consumer reads on a topic. Not end offsets minus beginnings: a transactional
+    producer (the encoder's runs, the shuffler's releases) leaves a commit marker at an offset of its own."""
+    return len(_read_all(bootstrap, topic))
 
-    return sum(r.stop - r.start for r in plan_bounded_read(bootstrap, topic, "count-nobody-commits",
-                                                           start_offsets={p: 0 for p in range(64)}))
+
+def topic_read_ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Per partition, the offset after its last record: what a consumer that read everything commits (a stream
+    commits the offset after the last record it read, never a commit marker's)."""
+    ends: dict[int, int] = {}
+    for record in _read_all(bootstrap, topic):
+        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+    return ends
+
+
+def _read_all(bootstrap: str, topic: str) -> list[Any]:
+    from transforms.io.kafka.bounded import read_topic
+
+    return read_topic(bootstrap, topic)
+
+
+def stream_read_everything(bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> bool:
+    """Whether ``group`` has committed, on every partition, the offset after its last record."""
+    from transforms.io.kafka.bounded import committed_offsets
+
+    committed = committed_offsets(bootstrap, group, topic)
+    return all(committed.get(partition, 0) >= end for partition, end in ends.items())
 
 
 def ledger_entries(chain: Chain, stage: str) -> list[Any]:

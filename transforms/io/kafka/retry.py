@@ -37,6 +37,9 @@ _RD_RETRIABLE = frozenset({
     "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "NETWORK_EXCEPTION", "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH",
     "OFFSET_NOT_AVAILABLE", "KAFKA_STORAGE_ERROR", "CONCURRENT_TRANSACTIONS", "_OUTDATED",
     "REBALANCE_IN_PROGRESS", "_IN_PROGRESS",
+    # a request in flight to a broker that left the metadata (fenced, restarted with a new handle) is aborted
+    # with this local error; asked again, it goes to the partition's next leader
+    "_DESTROY_BROKER",
 })
 
 
