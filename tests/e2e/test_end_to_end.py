@@ -122,7 +122,7 @@ def test_each_bad_record_dead_lettered_with_reason(first_run) -> None:
     _, _, _, config, summary = first_run
     raw = _letters(config.state / "encode" / "dead_letters")
     device = _letters(config.state / "shuffle" / "dead_letters")
-    analyst = _letters(config.out_dir / "dead_letters")
+    analyst = _letters(config.state / "analyze" / "dead_letters")  # every job keeps its own, in its state
     expected = [(raw, ENCODER_REASONS), (device, {**SHUFFLER_REASONS, DUPLICATE_REASON: 1})]
     for letters, reasons in expected:
         for fragment, count in reasons.items():
