@@ -10,6 +10,7 @@ assignment and never auto-commit; both producers use acks=all and report every u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -103,8 +104,17 @@ class _CkConsumer:
         asks ListOffsets with the consumer's isolation level): never past an open transaction's first record."""
         from confluent_kafka import TopicPartition
 
-        marks = {p: retry.call(f"watermark offsets of {topic}[{p}]", lambda p=p: self._c.get_watermark_offsets(
-            TopicPartition(topic, p), timeout=_TIMEOUT_S)) for p in partitions}
+        def watermarks(p: int) -> tuple[int, int]:
+            try:
+                return self._c.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S)
+            except Exception:
+                # librdkafka answers from its metadata cache: after a broker left and came back the cache can
+                # keep the partition unknown for minutes; ask for the topic's metadata before the retry
+                with contextlib.suppress(Exception):
+                    self._c.list_topics(topic, timeout=5)
+                raise
+
+        marks = {p: retry.call(f"watermark offsets of {topic}[{p}]", lambda p=p: watermarks(p)) for p in partitions}
         return {p: int(low) for p, (low, _) in marks.items()}, {p: int(high) for p, (_, high) in marks.items()}
 
     def assign(self, topic: str, starts: Mapping[int, int]) -> None:
