@@ -6,6 +6,7 @@ does not re-read its held sets when nothing new arrived, and stops on SIGTERM.""
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import socket
 import subprocess
@@ -67,13 +68,16 @@ def test_a_follow_job_is_observable_while_it_runs(broker, tmp_path) -> None:
         started = time.monotonic()
         line = _wait(lambda: next((x for x in lines if "esa.service: run 1: shuffle: read 204" in x), None), 30,
                      "progress line")
-        assert "held 200" in line and "dead-lettered 4 (" in line and "consumer lag 204" in line, line
+        assert "held 200" in line and "dead-lettered 4 (" in line, line
+        # lag in offsets: the 204 records plus the commit marker the encoder's transaction left per partition
+        lag = int(re.search(r"consumer lag ([\d,]+)", line).group(1).replace(",", ""))
+        assert 204 <= lag <= 204 + 3, line
         stage = (("stage", "shuffle"),)
         got = _wait(lambda: (m := _metrics(port)).get(("esa_runs_total", stage), 0) >= 3 and m, 30,
                     "three runs on the metrics endpoint")
         assert time.monotonic() - started < 60
         assert got[("esa_records_read_total", stage)] == 204  # runs 2 and 3 skipped: no held set re-read
-        assert got[("esa_held_records", stage)] == 200 and got[("esa_consumer_lag_records", stage)] == 204
+        assert got[("esa_held_records", stage)] == 200 and 204 <= got[("esa_consumer_lag_records", stage)] <= 204 + 3
         assert sum(v for (name, _), v in got.items() if name == "esa_records_dead_lettered_total") == 4
         health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read().decode()
         assert '"status": "running"' in health

@@ -130,7 +130,7 @@ def test_estimates_from_the_split_jobs(chain) -> None:
     assert max(z) < 4.5  # 20 estimates, Bonferroni at 1e-4
     assert np.all(np.asarray(est["eps_central"]) < spec.epsilon)
     letters = []
-    for path in (base / "analyze" / "dead_letters").glob("dead-letters-*.avro"):
+    for path in (base / "state" / "analyze" / "dead_letters").glob("dead-letters-*.avro"):  # the job's own state
         with path.open("rb") as f:
             letters.extend(fastavro.reader(f))
     forged = [d for d in letters if "unusable message" not in d["reason"]]

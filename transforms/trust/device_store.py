@@ -20,6 +20,8 @@ id against its key, and a device whose key is not a point cannot sign anything t
 
 from __future__ import annotations
 
+import errno
+import re
 import sqlite3
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +32,7 @@ from .devices import PUBLIC_KEY_BYTES
 __all__ = ["CACHE_KIB", "DeviceStore"]
 
 CACHE_KIB = 32 * 1024  # SQLite page cache per connection: the bound on a process's registry memory
+_NO_ROOM = re.compile(r"disk I/O error|database or disk is full")  # SQLITE_IOERR, SQLITE_FULL
 _LOOKUP_CHUNK = 500  # ids per SELECT ... IN (...): well under SQLite's 32,766 parameters
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (id BLOB PRIMARY KEY, key BLOB NOT NULL) WITHOUT ROWID;
@@ -131,8 +134,13 @@ class DeviceStore:
                 for name, value in (meta or {}).items():
                     db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (name, value))
                 db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
+            except BaseException as exc:
+                if db.in_transaction:  # a failed COMMIT has already ended it; a second error would hide the first
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError) and _NO_ROOM.search(str(exc)):
+                    # SQLite reports a write refused by a full disk, a quota or a file-size limit as one of
+                    # these: say it as the OS would, so the job exits "out of space" (7), not "internal error"
+                    raise OSError(errno.ENOSPC, f"the device store could not be written: {exc}") from exc
                 raise
         return added - removed
 
