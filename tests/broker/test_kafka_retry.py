@@ -126,7 +126,11 @@ def test_a_partition_without_a_leader_is_waited_for_until_its_broker_returns(
         two = SecondBroker(one, tmp_path / "two").start()
         try:
             admin = AdminClient({"bootstrap.servers": one.bootstrap})
-            for future in admin.create_topics([NewTopic(topic_name, 1, replica_assignment=[[2]])]).values():
+            # node 2 is the only replica and dies by SIGKILL (an unclean shutdown): Kafka 4's eligible-leader
+            # rules would keep the partition leaderless after it returns unless unclean election is allowed
+            only_on_two = NewTopic(topic_name, 1, replica_assignment=[[2]],
+                                   config={"unclean.leader.election.enable": "true"})
+            for future in admin.create_topics([only_on_two]).values():
                 future.result(60)
             produce_records(one.bootstrap, topic_name, [b"on-two-%d" % i for i in range(25)])
             two.kill()

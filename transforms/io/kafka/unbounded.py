@@ -294,9 +294,16 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
             watermark.observe(self._times.max_event_ms(claimed), wall_ms())
             yield from self._elements(claimed, stamp)
             watermark.advance(wall_ms(), self._clock)
+        skipped = False
         if split:
             self._at = None
         else:
+            # A transaction's commit marker takes an offset no poll returns: past the last record, the consumer's
+            # position says where the log really continues, so the commit and the idle check see the true end
+            ahead = reader.position(topic, partition)
+            if ahead > position and tracker.try_claim(ahead - 1):
+                position, skipped = ahead, True
+                self._at = (topic, partition, position)
             now = wall_ms()
             watermark.advance(now, self._clock)
             stop = self._clock.stop_after_idle_ms
@@ -311,7 +318,7 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
                 tracker.try_claim(restriction.stop)  # claims nothing: marks the restriction done
             else:
                 tracker.defer_remainder(Duration(seconds=0 if got else self._defer_s))
-        if got:
+        if got or skipped:
             finalizer.register(lambda: self._commit(topic, partition, position))
 
     def _stop_requested(self) -> bool:
