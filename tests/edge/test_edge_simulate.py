@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from apache_beam.pvalue import TaggedOutput
 
+from pipelines.registry import catch_up, store_path
 from tests.edge.harness import REPO, EdgeProcess, topic_records
 from transforms.io.kafka.bounded import ensure_topics
 from transforms.shuffler.elements import TimePolicy
@@ -34,7 +35,8 @@ def test_simulated_devices_report_through_the_edge(broker, topic_name: str, tmp_
                      topic_name, "--devices_topic", f"{topic_name}-devices") as edge:
         done = subprocess.run([sys.executable, "-m", "pipelines.cli", "simulate", "--bootstrap", broker.bootstrap,
                                "--spec", str(spec_path), "--clients", str(CLIENTS), "--keys_dir", str(keys),
-                               "--devices", str(tmp_path / "devices"), "--edge", edge.url, "--seed", "5"],
+                               "--devices", str(tmp_path / "devices"), "--edge", edge.url, "--seed", "5",
+                               "--devices_topic", f"{topic_name}-devices"],
                               cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     produced = json.loads(done.stdout.strip().splitlines()[-1])["produced"]
@@ -42,11 +44,15 @@ def test_simulated_devices_report_through_the_edge(broker, topic_name: str, tmp_
     records = topic_records(broker.bootstrap, topic_name)
     assert len(records) == CLIENTS
     now_ms = max(r.timestamp_ms for r in records) + 120_000
-    ingress = IngressFn([load_spec(spec_path)], str(KeysDir(keys).device_registry), PriorRuns(),
+    # the shuffler's device store, caught up from the devices topic the edge wrote the enrolments to
+    catch_up(tmp_path / "shuffle", bootstrap=broker.bootstrap, topic=f"{topic_name}-devices",
+             legacy_registry=KeysDir(keys).device_registry)
+    ingress = IngressFn([load_spec(spec_path)], str(store_path(tmp_path / "shuffle")), PriorRuns(),
                         TimePolicy(now_ms, 86_400_000, 3_600_000), keys_dir=str(keys))
     ingress.setup()
     out = list(ingress.process(records))
-    assert not [o for o in out if isinstance(o, TaggedOutput) and o.tag == "dead_letters"]
+    dead = [o.value for o in out if isinstance(o, TaggedOutput) and o.tag == "dead_letters"]
+    assert not dead, {d["reason"] for d in dead}
     assert sum(len(pickle.loads(o[1])) for o in out if not isinstance(o, TaggedOutput)) == CLIENTS
 
 
