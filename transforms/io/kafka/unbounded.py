@@ -250,6 +250,7 @@ class ReadKafkaPartitionFn(beam.DoFn, RestrictionProvider):
         assert self._reader is not None
         if self._at != (topic, partition, offset):
             self._reader.assign(topic, {partition: offset})
+            self._at = (topic, partition, offset)  # a read that claims nothing must not leave a stale mark
         return self._reader
 
     def _commit(self, topic: str, partition: int, offset: int) -> None:
