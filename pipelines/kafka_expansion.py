@@ -90,6 +90,10 @@ class ExpansionService:
         self.endpoint, self.jvm_pid = found.group(1), int(found.group(2))
         return self.endpoint
 
+    @property
+    def watchdog_pid(self) -> int:
+        return self._watchdog.pid if self._watchdog else 0
+
     def alive(self) -> bool:
         return self._watchdog is not None and self._watchdog.poll() is None
 
