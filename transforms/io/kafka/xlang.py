@@ -15,7 +15,8 @@ silently shortens it.
 
 Why (4)/(5) and a deadline: Java's bounded read divides ``max_num_records`` evenly among its splits (one per
 10,000 records, at most one per partition); with several splits the count is raised to what any split may
-need and the read ends at ``max_read_time_s``, after which (5) decides.
+need and the read ends after ``read_seconds(total)`` (a floor plus 500 records a second, far below what a
+loaded 2-core machine reads), after which (5) decides: a read cut short fails, it never passes short.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ from transforms.io.kafka.planning import PartitionRange
 from transforms.io.kafka.records import KafkaReadError, KafkaRecord
 
 SPLIT_RECORDS = 10_000  # BoundedReadFromUnboundedSource: one initial split per this many records
-DEFAULT_READ_S = 300
+READ_FLOOR_S, READ_RATE = 60, 500  # the deadline of a multi-split read: consumer start-up, then records/s
+
+
+def read_seconds(total: int) -> int:
+    """How long a multi-split read runs (each split reads for this long, then stops)."""
+    return READ_FLOOR_S + total // READ_RATE
 
 
 def count_plan(bootstrap: str, plan: Iterable[PartitionRange], consumer_config: Mapping[str, Any] | None = None,
@@ -77,7 +83,7 @@ class ReadFromKafkaXlang(beam.PTransform):
     as lists of up to 2,000 ``KafkaRecord``s (the python reader's ``batched=True`` shape)."""
 
     def __init__(self, bootstrap: str, topic: str, group_id: str, plan: list[PartitionRange],
-                 counts: Mapping[int, int], expansion_service: str, *, max_read_time_s: int = DEFAULT_READ_S) -> None:
+                 counts: Mapping[int, int], expansion_service: str, *, max_read_time_s: int | None = None) -> None:
         super().__init__()
         self.bootstrap, self.topic, self.group_id = bootstrap, topic, group_id
         self.plan, self.counts = list(plan), dict(counts)
@@ -93,7 +99,7 @@ class ReadFromKafkaXlang(beam.PTransform):
             return pbegin | "Nothing" >> beam.Create([])
         single_split = total < SPLIT_RECORDS or len(self.plan) == 1
         bound: dict[str, Any] = {"max_num_records": total} if single_split else {
-            "max_num_records": total * len(self.plan), "max_read_time": self.max_read_time_s}
+            "max_num_records": total * len(self.plan), "max_read_time": self.max_read_time_s or read_seconds(total)}
 
         def planned(record: KafkaRecord) -> bool:
             return record.offset < stops.get(record.partition, -1)
