@@ -117,8 +117,11 @@ def _publish(work: Path, target: Path) -> None:
     os.rename(work, target)
 
 
-def maven_classpath(name: str, coordinates: Sequence[str]) -> Path:
+def maven_classpath(name: str, coordinates: Sequence[str], exclusions: Sequence[str] = ()) -> Path:
     """Every jar of ``coordinates`` and of their runtime dependencies in ``<cache>/NAME/libs``.
+
+    ``exclusions`` (``group:artifact``, ``*`` allowed) are left out of every coordinate's dependencies: a
+    dependency served only by another repository (``io.confluent:*``) would fail the whole resolution.
 
     Fetched with ``mvn dependency:copy-dependencies`` on a one-pom project the first time only (as Kafka's jars
     are: ``pipelines.broker.jars``), under a lock, into a work directory renamed into place when complete; every
@@ -133,8 +136,11 @@ def maven_classpath(name: str, coordinates: Sequence[str]) -> Path:
             raise ArtifactUnavailableError(f"{', '.join(coordinates)}: not in {target}; no mvn on PATH to fetch them")
         work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
+            excluded = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId></exclusion>"
+                               for g, a in (e.split(":") for e in exclusions))
+            excluded = f"<exclusions>{excluded}</exclusions>" if excluded else ""
             deps = "".join(f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>"
-                           "</dependency>" for g, a, v in (c.split(":") for c in coordinates))
+                           f"{excluded}</dependency>" for g, a, v in (c.split(":") for c in coordinates))
             (work / "pom.xml").write_text(_POM.format(name=name, dependencies=deps))
             done = subprocess.run(["mvn", "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
                                    f"-DoutputDirectory={work / 'libs'}", "-DincludeScope=runtime"],

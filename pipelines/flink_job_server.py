@@ -57,17 +57,20 @@ START_TIMEOUT_S = 300.0  # a JVM with 160 jars on a loaded 2-core machine
 STOP_GRACE_S = 15.0
 
 
-def classpath() -> str:
-    """The job server's class path: the compiled launcher, then every jar (fetched/compiled on first use)."""
+def classpath(extra_libs: str = "") -> str:
+    """The job server's class path: the compiled launcher, then every jar (fetched/compiled on first use),
+    then the jars in ``extra_libs`` (Java KafkaIO's, for ``--kafka_io xlang``: its EMBEDDED harness runs here)."""
     libs = maven_classpath(f"flink-job-server-{BEAM_VERSION}-flink-{FLINK_MINOR}", COORDINATES)
     classes = compiled_java(SOURCE, libs, f"flink-job-server-launcher-{BEAM_VERSION}")
-    return f"{classes}{os.pathsep}{libs}{os.sep}*"
+    path = f"{classes}{os.pathsep}{libs}{os.sep}*"
+    return f"{path}{os.pathsep}{extra_libs}{os.sep}*" if extra_libs else path
 
 
-def java_command(flink_master: str, artifacts_dir: Path) -> list[str]:
+def java_command(flink_master: str, artifacts_dir: Path, extra_libs: str = "") -> list[str]:
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
-    return [java, *JAVA_OPTS, "-cp", classpath(), MAIN, f"--flink-master={flink_master}", f"--job-host={HOST}",
-            "--job-port=0", "--artifact-port=0", "--expansion-port=-1", f"--artifacts-dir={artifacts_dir}"]
+    return [java, *JAVA_OPTS, "-cp", classpath(extra_libs), MAIN, f"--flink-master={flink_master}",
+            f"--job-host={HOST}", "--job-port=0", "--artifact-port=0", "--expansion-port=-1",
+            f"--artifacts-dir={artifacts_dir}"]
 
 
 def _die_with_parent() -> None:
@@ -81,8 +84,10 @@ def _die_with_parent() -> None:
 class JobServer:
     """One job server for ``flink_master``, owned by this process (see the module's docstring)."""
 
-    def __init__(self, flink_master: str, work_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, flink_master: str, work_dir: str | os.PathLike[str] | None = None,
+                 extra_libs: str | os.PathLike[str] = "") -> None:
         self.flink_master = flink_master
+        self.extra_libs = str(extra_libs or "")
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="esa-flink-job-server-"))
         self.endpoint = ""
@@ -100,10 +105,11 @@ class JobServer:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> str:
         """Start it; ``HOST:PORT`` of its Job API once it listens (RuntimeError with its log's cause if not)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        classpath()  # fetch/compile here, in this process, so errors surface as ArtifactUnavailableError
+        classpath(self.extra_libs)  # fetch/compile here, in this process: errors surface as ArtifactUnavailableError
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "pipelines.flink_job_server", "--flink-master", self.flink_master,
-             "--work-dir", str(self.work_dir), "--watch-stdin"],
+             "--work-dir", str(self.work_dir), "--watch-stdin",
+             *(["--extra-libs", self.extra_libs] if self.extra_libs else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SOURCE.parents[2]),
                                                                           os.environ.get("PYTHONPATH")]))))
@@ -152,16 +158,17 @@ _SHARED: dict[str, JobServer] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_job_server(flink_master: str) -> JobServer:
+def shared_job_server(flink_master: str, extra_libs: str | os.PathLike[str] = "") -> JobServer:
     """This process's job server for ``flink_master``, started on first use and stopped at exit."""
     with _SHARED_LOCK:
-        server = _SHARED.get(flink_master)
+        key = f"{flink_master} {extra_libs}" if extra_libs else flink_master
+        server = _SHARED.get(key)
         if server is None or not server.alive():
-            server = JobServer(flink_master)
+            server = JobServer(flink_master, extra_libs=extra_libs)
             server.start()
             if not _SHARED:
                 atexit.register(stop_shared_job_servers)
-            _SHARED[flink_master] = server
+            _SHARED[key] = server
         return server
 
 
@@ -173,13 +180,13 @@ def stop_shared_job_servers() -> None:
 
 
 # -- the watchdog -----------------------------------------------------------------------------------------
-def serve(flink_master: str, work_dir: Path, watch_stdin: bool) -> int:
+def serve(flink_master: str, work_dir: Path, watch_stdin: bool, extra_libs: str = "") -> int:
     """Run the JVM until the owner goes (stdin EOF), a signal comes, or the JVM exits; its exit code."""
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "artifacts").mkdir(exist_ok=True)
     log_path = work_dir / "job-server.log"
     with open(log_path, "ab") as log:
-        jvm = subprocess.Popen(java_command(flink_master, work_dir / "artifacts"), stdout=log,
+        jvm = subprocess.Popen(java_command(flink_master, work_dir / "artifacts", extra_libs), stdout=log,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     stopping = False
 
@@ -228,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flink-master", required=True, help="HOST:PORT of the Flink REST API, or [local]")
     parser.add_argument("--work-dir", type=Path, help="log and staged artifacts (default: a new temp directory)")
     parser.add_argument("--watch-stdin", action="store_true", help="stop when stdin reaches end of file")
+    parser.add_argument("--extra-libs", default="", help="a directory of jars added to the class path")
     args = parser.parse_args(argv)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="esa-flink-job-server-"))
-    return serve(args.flink_master, work_dir, args.watch_stdin)
+    return serve(args.flink_master, work_dir, args.watch_stdin, args.extra_libs)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from pipelines.exit_codes import KafkaUnavailableError
+from pipelines.exit_codes import ConfigError, KafkaUnavailableError
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary, crash_point
 from pipelines.options import (
     local_runner_requested,
@@ -75,10 +75,31 @@ class BoundedRun:
     def source_ends(self) -> dict[str, int]:
         return {f"{r.topic}/{r.partition}": r.stop for r in self.plan}
 
-    def reader(self) -> ReadFromKafkaBounded:
+    def reader(self) -> beam.PTransform:
         c = self.config
+        if c.kafka_io == "xlang":
+            return xlang_reader(self)
         return ReadFromKafkaBounded(c.bootstrap, self.topic, c.group_id, batched=True, plan=self.plan,
                                     consumer_config=c.kafka_config, client=c.kafka_client)
+
+
+def xlang_reader(run: BoundedRun) -> beam.PTransform:
+    """``--kafka_io xlang``: the plan read by Java's KafkaIO (``transforms.io.kafka.xlang``). Java starts at the
+    group's committed offsets, so each range's start is committed first (what the last run committed, unless
+    that commit failed), and the plan's committed records are counted for the read's bound and its check."""
+    from pipelines.artifacts import ArtifactUnavailableError
+    from pipelines.kafka_expansion import shared_expansion_service
+    from transforms.io.kafka.xlang import ReadFromKafkaXlang, count_plan
+
+    c = run.config
+    try:
+        endpoint = shared_expansion_service().endpoint
+    except (ArtifactUnavailableError, RuntimeError) as err:
+        raise ConfigError(f"--kafka_io xlang: {err} (see docs/deployment.md)") from None
+    commit_plan(c.bootstrap, c.group_id, [r._replace(stop=r.start) for r in run.plan], c.kafka_config,
+                client=c.kafka_client)
+    counts = count_plan(c.bootstrap, run.plan, c.kafka_config, client=c.kafka_client)
+    return ReadFromKafkaXlang(c.bootstrap, run.topic, c.group_id, run.plan, counts, endpoint)
 
 
 def staging_root(config: JobConfig, stage: str) -> str:

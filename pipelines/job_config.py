@@ -217,12 +217,20 @@ def config_from_options(options: PipelineOptions) -> JobConfig:
 
 
 def check_kafka_io(options: PipelineOptions) -> None:
-    """``--kafka_io``: python (bounded runs) or sdf (the streaming shuffler); xlang stays refused."""
+    """``--kafka_io``: python (bounded runs), sdf (the streaming shuffler) or xlang (bounded runs read by Java's
+    KafkaIO, on the Flink runner only: its Java harness runs in the job server's JVM, EMBEDDED)."""
     kafka, service = options.view_as(EsaKafkaOptions), options.view_as(EsaServiceOptions)
     if kafka.kafka_io == "xlang":
-        raise ConfigError("--kafka_io xlang (Beam's unbounded Java KafkaIO) is not wired to the release ledger: use "
-                          "--kafka_io sdf (the Python unbounded source, which is) or the bounded python reader; see "
-                          "docs/deployment.md")
+        runner = str(options.view_as(StandardOptions).runner or "")
+        if not runner.endswith("FlinkRunner"):
+            raise ConfigError(f"--kafka_io xlang runs Java's KafkaIO on the Flink runner only (not "
+                              f"{runner or 'the local runner'}): add --runner FlinkRunner --flink_master HOST:PORT")
+        if kafka.kafka_config:
+            raise ConfigError("--kafka_io xlang does not pass --kafka_config to Java's consumer (its keys differ): "
+                              "use the python reader on a secured cluster; see docs/deployment.md")
+        if kafka.stop_after_idle_seconds is not None:
+            raise ConfigError("--stop_after_idle_seconds applies to --kafka_io sdf only")
+        return
     if kafka.stop_after_idle_seconds is not None and kafka.stop_after_idle_seconds < 0:
         raise ConfigError(f"--stop_after_idle_seconds must be >= 0, got {kafka.stop_after_idle_seconds}")
     if kafka.kafka_io != "sdf":

@@ -70,7 +70,8 @@ KAFKA = (
           help="python: bounded runs (read to the end of the log, then release), on any runner; sdf (esa shuffle, "
                "and the shuffle step of esa run): one streaming pipeline with an unbounded Python source that runs "
                "until stopped (PrismRunner, or FlinkRunner/DataflowRunner with --streaming; the in-process runner "
-               "needs --stop_after_idle_seconds); xlang: Beam's Java KafkaIO, refused: see docs/deployment.md"),
+               "needs --stop_after_idle_seconds); xlang: bounded runs read by Beam's Java KafkaIO through an "
+               "expansion service assembled from Maven, on FlinkRunner only: see docs/deployment.md"),
     _flag("--stop_after_idle_seconds", WINDOWED, type=float, default=None,
           help="--kafka_io sdf: finish once no record arrived for this long on any partition (default: never; "
                "required on the local runners, which run the source to completion before the stages after it)"),

@@ -32,6 +32,7 @@ from pipelines.exit_codes import ConfigError
 from pipelines.flink_job_server import BEAM_VERSION as ASSEMBLED_BEAM
 from pipelines.flink_job_server import FLINK_MINOR as ASSEMBLED_FLINK
 from pipelines.flink_job_server import shared_job_server
+from pipelines.kafka_expansion import kafka_io_libs
 from pipelines.options import EsaKafkaOptions, local_runner_requested
 
 BEAM_VERSION = apache_beam.__version__
@@ -98,15 +99,18 @@ def prepare_runner(options: PipelineOptions) -> None:
         if flink.flink_job_server_jar or portable.job_endpoint:
             return  # the operator's job server
         if BEAM_VERSION == ASSEMBLED_BEAM and flink.flink_version == ASSEMBLED_FLINK:
-            portable.job_endpoint = assembled_job_server(flink.flink_master)
+            xlang = options.view_as(EsaKafkaOptions).kafka_io == "xlang"
+            portable.job_endpoint = assembled_job_server(flink.flink_master, kafka_io=xlang)
         else:
             flink.flink_job_server_jar = flink_job_server_jar(flink.flink_version)
 
 
-def assembled_job_server(flink_master: str) -> str:
-    """The job server assembled from Maven (``pipelines.flink_job_server``), started for this process."""
+def assembled_job_server(flink_master: str, kafka_io: bool = False) -> str:
+    """The job server assembled from Maven (``pipelines.flink_job_server``), started for this process; with
+    ``kafka_io``, Java KafkaIO's jars on its class path (``--kafka_io xlang``)."""
     try:
-        return shared_job_server(flink_master or "[auto]").endpoint
+        extra = kafka_io_libs() if kafka_io else ""
+        return shared_job_server(flink_master or "[auto]", extra_libs=extra).endpoint
     except (ArtifactUnavailableError, RuntimeError) as err:
         raise ConfigError(f"FlinkRunner: {err}; give --job_endpoint of a running job server "
                           "(see docs/deployment.md)") from None

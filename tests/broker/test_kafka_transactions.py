@@ -84,3 +84,26 @@ def test_a_zombie_producer_is_fenced(broker: LocalBroker, topic_name: str) -> No
     assert err.value.args[0].fatal() or "fenced" in str(err.value).lower()
     _write(successor, topic_name, [b"successor"], commit=True)
     assert [r.value for r in read_topic(broker.bootstrap, topic_name)] == [b"successor"]
+
+
+def test_the_xlang_reads_bound_counts_committed_records_and_its_check_refuses_any_other_count(
+        broker: LocalBroker, topic_name: str) -> None:
+    """``--kafka_io xlang`` bounds Java's read by the plan's committed records (offsets also hold transaction
+    markers and aborted records) and fails the pipeline on any other count per partition."""
+    from transforms.io.kafka.bounded import plan_bounded_read
+    from transforms.io.kafka.records import KafkaReadError
+    from transforms.io.kafka.xlang import _CheckCounts, count_plan
+
+    ensure_topics(broker.bootstrap, [topic_name])
+    producer = _transactional(broker.bootstrap, f"{topic_name}-tx")
+    _write(producer, topic_name, [b"a", b"b", b"c"], commit=True)
+    _write(producer, topic_name, [b"aborted"], commit=False)
+    _write(producer, topic_name, [b"d", b"e"], commit=True)
+    plan = plan_bounded_read(broker.bootstrap, topic_name, None)
+    assert sum(r.stop - r.start for r in plan) == 9  # 5 committed, 1 aborted, 3 markers
+    assert count_plan(broker.bootstrap, plan) == {0: 5}
+    check = _CheckCounts({0: 5})
+    assert list(check.process([(0, 5)])) == []
+    for wrong in ([(0, 4)], [(0, 6)], [(0, 5), (1, 1)], []):
+        with pytest.raises(KafkaReadError, match="not"):
+            list(check.process(wrong))

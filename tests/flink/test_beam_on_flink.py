@@ -92,3 +92,28 @@ def test_split_encode_shuffle_analyze_on_the_cluster_match_in_process(
     _check(topics, name, accounting, reference)
     jobs = _finished_jobs(flink_cluster, before)
     assert len(jobs) == 3 and set(jobs.values()) == {"FINISHED"}, jobs
+
+
+
+def test_java_kafkaio_reads_the_encoders_transactions_like_the_python_reader(
+        flink_env: Path, harness_options: list[str], topics: Topics, reference: dict) -> None:
+    """``--kafka_io xlang``: the shuffler reads the in-process chain's reports (the encoder writes them in
+    transactions) with Beam's Java KafkaIO, read_committed, on embedded Flink (expansion service and job server
+    assembled from Maven, the Java harness EMBEDDED in the job server): its release ledger equals the python
+    reader's, and the analyzer (python reader, in process) over its output gives the same estimate rows. One
+    Flink job, not three: the read is what differs, and the shuffler's input is the transactional one."""
+    name = "flink-xlang"
+    state = topics.base / name / "state"
+    flags = [f for f in topics.flags(name) if not f.startswith(("--state_dir=", "--reports_topic="))]
+    flags.append(f"--reports_topic={topics.stem}-fnapi-rep")
+    started = time.perf_counter()
+    shuffled = esa(flink_env, "shuffle", *flags, f"--state_dir={state / 'shuffle'}", "--kafka_io=xlang",
+                   "--runner=FlinkRunner", "--flink_master=[local]", "--parallelism=2", *harness_options)
+    print(f"esa shuffle --kafka_io xlang on Flink [local]: {time.perf_counter() - started:.0f} s")
+    analyzed = esa(flink_env, "analyze", *flags, f"--state_dir={state / 'analyze'}")
+    assert shuffled["balanced"] is True and analyzed["balanced"] is True
+    assert {"shuffle": shuffled["accounting"], "analyze": analyzed["accounting"]} == {
+        stage: reference["accounting"][stage] for stage in ("shuffle", "analyze")}
+    assert rows(topics.base / name) == reference["rows"]
+    found = ledgers(state)
+    assert found == reference["ledgers"] and all(found.values())

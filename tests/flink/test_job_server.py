@@ -120,3 +120,30 @@ def test_stop_ends_the_jvm_and_a_dead_jvm_ends_the_watchdog(tmp_path: Path) -> N
         assert not again.alive()
     finally:
         again.stop()
+
+
+EXPANSION_OWNER = """
+import time
+from pipelines.kafka_expansion import ExpansionService
+service = ExpansionService()
+print(service.start(), service.jvm_pid, service.watchdog_pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_the_kafkaio_expansion_service_listens_on_loopback_and_dies_with_its_owner() -> None:
+    """``--kafka_io xlang``'s expansion service: the same watchdog, the same guarantees."""
+    owner = subprocess.Popen([sys.executable, "-c", EXPANSION_OWNER], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert owner.stdout is not None
+        endpoint, jvm, watchdog = owner.stdout.readline().split()
+        listening = _listening(int(jvm))
+        assert listening == {endpoint} and endpoint.startswith("127.0.0.1:"), listening
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=60)
+        _wait_gone(int(watchdog))
+        _wait_gone(int(jvm))
+    finally:
+        owner.kill()
+        owner.wait(timeout=60)

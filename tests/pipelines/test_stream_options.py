@@ -32,7 +32,10 @@ def test_sdf_on_a_portable_runner_runs_until_stopped(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (("--kafka_io", "sdf"), "needs --stop_after_idle_seconds"),
     (("--kafka_io", "sdf", "--stop_after_idle_seconds", "1", "--follow"), "drop --follow"),
-    (("--kafka_io", "xlang"), "use --kafka_io sdf"),
+    (("--kafka_io", "xlang"), "Flink runner only"),
+    (("--kafka_io", "xlang", "--runner=PrismRunner"), "Flink runner only"),
+    (("--kafka_io", "xlang", "--runner=FlinkRunner", "--job_endpoint=localhost:1", "--stop_after_idle_seconds", "1"),
+     "applies to --kafka_io sdf only"),
     (("--stop_after_idle_seconds", "3"), "applies to --kafka_io sdf only"),
     (("--kafka_io", "sdf", "--stop_after_idle_seconds", "-1"), "must be >= 0"),
 ])
