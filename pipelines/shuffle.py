@@ -38,7 +38,6 @@ from pipelines.job import (
 )
 from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point
 from pipelines.registry import catch_up_job, store_path
-from pipelines.shuffle_publish import STAGE, part_stager, republish_unpublished, seal_and_publish, shuffler_prf_key
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import (
     StageFn,
@@ -49,6 +48,13 @@ from transforms.io.staging import (
 from transforms.shuffler.elements import DEAD, TIMES, VERIFIED, TimePolicy
 from transforms.shuffler.graph import ScaleOut, Shuffle, WindowClock
 from transforms.shuffler.ingress import IngressFn
+from transforms.shuffler.release_step import (
+    STAGE,
+    part_stager,
+    republish_unpublished,
+    seal_and_publish,
+    shuffler_prf_key,
+)
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.prior_runs import prior_runs
 from transforms.state.verified_sets import VerifiedSets

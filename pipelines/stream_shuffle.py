@@ -9,9 +9,9 @@ lateness, as the bounded ``WindowClock``) -> late panes dead-lettered -> the unc
 threshold, delete, permute) with every fired window treated as closed -> release parts staged, then each release's
 completion marker. The driver (this module): holds the state lock, starts the pipeline without blocking (a thread
 around the local runner; ``PortableRunner.run`` is asynchronous anyway), and runs the release agent
-(``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the stop file,
-which finishes the source, so the runner fires every open window (a drain), and the agent releases what was staged
-before it exits.
+(``transforms.shuffler.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the
+stop file, which finishes the source, so the runner fires every open window (a drain), and the agent releases what
+was staged before it exits.
 
 Semantics, and how they differ from the bounded runs: offsets are committed when the runner finalizes a
 bundle, so windows still open live in the runner's state (Flink/Dataflow checkpoints and snapshots). A job
@@ -45,13 +45,13 @@ from pipelines.metrics import JobMetrics
 from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
-from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
-from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
+from transforms.shuffler.release_agent import ReleaseAgent, committed_total, progress
+from transforms.shuffler.release_step import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import shuffle_publish
 from pipelines.broker import LocalBroker
 from pipelines.job_config import JobConfig
 from transforms.io.kafka.bounded import ensure_topics, read_topic
+from transforms.shuffler import release_step
 from transforms.shuffler.publish import ShufflerFencedError, TransactionalPublisher, forget_publishers
 from transforms.shuffler.release_files import FRAME, iter_batches
 
@@ -57,14 +57,14 @@ def test_a_release_that_fails_half_way_is_invisible_to_readers(broker: LocalBrok
                 while len(in_log(broker.bootstrap, topic_name)) < 2 and time.monotonic() < deadline:
                     time.sleep(0.05)
 
-    monkeypatch.setattr(shuffle_publish, "iter_batches", slow_batches)
+    monkeypatch.setattr(release_step, "iter_batches", slow_batches)
     try:
         with pytest.raises(ValueError, match="ends inside a batch"):
-            shuffle_publish.publish(config, "r1", broken)  # batches 0 and 1 were produced before the read failed
+            release_step.publish(config, "r1", broken)  # batches 0 and 1 were produced before the read failed
         assert in_log(broker.bootstrap, topic_name) == [b"batch-0", b"batch-1"]  # written, then aborted:
         assert read_topic(broker.bootstrap, topic_name) == []  # nothing of it is visible to the project's readers
         whole = release_file(tmp_path / "whole", [b"batch-0", b"batch-1", b"batch-2"])
-        assert shuffle_publish.publish(config, "r1", whole) == 3
+        assert release_step.publish(config, "r1", whole) == 3
         assert [(r.key, r.value) for r in read_topic(broker.bootstrap, topic_name)] == [
             (b"r1:0", b"batch-0"), (b"r1:1", b"batch-1"), (b"r1:2", b"batch-2")]
     finally:

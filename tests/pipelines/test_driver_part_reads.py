@@ -21,17 +21,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pipelines.shuffle_publish as driver
 import transforms.io.staging as staging
 import transforms.shuffler.packed as packed
+import transforms.shuffler.release_step as driver
 from pipelines.job import BoundedRun
 from pipelines.job_config import JobConfig
-from pipelines.release_agent import ReleaseAgent
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.io.kafka.bounded import PartitionRange
 from transforms.io.staging import write_batch
 from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
 from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.release_agent import ReleaseAgent
 from transforms.shuffler.release_files import batch_bounds_of, message_bytes, uniform_batch_bounds, write_release
 from transforms.shuffler.streaming import MARKER, StagedRelease, StagePartFn, release_dir
 from transforms.spec import load_spec

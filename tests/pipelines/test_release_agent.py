@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from pipelines.job_config import JobConfig
-from pipelines.release_agent import ReleaseAgent
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.io.dead_letters import dead_letter
 from transforms.io.staging import StagingError, write_batch
 from transforms.shuffler.graph import ReleasePart
 from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.release_agent import ReleaseAgent
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, StagedRelease, letter_name, release_dir
 from transforms.spec import load_spec
 from transforms.state.ledger import PUBLISHED, WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger

@@ -9,10 +9,10 @@ from pathlib import Path
 from pipelines.enrolment import enrol_simulated
 from pipelines.job import BoundedRun
 from pipelines.job_config import JobConfig
-from pipelines.shuffle_publish import seal_and_publish
 from transforms.io.kafka.bounded import PartitionRange
 from transforms.io.staging import stable_name, write_batch
 from transforms.shuffler.graph import ReleasePart
+from transforms.shuffler.release_step import seal_and_publish
 from transforms.spec import load_spec
 from transforms.state.ledger import WITHHELD, ReleaseKey, ReleaseLedger
 from transforms.state.prior_runs import PriorRuns, released_lookup

@@ -1,6 +1,6 @@
-"""The analyzer's ledger odometer (``pipelines.analyze.write_release`` on a real ledger and real Parquet parts)
-against ``esa privacy --windows``: one accountant, one number; the count charged only under a claim, withheld
-windows included; the total follows the metric across spec edits; rows independent of how releases were
+"""The analyzer's ledger odometer (``transforms.analyzer.release_step.write_release`` on a real ledger and real
+Parquet parts) against ``esa privacy --windows``: one accountant, one number; the count charged only under a claim,
+withheld windows included; the total follows the metric across spec edits; rows independent of how releases were
 split over runs; per-release cost flat in the number of earlier windows (counted compositions, not time)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.analyze import write_release
 from pipelines.cli import main
 from pipelines.job_config import JobConfig
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.estimates import central_epsilon
 from transforms.analyzer.ledger_rows import Odometers
+from transforms.analyzer.release_step import write_release
 from transforms.analyzer.releases import OpenedRelease
 from transforms.privacy.odometer import PrivacyOdometer, WindowRelease, interval_for
 from transforms.spec import DEFAULT_SPEC, AnalysisSpec, CrowdSpec, load_spec

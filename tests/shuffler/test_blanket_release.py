@@ -261,13 +261,14 @@ def test_malformed_reals_lend_no_key_id_and_no_length(tmp_path: Path) -> None:
 # --- the streaming shuffler's release agent ----------------------------------------------------------------
 
 def staged_agent(bootstrap: str, released: dict[str, Any], tmp_path: Path, keys: Path) -> tuple[Any, Any]:
-    """A release agent (``pipelines.release_agent``) with the fixture's parts staged as its workers stage them."""
+    """A release agent (``transforms.shuffler.release_agent``) with the fixture's parts staged as its workers
+    stage them."""
     import pickle
 
     from pipelines.job_config import JobConfig
-    from pipelines.release_agent import ReleaseAgent
     from transforms.io.kafka.bounded import ensure_topics
     from transforms.io.staging import write_batch
+    from transforms.shuffler.release_agent import ReleaseAgent
     from transforms.shuffler.streaming import MARKER, PART, StagedRelease, release_dir
     from transforms.state.ledger import ReleaseLedger
 

@@ -29,7 +29,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.job_config import JobConfig
 from pipelines.preflight import domain_dead_letter_topic
-from pipelines.shuffle_publish import Blankets, StagedParts, seal_written, withheld_entry
 from schemas import encode_record
 from transforms.io.kafka.bounded import committed_offsets, produce_records
 from transforms.io.sinks import avro_bytes
@@ -43,6 +42,7 @@ from transforms.io.staging import (
     staged_entries,
     staged_files,
 )
+from transforms.shuffler.release_step import Blankets, StagedParts, seal_written, withheld_entry
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
 from transforms.state.dead_letters import ReasonCounts, write_counts
 from transforms.state.files import atomic_write_bytes
