@@ -80,6 +80,7 @@ def measure(sets: int, subkeys: int, payload: int, keys: Path | None, blanket: f
     from pipelines.examples import example_path
     from pipelines.job import BoundedRun
     from pipelines.job_config import JobConfig
+    from pipelines.shuffle import seal_run
     from transforms.io.kafka.bounded import PartitionRange
     from transforms.shuffler import release_step as driver
     from transforms.shuffler.graph import ReleasePart
@@ -135,7 +136,7 @@ def measure(sets: int, subkeys: int, payload: int, keys: Path | None, blanket: f
                          staging, end + 10)
         started = time.perf_counter()
         added: dict[str, int] = {}
-        released, _ = driver.seal_and_publish(run, ReleaseLedger(config.state / "ledger"), added)
+        released, _ = seal_run(run, ReleaseLedger(config.state / "ledger"), added)
         seconds = time.perf_counter() - started
     finally:
         io.open = builtins.open = real_open

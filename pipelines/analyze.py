@@ -34,13 +34,15 @@ from pipelines.job import (
     run_pipeline,
     skipped_summary,
 )
-from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point, refuse_streaming
+from pipelines.job_config import JobConfig, RunSummary, config_from_options, refuse_streaming
+from pipelines.targets import estimates_target
 from transforms.analyzer.estimates import estimate_rows
 from transforms.analyzer.ledger_rows import Odometers
 from transforms.analyzer.release_step import UnanalysableRelease, record_failed_release, write_release
 from transforms.analyzer.releases import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenBatchFn, OpenedRelease
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import StageFn, load_staged
+from transforms.runtime.faults import crash_point
 from transforms.spec import SpecSet
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.prior_runs import prior_runs
@@ -92,11 +94,13 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("analyze:after_pipeline")
         written, known, failed, epsilons, odometers = 0, {}, [], {}, Odometers()
+        target, specs = estimates_target(config), SpecSet(config.specs)
         for opened, rows in sorted(load_staged(bounded.staging, "release"), key=lambda r: r[0].window_end_ms):
             try:
-                written += write_release(config, ledger, opened, rows, bounded.key, known, odometers, epsilons)
+                written += write_release(target, specs[opened.spec_id], ledger, opened, rows, bounded.key, known,
+                                         odometers, epsilons)
             except UnanalysableRelease as err:
-                failed.append(record_failed_release(config, opened, bounded.key, str(err)))
+                failed.append(record_failed_release(target, opened, bounded.key, str(err)))
                 odometers = Odometers()  # a failure may leave a carried odometer half updated: rebuild
         bounded.observed["releases_failed"] = len(failed)
         bounded.observed["epsilon"] = epsilons

@@ -17,6 +17,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.job_config import JobConfig
+from pipelines.targets import estimates_target
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.estimates import central_epsilon
 from transforms.analyzer.ledger_rows import Odometers
@@ -66,8 +67,8 @@ class Analyzer:
         end = (day + 1) * DAY_MS
         release_id = f"r{spec.spec_id.split('@')[1]}{crowd or ''}{day:05d}"
         opened = OpenedRelease(release_id, spec.spec_id, crowd, end, n, None, {"shuffled/0": day})
-        write_release(self.config, self.ledger, opened, [_row(spec, crowd, end, n)], "run", self.known,
-                      self.odometers)
+        write_release(estimates_target(self.config), spec, self.ledger, opened, [_row(spec, crowd, end, n)], "run",
+                      self.known, self.odometers)
         return self.row(spec, end, release_id)
 
     def row(self, spec: AnalysisSpec, end: int, release_id: str) -> dict[str, Any]:

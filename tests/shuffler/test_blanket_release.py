@@ -266,6 +266,7 @@ def staged_agent(bootstrap: str, released: dict[str, Any], tmp_path: Path, keys:
     import pickle
 
     from pipelines.job_config import JobConfig
+    from pipelines.targets import release_target
     from transforms.io.kafka.bounded import ensure_topics
     from transforms.io.staging import write_batch
     from transforms.shuffler.release_agent import ReleaseAgent
@@ -278,7 +279,8 @@ def staged_agent(bootstrap: str, released: dict[str, Any], tmp_path: Path, keys:
     # the shuffler's PRF key is job_key_from_seed(seed + 0x5EED) = KEY = job_key_from_seed(7)
     config = JobConfig(bootstrap=bootstrap, specs=(SPEC,), out_dir=tmp_path / "out", state_dir=tmp_path / "state",
                        keys_dir=keys, shuffled_topic=topic, seed=7 - 0x5EED)
-    agent = ReleaseAgent(config, ReleaseLedger(config.state / "ledger"), str(tmp_path / "staging"), "stream")
+    agent = ReleaseAgent(release_target(config), config.specs, ReleaseLedger(config.state / "ledger"),
+                         str(tmp_path / "staging"), "stream")
     directory = release_dir(agent._root, parts[0])
     Path(directory).mkdir(parents=True)
     for part in parts:
