@@ -74,12 +74,17 @@ def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_
 _VECTOR_MIN = 16  # rows of one mechanism from which one vectorized call beats per-row fastavro (~6 us a row)
 
 
-def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
+def _plaintexts(events: Sequence[EventRows], stacked: np.ndarray | None = None) -> list[bytes]:
     """Every row's padded payload plaintext, in order: rows of one mechanism in one ``encode_payloads`` call.
 
-    Rows given as wire arrays are concatenated as they are; wire tuples (``records.array_to_rows``) are stacked
-    into the wire dtype first, and rows that do not stack are encoded (or refused) one by one by
-    ``encode_payload``, as before."""
+    ``stacked``: every event's rows in order, already one wire array (the edge encoder's batch, all of one
+    mechanism), encoded as it is. Otherwise rows given as wire arrays are concatenated; wire tuples
+    (``records.array_to_rows``) are stacked into the wire dtype first, and rows that do not stack are encoded (or
+    refused) one by one by ``encode_payload``, as before."""
+    if stacked is not None and events:
+        matrix = encode_payloads(events[0].spec.randomizer, stacked)
+        blob, width = matrix.tobytes(), matrix.shape[1]
+        return [blob[k * width:(k + 1) * width] for k in range(len(stacked))]
     groups: dict[int, tuple[Mechanism, list[Sequence[PayloadRow] | np.ndarray], list[int]]] = {}
     position = 0
     for event in events:
@@ -108,10 +113,11 @@ def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
 
 
 def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, shuffler: ShufflerKey,
-                        threads: int = 1) -> list[bytes]:
+                        threads: int = 1, stacked: np.ndarray | None = None) -> list[bytes]:
     """``signed_message_set`` of each event (sealed to the shuffler), the same bytes; the native calls of the
-    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.runtime.parallel``), the rest on this thread."""
-    plaintexts, ads, ephemerals, channels = _plaintexts(events), [], [], []
+    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.runtime.parallel``), the rest on this thread.
+    ``stacked``: the events' rows as one wire array, when the caller has it (``_plaintexts``)."""
+    plaintexts, ads, ephemerals, channels = _plaintexts(events, stacked), [], [], []
     routing: dict[tuple, bytes] = {}  # associated data by (spec, crowd, window end, channel): few per batch
     for event in events:
         mechanism = event.spec.randomizer

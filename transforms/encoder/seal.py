@@ -69,9 +69,9 @@ class SealSetsFn(beam.DoFn):
         sets = list(batch.sets())
         if sets:
             self._sets.inc(len(sets))
-            yield self._seal_all(self._specs[batch.spec_id], sets)
+            yield self._seal_all(self._specs[batch.spec_id], sets, batch.wire)
 
-    def _seal_all(self, spec: AnalysisSpec, sets: list[tuple[EventElement, np.ndarray]]
+    def _seal_all(self, spec: AnalysisSpec, sets: list[tuple[EventElement, np.ndarray]], wire: np.ndarray
                   ) -> list[tuple[bytes, bytes]]:
         self._fleet.prepare((event.client_id for event, _ in sets), self._threads)
         events = []
@@ -83,7 +83,7 @@ class SealSetsFn(beam.DoFn):
                 _prf(self._prf_key, b"nonce", position)[:16],
                 [_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(rows))],
                 _prf(self._prf_key, b"envelope", position)))
-        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._shuffler, self._threads)
+        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._shuffler, self._threads, wire)
         return [(event.device_id.encode(), data) for event, data in zip(events, sealed, strict=True)]
 
 
