@@ -307,11 +307,13 @@ def test_the_release_agent_writes_the_same_blanket_release(broker, released: dic
 
 
 def test_a_missing_analyzer_public_key_is_a_one_line_config_error(broker, released: dict[str, Any],
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, capsys: pytest.CaptureFixture
+                                                                  ) -> None:
     """A shuffler whose public/ lacks the analyzer key the reals were sealed to writes nothing (exit 3)."""
     import shutil
 
-    from pipelines.exit_codes import ConfigError
+    from pipelines.cli import _error_code
+    from transforms.shuffler.release_step import BlanketKeyError
 
     keys = tmp_path / "keys"
     shutil.copytree(released["devices"].keys_dir, keys)
@@ -319,7 +321,9 @@ def test_a_missing_analyzer_public_key_is_a_one_line_config_error(broker, releas
     generate_analyzer_key(keys)  # another key is there: only the one the reals need is missing
     (keys / "public" / f"analyzer-{key_id}.x25519.pub").unlink()
     agent, config = staged_agent(broker.bootstrap, released, tmp_path, keys)
-    with pytest.raises(ConfigError, match=f"no analyzer public key {key_id}") as err:
+    with pytest.raises(BlanketKeyError, match=f"no analyzer public key {key_id}") as err:
         agent.step()
-    assert "\n" not in str(err.value) and err.value.exit_code == 3
+    capsys.readouterr()
+    assert _error_code("shuffle", err.value) == 3  # what `esa shuffle` exits with, in one line
+    assert capsys.readouterr().err.count("\n") == 1
     assert not list((config.state / "releases").glob("*.bin"))
