@@ -1,10 +1,10 @@
 """The bounded shuffler's driver on one staged window: seconds and bytes read from staging per release.
 
-Why: the driver reads every part of a release from the staging location (a local disk, or an object store
-where every byte read is a request); a part is a sub-crowd's messages. Here the parts of one window are
-staged as the pipeline stages them (``pipelines.shuffle_publish.part_stager``, one bundle) and ``seal_and_publish``
-runs on them with publishing replaced by a no-op, so only the driver's own work is timed: grouping, the
-withheld check, signing and writing the release file. Bytes read are counted on every open of a staged part
+Why: the driver reads every part of a release from the staging location (a local disk, or an object store where
+every byte read is a request); a part is a sub-crowd's messages. Here the parts of one window are staged as the
+pipeline stages them (``transforms.shuffler.release_step.part_stager``, one bundle) and ``seal_and_publish`` runs
+on them with publishing replaced by a no-op, so only the driver's own work is timed: grouping, the withheld check,
+signing and writing the release file. Bytes read are counted on every open of a staged part
 file.
 
     python benchmarks/driver_parts.py --sets 300000 --subkeys 16 --payload 64
@@ -76,12 +76,13 @@ def blanket_spec(blanket: float) -> Any:
 
 def measure(sets: int, subkeys: int, payload: int, keys: Path | None, blanket: float | None = None
             ) -> dict[str, Any]:
-    from pipelines import shuffle_publish as driver
     from pipelines.enrolment import enrol_simulated
     from pipelines.examples import example_path
     from pipelines.job import BoundedRun
     from pipelines.job_config import JobConfig
+    from pipelines.shuffle import seal_run
     from transforms.io.kafka.bounded import PartitionRange
+    from transforms.shuffler import release_step as driver
     from transforms.shuffler.graph import ReleasePart
     from transforms.shuffler.packed import PackedMessages
     from transforms.spec import load_spec
@@ -135,7 +136,7 @@ def measure(sets: int, subkeys: int, payload: int, keys: Path | None, blanket: f
                          staging, end + 10)
         started = time.perf_counter()
         added: dict[str, int] = {}
-        released, _ = driver.seal_and_publish(run, ReleaseLedger(config.state / "ledger"), added)
+        released, _ = seal_run(run, ReleaseLedger(config.state / "ledger"), added)
         seconds = time.perf_counter() - started
     finally:
         io.open = builtins.open = real_open

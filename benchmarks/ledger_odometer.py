@@ -1,6 +1,6 @@
 """The analyzer's per-release cost after 100 and after 1,000 windows of one population.
 
-Runs ``pipelines.analyze.write_release`` (seal in the ledger, odometer, Parquet part: the driver's whole
+Runs ``transforms.analyzer.release_step.write_release`` (seal in the ledger, odometer, Parquet part: the driver's whole
 per-release path, on a real state directory) for W daily windows of README's demo setting (OLH eps = 2,
 d = 64, n ~ 50,000 wandering by a few percent) and reports the mean seconds per release over the first 100
 and over 1,000 windows, with and without a claimed (charged) crowd count. Issue 26's target: 1,000 windows

@@ -254,7 +254,7 @@ def _error_code(command: str, err: BaseException) -> int | None:
     if any(c.__name__ == "StateError" for c in type(err).__mro__):  # damaged state: never guessed around
         print(f"esa {command}: error: unusable state: {err}", file=sys.stderr)
         return int(ExitCode.STATE_UNUSABLE)
-    if type(err).__name__ == "SpecError":
+    if type(err).__name__ == "SpecError" or "KeyFileError" in classes:  # a bad spec; a key file missing or bad
         print(f"esa {command}: error: {err}", file=sys.stderr)
         return int(ExitCode.CONFIG)
     if isinstance(err, ValueError) and command not in BEAM_JOBS:  # bad arguments, bad parameters

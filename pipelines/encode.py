@@ -8,7 +8,7 @@ its payloads are sealed to the analyzer and the set is signed with the device's 
 The Kafka key is the device id, so one device's sets stay in order in one partition. Raw dead letters stay
 here (``STATE/dead_letters``). Accounting: read = dead-lettered + encoded.
 
-A run's sets are written in one Kafka transaction (``transforms.io.kafka.transactions``): the pipeline stages
+A run's sets are written in one Kafka transaction (``transforms.io.kafka.writer``): the pipeline stages
 them (``STATE/staging/<run>/sets-*``) and the driver, once it succeeded, writes them all and commits, so a
 read_committed shuffler sees a run whole or not at all, and plans its reads up to the last stable offset:
 never past a set a run still open may add (issue 34, K1). A crash before the commit aborts it (nothing
@@ -40,7 +40,7 @@ from pipelines.job_config import JobConfig, RunSummary, config_from_options, ref
 from transforms.encoder.encode import EncodeEvents
 from transforms.encoder.keys import EncoderKeys
 from transforms.encoder.seal import SealSetsFn
-from transforms.io.kafka.transactions import TransactionalWriter
+from transforms.io.kafka.writer import KafkaTarget, TransactionalWriter
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import StageFn, iter_staged
 from transforms.state.files import create_exclusive
@@ -74,9 +74,10 @@ def _staged_sets(staging: str) -> Iterator[tuple[bytes, bytes]]:
 
 def write_run(config: JobConfig, run: BoundedRun) -> int:
     """Write the run's staged sets to the reports topic in one transaction (after the pipeline succeeded)."""
-    writer = TransactionalWriter(config.bootstrap, transactional_id(config), config.kafka_config)
+    target = KafkaTarget.of(config.bootstrap, str(config.reports_topic), config.kafka_config, config.kafka_client)
+    writer = TransactionalWriter(target, transactional_id(config))
     try:
-        return writer.write(str(config.reports_topic), _staged_sets(run.staging))
+        return writer.write(_staged_sets(run.staging))
     finally:
         writer.close()
 

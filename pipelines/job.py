@@ -29,7 +29,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines.exit_codes import ConfigError, KafkaUnavailableError
-from pipelines.job_config import GroupInUse, JobConfig, RunSummary, crash_point
+from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.options import (
     local_runner_requested,
 )
@@ -48,6 +48,7 @@ from transforms.io.kafka.bounded import (
 from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.sinks import avro_bytes, load_staged_avro
 from transforms.io.staging import clear_staging, join, prepare_staging
+from transforms.runtime.faults import crash_point
 from transforms.state.dead_letters import ReasonCounts, write_counts
 from transforms.state.files import StateLock, atomic_write_bytes, create_exclusive
 from transforms.state.run_state import RunState, run_key

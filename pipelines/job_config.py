@@ -7,7 +7,6 @@ Every job reads the same flags the same way (``config_from_options``), so a flag
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,16 +31,6 @@ from transforms.state.layout import StateDir
 from transforms.trust.layout import KeysDir
 
 LOG = logging.getLogger(__name__)
-
-CRASH_ENV = "ESA_CRASH_AT"  # fault injection for tests: kill -9 this process at a named point
-
-
-def crash_point(name: str) -> None:
-    """SIGKILL ourselves at ``name`` if the test harness asked for it (``ESA_CRASH_AT=name``)."""
-    if os.environ.get(CRASH_ENV) == name:
-        LOG.warning("fault injection: SIGKILL at %s", name)
-        os.kill(os.getpid(), 9)
-
 
 def local_output_dir(location: str) -> Path:
     """The job's output directory, created now: a one-line error (exit 3) if it cannot be, or if it is a URL.

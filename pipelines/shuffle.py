@@ -36,9 +36,9 @@ from pipelines.job import (
     run_pipeline,
     skipped_summary,
 )
-from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point
+from pipelines.job_config import JobConfig, RunSummary, config_from_options
 from pipelines.registry import catch_up_job, store_path
-from pipelines.shuffle_publish import STAGE, part_stager, republish_unpublished, seal_and_publish, shuffler_prf_key
+from pipelines.targets import release_target
 from transforms.io.sinks import StageAvroRecords
 from transforms.io.staging import (
     StageFn,
@@ -46,9 +46,17 @@ from transforms.io.staging import (
     load_staged,
     stable_name,
 )
+from transforms.runtime.faults import crash_point
 from transforms.shuffler.elements import DEAD, TIMES, VERIFIED, TimePolicy
 from transforms.shuffler.graph import ScaleOut, Shuffle, WindowClock
 from transforms.shuffler.ingress import IngressFn
+from transforms.shuffler.release_step import (
+    STAGE,
+    part_stager,
+    republish_unpublished,
+    seal_and_publish,
+    shuffler_prf_key,
+)
 from transforms.state.ledger import ReleaseLedger
 from transforms.state.prior_runs import prior_runs
 from transforms.state.verified_sets import VerifiedSets
@@ -77,7 +85,7 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
                                                    python_gc=config.python_gc))
                .with_outputs(DEAD, TIMES, VERIFIED, main="sets"))
     released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | "Shuffle" >> Shuffle(
-        specs, shuffler_prf_key(config), clock, subkeys, spill=spill)
+        specs, shuffler_prf_key(config.keys, config.seed), clock, subkeys, spill=spill)
     _ = released | "StageParts" >> beam.ParDo(part_stager(staging))
     _ = held | "StageHeld" >> beam.ParDo(StageFn(staging, "held", lambda kv: stable_name(kv[0])))
     _ = run_times | "StageTimes" >> beam.ParDo(StageFn(staging, "time", lambda kv: stable_name(kv[0])))
@@ -85,6 +93,13 @@ def build(pipeline: beam.Pipeline, run: BoundedRun, ledger: ReleaseLedger) -> No
         v[0], v[1][0], len(v[1]))))
     _ = ((ingress[DEAD], dead) | "AllDead" >> beam.Flatten()
          | "StageDeadLetters" >> StageAvroRecords(run.staging, DEAD_LETTERS, "DeadLetter"))
+
+
+def seal_run(run: BoundedRun, ledger: ReleaseLedger, counts: dict[str, int] | None = None) -> tuple[int, int]:
+    """The release step of one bounded run (``transforms.shuffler.release_step.seal_and_publish``): (released,
+    refused as already sealed)."""
+    return seal_and_publish(release_target(run.config), run.config.specs, run.staging, run.source_ends, run.key,
+                            ledger, counts)
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
@@ -99,7 +114,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         if not config.reports_topic:
             raise JobUsageError("the shuffle job needs --reports_topic")
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
-        republish_unpublished(config, ledger)
+        target = release_target(config)
+        republish_unpublished(target, ledger)
         bounded = plan_run(config, STAGE, config.reports_topic, options)
         registry = catch_up_job(config)  # after the plan: see pipelines.registry on when an enrolment counts
         if nothing_to_do(bounded, windowed=True):
@@ -108,7 +124,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         counters = run_pipeline(lambda p: build(p, bounded, ledger), options)
         crash_point("shuffle:after_pipeline")
         added: dict[str, int] = {}
-        releases, conflicts = seal_and_publish(bounded, ledger, added)
+        releases, conflicts = seal_run(bounded, ledger, added)
         keep_dead_letters(bounded, config.state_layout.dead_letters)
         held = {k: v for k, v in load_staged(bounded.staging, "held")}
         times = {k: v for k, v in load_staged(bounded.staging, "time")}

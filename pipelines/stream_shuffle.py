@@ -9,9 +9,9 @@ lateness, as the bounded ``WindowClock``) -> late panes dead-lettered -> the unc
 threshold, delete, permute) with every fired window treated as closed -> release parts staged, then each release's
 completion marker. The driver (this module): holds the state lock, starts the pipeline without blocking (a thread
 around the local runner; ``PortableRunner.run`` is asynchronous anyway), and runs the release agent
-(``pipelines.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the stop file,
-which finishes the source, so the runner fires every open window (a drain), and the agent releases what was staged
-before it exits.
+(``transforms.shuffler.release_agent``) until the pipeline ends or SIGINT/SIGTERM asks it to: then it writes the
+stop file, which finishes the source, so the runner fires every open window (a drain), and the agent releases what
+was staged before it exits.
 
 Semantics, and how they differ from the bounded runs: offsets are committed when the runner finalizes a
 bundle, so windows still open live in the runner's state (Flink/Dataflow checkpoints and snapshots). A job
@@ -45,13 +45,14 @@ from pipelines.metrics import JobMetrics
 from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
-from pipelines.release_agent import ReleaseAgent, committed_total, progress
 from pipelines.service import StopRequest
-from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
+from pipelines.targets import release_target
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
+from transforms.shuffler.release_agent import ReleaseAgent, progress
+from transforms.shuffler.release_step import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 from transforms.state.files import create_exclusive, read_json
 from transforms.state.ledger import ReleaseLedger
@@ -85,7 +86,7 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
         batched=True, stop_path=join(root, STOP_FILE))
     _ = (pipeline | "ReadReports" >> source
          | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
-                                            shuffler_prf_key(config), root, config.max_age_seconds,
+                                            shuffler_prf_key(config.keys, config.seed), root, config.max_age_seconds,
                                             config.crypto_threads, config.python_gc, keys_dir=str(config.keys)))
 
 
@@ -190,6 +191,18 @@ def _observe(metrics: JobMetrics | None, agent: ReleaseAgent, config: JobConfig)
     metrics.observe_stream(STAGE, agent.totals, committed, lag)
 
 
+def committed_total(config: JobConfig) -> int:
+    """Records the source has committed for the group so far (summed over partitions): the progress measure
+    a streaming job has without asking its runner."""
+    try:
+        found = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,
+                                  client=config.kafka_client)
+    except Exception as err:  # progress only: never stop the agent for it
+        LOG.debug("committed offsets unavailable: %s", err)
+        return -1
+    return sum(found.values())
+
+
 def _catch_up(config: JobConfig) -> None:
     """The device store caught up while the stream runs; a broker hiccup is the next catch-up's problem."""
     try:
@@ -239,7 +252,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                        kafka_config=config.kafka_config)
         check_topics(config.bootstrap, [config.reports_topic], config.kafka_config)  # never a compacted input
         require_outputs(config, STAGE, [config.shuffled_topic])  # before anything is sealed or republished
-        republish_unpublished(config, ledger)
+        target = release_target(config)
+        republish_unpublished(target, ledger)
         claim_group(config)
         catch_up_job(config)  # before any worker verifies a set (pipelines.registry)
         use_filesystem_options(options)
@@ -248,7 +262,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
             Path(root).mkdir(parents=True, exist_ok=True)
         remove_stop_file(root)
         run_key = f"stream-{secrets.token_hex(6)}"
-        agent = ReleaseAgent(config, ledger, root, run_key)
+        agent = ReleaseAgent(target, config.specs, ledger, root, run_key)
         agent.step()  # what a previous driver left staged
         start_committed = committed_total(config)
         LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,

@@ -1,8 +1,9 @@
 """A small harness for Beam stage tests: run a pipeline for real and look at everything it produced.
 
-Each named output is captured with its timestamp and window (lists emitted by batched stages are observed
-element by element), together with the ``esa`` counters summed over steps. Batch runs use the FnApiRunner;
-``streaming=True`` (TestStream) uses the BundleBasedDirectRunner, which works offline.
+Each named output is captured with its timestamp and window (lists emitted by batched stages, and the encoder's
+``ReportBatch`` arrays, are observed element by element), together with the ``esa`` counters summed over steps.
+Batch runs use the FnApiRunner; ``streaming=True`` (TestStream) uses the BundleBasedDirectRunner, which works
+offline.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms import trigger, window
 
 from pipelines.job import esa_counters
+from transforms.encoder.encode import ReportBatch
 
 
 class Observed(NamedTuple):
@@ -44,7 +46,7 @@ class PipelineRun(NamedTuple):
 class _Observe(beam.DoFn):
     def process(self, element: Any, ts: Any = beam.DoFn.TimestampParam,
                 win: Any = beam.DoFn.WindowParam) -> Iterable[Observed]:
-        for value in element if isinstance(element, list) else [element]:
+        for value in element if isinstance(element, list | ReportBatch) else [element]:
             if isinstance(win, window.GlobalWindow):
                 yield Observed(value, ts.micros, None, None)
             else:

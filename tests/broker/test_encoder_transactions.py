@@ -15,7 +15,7 @@ import pytest
 
 from pipelines.broker import LocalBroker
 from transforms.io.kafka.bounded import ensure_topics, plan_bounded_read, produce_records, read_topic
-from transforms.io.kafka.transactions import TransactionalWriter
+from transforms.io.kafka.writer import KafkaTarget, Mode, TransactionalWriter, write_records
 
 pytestmark = pytest.mark.slow
 CLIENTS = ("confluent", "kafka-python")
@@ -40,13 +40,13 @@ def test_a_shuffler_planning_during_an_encoder_run_sees_none_of_it(broker: Local
                                                                   client: str) -> None:
     ensure_topics(broker.bootstrap, [topic_name], partitions=3)
     seen_midway: list[int] = []
-    writer = TransactionalWriter(broker.bootstrap, f"esa-encoder-test-{topic_name}")
+    writer = TransactionalWriter(KafkaTarget.of(broker.bootstrap, topic_name), f"esa-encoder-test-{topic_name}")
     try:
         def plan_now() -> None:
             writer._p.flush(30)  # the first half is in the log, inside the open transaction
             seen_midway.append(_planned(broker, topic_name, client))
 
-        assert writer.write(topic_name, _run(plan_now)) == N
+        assert writer.write(_run(plan_now)) == N
     finally:
         writer.close()
     assert seen_midway == [0]  # the plan ended at the last stable offset: nothing of the open run
@@ -60,23 +60,24 @@ def test_without_a_transaction_the_same_plan_takes_a_prefix(broker: LocalBroker,
     ensure_topics(broker.bootstrap, [topic_name], partitions=3)
     seen_midway: list[int] = []
     records = list(_run(lambda: None))
-    produce_records(broker.bootstrap, topic_name, records[: N // 2])
+    target = KafkaTarget.of(broker.bootstrap, topic_name)
+    write_records(target, records[: N // 2], Mode.PLAIN)
     seen_midway.append(_planned(broker, topic_name, "confluent"))
-    produce_records(broker.bootstrap, topic_name, records[N // 2:])
+    write_records(target, records[N // 2:], Mode.PLAIN)
     assert seen_midway == [N // 2]
 
 
 def test_an_aborted_run_is_never_seen(broker: LocalBroker, topic_name: str) -> None:
     ensure_topics(broker.bootstrap, [topic_name])
-    writer = TransactionalWriter(broker.bootstrap, f"esa-encoder-test-{topic_name}")
+    writer = TransactionalWriter(KafkaTarget.of(broker.bootstrap, topic_name), f"esa-encoder-test-{topic_name}")
 
     def crash() -> None:
         raise RuntimeError("the encoder died mid-run")
 
     try:
         with pytest.raises(RuntimeError, match="died mid-run"):
-            writer.write(topic_name, _run(crash))
-        assert writer.write(topic_name, [(b"d", b"the rerun")]) == 1
+            writer.write(_run(crash))
+        assert writer.write([(b"d", b"the rerun")]) == 1
     finally:
         writer.close()
     assert [r.value for r in read_topic(broker.bootstrap, topic_name)] == [b"the rerun"]

@@ -1,5 +1,6 @@
 """docs/querying.md's DuckDB and pandas blocks, run as written against a kv_mean demo's real output: typed
-times, the statistic and unit columns, typed partition columns and the column descriptions."""
+times, the statistic and unit columns, typed partition columns and the column descriptions; the pandas section's
+``estimates_frame`` block picks its window from the output it reads."""
 
 from __future__ import annotations
 
@@ -50,3 +51,15 @@ def test_the_pandas_block(out: Path) -> None:
     assert scope["description"].startswith("Unit of estimate and stderr")
     part = next((out / "estimates").rglob("*.parquet"))
     assert all(f.metadata and f.metadata.get(b"description") for f in pq.read_schema(part))
+
+
+def test_the_estimates_frame_block_picks_a_window_the_output_has(out: Path) -> None:
+    section = DOC.read_text(encoding="utf-8").split("\n## pandas", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    spec = next((out / "estimates").iterdir()).name.removeprefix("spec=")  # the kv_mean demo's spec
+    scope: dict = {}
+    exec(compile(block.replace('"out/demo"', repr(str(out))).replace('"app_language"', repr(spec)), str(DOC),
+                 "exec"), scope)
+    every, frame = scope["every"], scope["frame"]
+    assert len(frame) and set(frame["window_start_ms"]) == {every["window_start_ms"].max()}
+    assert all(isinstance(p, dict) for p in frame["parameters"])

@@ -14,7 +14,6 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import analyze
 from pipelines.demo.population import synthesize
 from tests.e2e.chain_harness import (
     SPEC_PATH,
@@ -26,6 +25,7 @@ from tests.e2e.chain_harness import (
     run_inline,
     subset,
 )
+from transforms.analyzer import release_step
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -40,14 +40,14 @@ def test_an_unanalysable_release_is_recorded_and_the_next_one_is_analysed(broker
     produce(chain, population)
     run_inline(chain, ("encode", "shuffle"))
     first_end = start + WINDOW_MS
-    real = analyze.with_cumulative_epsilon
+    real = release_step.with_cumulative_epsilon
 
     def failing(spec, rows, population, upto_window_end_ms, *rest):
         if upto_window_end_ms == first_end:
             raise ValueError("interval must be in (0, 0.01], got 0.016")
         return real(spec, rows, population, upto_window_end_ms, *rest)
 
-    monkeypatch.setattr(analyze, "with_cumulative_epsilon", failing)
+    monkeypatch.setattr(release_step, "with_cumulative_epsilon", failing)
     summary = run_inline(chain, ("analyze",))["analyze"]
     assert summary.balanced and summary.extra["progress"]["releases_failed"] == 1
     assert [e.key.window_end_ms for e in ledger_entries(chain, "analyze")] == [first_end + WINDOW_MS]
@@ -60,7 +60,7 @@ def test_an_unanalysable_release_is_recorded_and_the_next_one_is_analysed(broker
     (alone,) = real(SPEC, [{}], [sealed], sealed.key.window_end_ms)  # the sealed window composed on its own
     assert alone["windows_composed"] == 1
     assert list(summary.extra["progress"]["epsilon"].values()) == [alone["eps_central_cumulative"]]
-    monkeypatch.setattr(analyze, "with_cumulative_epsilon", real)
+    monkeypatch.setattr(release_step, "with_cumulative_epsilon", real)
     again = run_inline(chain, ("analyze",))["analyze"]  # no jam: nothing new, nothing re-tried, no crash
     assert again.extra.get("skipped") and len(ledger_entries(chain, "analyze")) == 1
     more = synthesize(SPEC, 200, windows=1, start_ms=start + 2 * WINDOW_MS, seed=6)

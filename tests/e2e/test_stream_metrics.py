@@ -19,9 +19,9 @@ import urllib.request
 import pytest
 
 from pipelines.metrics import JobMetrics
-from pipelines.release_agent import AgentTotals
 from tests.e2e.chain_harness import _env, bounded_reference, cli_argv, stream_twin
 from transforms.io.kafka.bounded import committed_offsets
+from transforms.shuffler.release_agent import AgentTotals
 
 pytestmark = pytest.mark.slow
 N, WINDOWS = 600, 2

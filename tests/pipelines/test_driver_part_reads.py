@@ -21,17 +21,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-import pipelines.shuffle_publish as driver
 import transforms.io.staging as staging
 import transforms.shuffler.packed as packed
+import transforms.shuffler.release_step as driver
 from pipelines.job import BoundedRun
 from pipelines.job_config import JobConfig
-from pipelines.release_agent import ReleaseAgent
+from pipelines.shuffle import seal_run
+from pipelines.targets import release_target
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.io.kafka.bounded import PartitionRange
 from transforms.io.staging import write_batch
 from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
 from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.release_agent import ReleaseAgent
 from transforms.shuffler.release_files import batch_bounds_of, message_bytes, uniform_batch_bounds, write_release
 from transforms.shuffler.streaming import MARKER, StagedRelease, StagePartFn, release_dir
 from transforms.spec import load_spec
@@ -96,7 +98,7 @@ def reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PartReads
     restore.__module__, restore.__qualname__ = real_restore.__module__, real_restore.__qualname__
     monkeypatch.setattr(packed, "_restore_messages", restore)
     monkeypatch.setattr(staging, "KEEP_IN_MEMORY", 10_000)
-    monkeypatch.setattr(driver, "publish", lambda config, release_id, path: counts.published.append(release_id))
+    monkeypatch.setattr(driver, "publish", lambda target, release_id, path: counts.published.append(release_id))
     yield counts
 
 
@@ -152,7 +154,7 @@ def test_the_bounded_driver_reads_each_part_once_in_the_release_writer(tmp_path:
     run = BoundedRun(config, "shuffle", "reports", RunState(), [PartitionRange("reports", 0, 0, 99)], "k1", root,
                      END + 10)
     ledger = ReleaseLedger(config.state / "ledger")
-    assert driver.seal_and_publish(run, ledger) == (1, 0)
+    assert seal_run(run, ledger) == (1, 0)
     entry = ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == expected and reads.published == [entry.release_id]
     # Padded payloads: the layout comes from the headers, each part is read once. Varying ones: the writer's
@@ -176,7 +178,8 @@ def test_the_release_agent_holds_one_part_at_a_time(tmp_path: Path, reads: PartR
     write_batch(directory, MARKER, [(MARKER, pickle.dumps(marker))])
     del parts, part
     staged = _staged_bytes(tmp_path / "staging")
-    agent = ReleaseAgent(config, ReleaseLedger(config.state / "ledger"), root, "stream-test")
+    agent = ReleaseAgent(release_target(config), config.specs, ReleaseLedger(config.state / "ledger"), root,
+                         "stream-test")
     assert agent.step() == 1 and agent.totals.released == 1
     entry = agent._ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == expected
@@ -202,7 +205,7 @@ def test_a_withheld_window_is_found_without_reading_any_part(tmp_path: Path, rea
     run = BoundedRun(config, "shuffle", "reports", RunState(), [PartitionRange("reports", 0, 0, 9)], "k1", root,
                      END + 10)
     ledger = ReleaseLedger(config.state / "ledger")
-    assert driver.seal_and_publish(run, ledger) == (0, 0)
+    assert seal_run(run, ledger) == (0, 0)
     entry = ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == "withheld" and loaded == [] and reads.published == []
 
@@ -217,7 +220,7 @@ def test_parts_staged_without_headers_are_still_released(tmp_path: Path, reads: 
     run = BoundedRun(config, "shuffle", "reports", RunState(), [PartitionRange("reports", 0, 0, 99)], "k1", root,
                      END + 10)
     ledger = ReleaseLedger(config.state / "ledger")
-    assert driver.seal_and_publish(run, ledger) == (1, 0)
+    assert seal_run(run, ledger) == (1, 0)
     entry = ledger.get(ReleaseKey(SPEC.spec_id, None, END))
     assert entry is not None and entry.digest == expected
 
@@ -235,7 +238,7 @@ def test_a_part_that_does_not_match_its_header_is_refused(tmp_path: Path, reads:
                      END + 10)
     ledger = ReleaseLedger(config.state / "ledger")
     with pytest.raises(ValueError, match="does not match its staged header"):
-        driver.seal_and_publish(run, ledger)
+        seal_run(run, ledger)
     assert ledger.get(ReleaseKey(SPEC.spec_id, None, END)) is None and reads.published == []
     assert not list((config.state / "releases").iterdir())
 

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 from pipelines.job_config import JobConfig
-from pipelines.release_agent import ReleaseAgent
+from pipelines.targets import release_target
 from schemas import encode_record  # noqa: F401  (schemas before trust's encoders)
 from transforms.io.dead_letters import dead_letter
 from transforms.io.staging import StagingError, write_batch
 from transforms.shuffler.graph import ReleasePart
 from transforms.shuffler.packed import PackedMessages
+from transforms.shuffler.release_agent import ReleaseAgent
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, StagedRelease, letter_name, release_dir
 from transforms.spec import load_spec
 from transforms.state.ledger import PUBLISHED, WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
@@ -36,7 +37,8 @@ def agent(tmp_path: Path) -> ReleaseAgent:
     init_keys(tmp_path / "keys")
     config = JobConfig(bootstrap="127.0.0.1:1", specs=(SPEC,), out_dir=tmp_path / "out", state_dir=tmp_path / "state",
                        keys_dir=tmp_path / "keys", shuffled_topic="never-written")
-    return ReleaseAgent(config, ReleaseLedger(config.state / "ledger"), str(tmp_path / "staging"), "stream-test")
+    return ReleaseAgent(release_target(config), config.specs, ReleaseLedger(config.state / "ledger"),
+                        str(tmp_path / "staging"), "stream-test")
 
 
 def _stage(agent: ReleaseAgent, end: int, n_sets: int, subkeys: tuple[int, ...] = (0, 1),
@@ -65,7 +67,7 @@ def test_a_window_sealed_with_another_digest_is_refused_and_not_published(agent:
     assert (agent.totals.released, agent.totals.conflicts) == (0, 1)
     assert agent._ledger.get(key) == sealed  # the earlier release stands
     assert not Path(directory).exists()  # handled: its staged files are gone
-    assert not list((agent._config.state / "releases").glob("*.bin"))  # its file discarded, never in place
+    assert not list((agent._target.state.releases).glob("*.bin"))  # its file discarded, never in place
 
 
 def test_withheld_windows_are_sealed_as_withheld(agent: ReleaseAgent) -> None:
@@ -98,7 +100,7 @@ def test_staged_dead_letters_move_to_the_stage_domain_once(agent: ReleaseAgent) 
     write_batch(directory, "dead", [(letter_name(x), pickle.dumps(x)) for x in letters[2:]])  # a retried bundle
     agent.step()
     assert agent.totals.dead_letters == 5 and not list(directory.iterdir())
-    (written,) = (agent._config.state / "dead_letters").glob("dead-letters-stream-*.avro")
+    (written,) = (agent._target.state.dead_letters).glob("dead-letters-stream-*.avro")
     with open(written, "rb") as handle:
         assert sorted(r["offset"] for r in fastavro.reader(handle)) == [0, 1, 2, 3, 4]
     agent.step()

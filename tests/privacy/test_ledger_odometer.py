@@ -1,6 +1,6 @@
-"""The analyzer's ledger odometer (``pipelines.analyze.write_release`` on a real ledger and real Parquet parts)
-against ``esa privacy --windows``: one accountant, one number; the count charged only under a claim, withheld
-windows included; the total follows the metric across spec edits; rows independent of how releases were
+"""The analyzer's ledger odometer (``transforms.analyzer.release_step.write_release`` on a real ledger and real
+Parquet parts) against ``esa privacy --windows``: one accountant, one number; the count charged only under a claim,
+withheld windows included; the total follows the metric across spec edits; rows independent of how releases were
 split over runs; per-release cost flat in the number of earlier windows (counted compositions, not time)."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.analyze import write_release
 from pipelines.cli import main
 from pipelines.job_config import JobConfig
+from pipelines.targets import estimates_target
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.estimates import central_epsilon
 from transforms.analyzer.ledger_rows import Odometers
+from transforms.analyzer.release_step import write_release
 from transforms.analyzer.releases import OpenedRelease
 from transforms.privacy.odometer import PrivacyOdometer, WindowRelease, interval_for
 from transforms.spec import DEFAULT_SPEC, AnalysisSpec, CrowdSpec, load_spec
@@ -66,8 +67,8 @@ class Analyzer:
         end = (day + 1) * DAY_MS
         release_id = f"r{spec.spec_id.split('@')[1]}{crowd or ''}{day:05d}"
         opened = OpenedRelease(release_id, spec.spec_id, crowd, end, n, None, {"shuffled/0": day})
-        write_release(self.config, self.ledger, opened, [_row(spec, crowd, end, n)], "run", self.known,
-                      self.odometers)
+        write_release(estimates_target(self.config), spec, self.ledger, opened, [_row(spec, crowd, end, n)], "run",
+                      self.known, self.odometers)
         return self.row(spec, end, release_id)
 
     def row(self, spec: AnalysisSpec, end: int, release_id: str) -> dict[str, Any]:

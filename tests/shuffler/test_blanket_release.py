@@ -261,13 +261,15 @@ def test_malformed_reals_lend_no_key_id_and_no_length(tmp_path: Path) -> None:
 # --- the streaming shuffler's release agent ----------------------------------------------------------------
 
 def staged_agent(bootstrap: str, released: dict[str, Any], tmp_path: Path, keys: Path) -> tuple[Any, Any]:
-    """A release agent (``pipelines.release_agent``) with the fixture's parts staged as its workers stage them."""
+    """A release agent (``transforms.shuffler.release_agent``) with the fixture's parts staged as its workers
+    stage them."""
     import pickle
 
     from pipelines.job_config import JobConfig
-    from pipelines.release_agent import ReleaseAgent
+    from pipelines.targets import release_target
     from transforms.io.kafka.bounded import ensure_topics
     from transforms.io.staging import write_batch
+    from transforms.shuffler.release_agent import ReleaseAgent
     from transforms.shuffler.streaming import MARKER, PART, StagedRelease, release_dir
     from transforms.state.ledger import ReleaseLedger
 
@@ -277,7 +279,8 @@ def staged_agent(bootstrap: str, released: dict[str, Any], tmp_path: Path, keys:
     # the shuffler's PRF key is job_key_from_seed(seed + 0x5EED) = KEY = job_key_from_seed(7)
     config = JobConfig(bootstrap=bootstrap, specs=(SPEC,), out_dir=tmp_path / "out", state_dir=tmp_path / "state",
                        keys_dir=keys, shuffled_topic=topic, seed=7 - 0x5EED)
-    agent = ReleaseAgent(config, ReleaseLedger(config.state / "ledger"), str(tmp_path / "staging"), "stream")
+    agent = ReleaseAgent(release_target(config), config.specs, ReleaseLedger(config.state / "ledger"),
+                         str(tmp_path / "staging"), "stream")
     directory = release_dir(agent._root, parts[0])
     Path(directory).mkdir(parents=True)
     for part in parts:
@@ -304,11 +307,13 @@ def test_the_release_agent_writes_the_same_blanket_release(broker, released: dic
 
 
 def test_a_missing_analyzer_public_key_is_a_one_line_config_error(broker, released: dict[str, Any],
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, capsys: pytest.CaptureFixture
+                                                                  ) -> None:
     """A shuffler whose public/ lacks the analyzer key the reals were sealed to writes nothing (exit 3)."""
     import shutil
 
-    from pipelines.exit_codes import ConfigError
+    from pipelines.cli import _error_code
+    from transforms.shuffler.release_step import BlanketKeyError
 
     keys = tmp_path / "keys"
     shutil.copytree(released["devices"].keys_dir, keys)
@@ -316,7 +321,9 @@ def test_a_missing_analyzer_public_key_is_a_one_line_config_error(broker, releas
     generate_analyzer_key(keys)  # another key is there: only the one the reals need is missing
     (keys / "public" / f"analyzer-{key_id}.x25519.pub").unlink()
     agent, config = staged_agent(broker.bootstrap, released, tmp_path, keys)
-    with pytest.raises(ConfigError, match=f"no analyzer public key {key_id}") as err:
+    with pytest.raises(BlanketKeyError, match=f"no analyzer public key {key_id}") as err:
         agent.step()
-    assert "\n" not in str(err.value) and err.value.exit_code == 3
+    capsys.readouterr()
+    assert _error_code("shuffle", err.value) == 3  # what `esa shuffle` exits with, in one line
+    assert capsys.readouterr().err.count("\n") == 1
     assert not list((config.state / "releases").glob("*.bin"))

@@ -13,6 +13,7 @@ from trust_helpers import make_trust
 from pipelines.demo.population import avro_value, synthesize
 from pipelines.examples import example_path
 from transforms.device.wire import ShufflerKey, signed_message_set
+from transforms.encoder.encode import EventElement, ReportBatch
 from transforms.encoder.keys import EncoderKeys
 from transforms.encoder.seal import SealSetsFn, _prf
 from transforms.mechanisms.base import encode_messages
@@ -21,13 +22,13 @@ from transforms.trust import DeviceRegistry, decode_message_set, open_sealed, ve
 from transforms.trust.envelope import open_envelope
 from transforms.trust.keys import load_or_create_secret, load_shuffler_sealing_private, load_shuffler_sealing_public
 from transforms.trust.sealing import associated_data
-from transforms.wire.elements import ReportElement, SourceRef
+from transforms.wire.elements import SourceRef
 from transforms.wire.event_values import client_inputs, event_value
-from transforms.wire.rows import array_to_rows, client_messages, row_channel
+from transforms.wire.rows import client_messages
 
 
-def _report_batch(spec, n: int) -> list[ReportElement]:
-    """n events' reports as the encoder's randomizer emits them: each event's messages consecutive."""
+def _report_batch(spec, n: int) -> ReportBatch:
+    """n events' reports as the encoder's randomizer emits them (arrays): each event's messages consecutive."""
     rng = np.random.default_rng(3)
     population = synthesize(spec, n, seed=5)
     mechanism = spec.randomizer
@@ -35,10 +36,10 @@ def _report_batch(spec, n: int) -> list[ReportElement]:
     wire, owner = client_messages(mechanism, *encode_messages(mechanism, client_inputs(spec, values, rng), rng),
                                   n_clients=n)
     crowds = population.crowd_ids
-    return [ReportElement(spec.spec_id, row_channel(mechanism, row), str(population.client_ids[i]),
-                          int(population.event_times_ms[i]), row, SourceRef("raw", i % 3, 100 + i), None,
-                          None if crowds is None else str(crowds[i]))
-            for i, row in zip(owner.tolist(), array_to_rows(wire), strict=True)]
+    events = [EventElement(spec.spec_id, str(population.client_ids[i]), int(population.event_times_ms[i]), None,
+                           SourceRef("raw", i % 3, 100 + i), b"", None if crowds is None else str(crowds[i]))
+              for i in range(n)]
+    return ReportBatch(spec.spec_id, wire, owner, events)
 
 
 @pytest.mark.parametrize("spec_file", ["app_language.toml", "app_language_multimessage.toml", "grid.toml"])
@@ -50,6 +51,7 @@ def test_batched_sets_are_the_device_path_bytes(tmp_path: Path, spec_file: str, 
     sealer = SealSetsFn([spec], str(trust.keys_dir), threads)
     sealer.setup()
     (out,) = list(sealer.process(batch))
+    batch = list(batch)  # the per-report view, for the one-set-at-a-time device path
     prf_key = EncoderKeys.derive(load_or_create_secret(trust.keys_dir / "encoder" / "prf.key")).seal
     firsts = [i for i, r in enumerate(batch) if i == 0 or r.source != batch[i - 1].source]
     assert len(out) == len(firsts) == 30

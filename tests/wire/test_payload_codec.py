@@ -260,6 +260,13 @@ def test_device_wire_encodes_mixed_batches_per_mechanism_with_the_same_bytes() -
     want = [encode_payload(e.spec.randomizer, r) for e in events for r in e.rows]
     assert _plaintexts(events) == want
     assert _plaintexts(events[:1]) == want[:len(events[0].rows)]  # below the vectorizing threshold
+    # The edge encoder's rows: slices of the wire arrays themselves (never turned into tuples), the same bytes.
+    arrays = [e._replace(rows=_honest("olh" if k % 3 else "rappor")[k % 5: k % 5 + 1 + k % 4])
+              for k, e in enumerate(events)]
+    assert _plaintexts(arrays) == want
+    assert _plaintexts(arrays[:1]) == want[:len(events[0].rows)]
+    same = [e for e in arrays if e.spec is olh]  # the encoder hands over one spec's batch already stacked
+    assert _plaintexts(same, np.concatenate([e.rows for e in same])) == _plaintexts(same)
 
 
 @pytest.mark.parametrize("case", ["mm_hadamard", "olh"])

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from transforms.mechanisms.base import Mechanism
@@ -25,7 +26,7 @@ from transforms.trust.message_set import MessageSet, SealedMessage, encode_messa
 from transforms.trust.sealing import associated_data, seal_many
 from transforms.wire.avro_payload import encode_payload
 from transforms.wire.payload_codec import encode_payloads
-from transforms.wire.rows import CHANNEL, PayloadRow, rows_to_array, wire_dtype
+from transforms.wire.rows import CHANNEL, PayloadRow, array_to_rows, rows_to_array, wire_dtype
 
 
 def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:
@@ -34,10 +35,12 @@ def window_end_ms(spec: AnalysisSpec, event_time_ms: int) -> int:
 
 
 class EventRows(NamedTuple):
-    """One event's payload rows and what its set carries besides them (``signed_message_sets``)."""
+    """One event's payload rows and what its set carries besides them (``signed_message_sets``). ``rows``: wire
+    tuples (a device), or the event's slice of the mechanism's wire array (the edge encoder, which keeps its
+    batch in arrays from the randomizer to the payload codec)."""
 
     spec: AnalysisSpec
-    rows: Sequence[PayloadRow]
+    rows: Sequence[PayloadRow] | np.ndarray
     event_time_ms: int
     crowd_id: str | None
     device_id: str
@@ -71,46 +74,55 @@ def signed_message_set(spec: AnalysisSpec, rows: Sequence[PayloadRow], *, event_
 _VECTOR_MIN = 16  # rows of one mechanism from which one vectorized call beats per-row fastavro (~6 us a row)
 
 
-def _plaintexts(events: Sequence[EventRows]) -> list[bytes]:
+def _plaintexts(events: Sequence[EventRows], stacked: np.ndarray | None = None) -> list[bytes]:
     """Every row's padded payload plaintext, in order: rows of one mechanism in one ``encode_payloads`` call.
 
-    Rows are wire tuples (``records.array_to_rows``); rows that do not stack into the wire dtype are encoded
-    (or refused) one by one by ``encode_payload``, as before."""
-    groups: dict[int, tuple[Mechanism, list[PayloadRow], list[int]]] = {}
+    ``stacked``: every event's rows in order, already one wire array (the edge encoder's batch, all of one
+    mechanism), encoded as it is. Otherwise rows given as wire arrays are concatenated; wire tuples
+    (``records.array_to_rows``) are stacked into the wire dtype first, and rows that do not stack are encoded (or
+    refused) one by one by ``encode_payload``, as before."""
+    if stacked is not None and events:
+        matrix = encode_payloads(events[0].spec.randomizer, stacked)
+        blob, width = matrix.tobytes(), matrix.shape[1]
+        return [blob[k * width:(k + 1) * width] for k in range(len(stacked))]
+    groups: dict[int, tuple[Mechanism, list[Sequence[PayloadRow] | np.ndarray], list[int]]] = {}
     position = 0
     for event in events:
         mechanism = event.spec.randomizer
-        _, rows, where = groups.setdefault(id(mechanism), (mechanism, [], []))
-        rows.extend(event.rows)
+        _, chunks, where = groups.setdefault(id(mechanism), (mechanism, [], []))
+        chunks.append(event.rows)
         where.extend(range(position, position + len(event.rows)))
         position += len(event.rows)
     out: list[bytes] = [b""] * position
-    for mechanism, rows, where in groups.values():
+    for mechanism, chunks, where in groups.values():
         encoded = None
-        if len(rows) >= _VECTOR_MIN:
+        arrays = all(isinstance(c, np.ndarray) for c in chunks)
+        if arrays or len(where) >= _VECTOR_MIN:
             with contextlib.suppress(ValueError, OverflowError, TypeError):  # rows that do not stack: per row
-                matrix = encode_payloads(mechanism, rows_to_array(mechanism, rows))
+                stacked = (np.concatenate(chunks) if arrays
+                           else rows_to_array(mechanism, [row for chunk in chunks for row in chunk]))
+                matrix = encode_payloads(mechanism, stacked)
                 blob, width = matrix.tobytes(), matrix.shape[1]
-                encoded = [blob[k * width:(k + 1) * width] for k in range(len(rows))]
+                encoded = [blob[k * width:(k + 1) * width] for k in range(len(where))]
         if encoded is None:
-            encoded = [encode_payload(mechanism, row) for row in rows]
+            encoded = [encode_payload(mechanism, row) for chunk in chunks
+                       for row in (array_to_rows(chunk) if isinstance(chunk, np.ndarray) else chunk)]
         for k, data in zip(where, encoded, strict=True):
             out[k] = data
     return out
 
 
 def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, key_id: str, shuffler: ShufflerKey,
-                        threads: int = 1) -> list[bytes]:
+                        threads: int = 1, stacked: np.ndarray | None = None) -> list[bytes]:
     """``signed_message_set`` of each event (sealed to the shuffler), the same bytes; the native calls of the
-    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.runtime.parallel``), the rest on this thread."""
-    plaintexts, ads, ephemerals, channels = _plaintexts(events), [], [], []
+    whole batch (X25519 pairs, signatures) on ``threads`` (``transforms.runtime.parallel``), the rest on this thread.
+    ``stacked``: the events' rows as one wire array, when the caller has it (``_plaintexts``)."""
+    plaintexts, ads, ephemerals, channels = _plaintexts(events, stacked), [], [], []
     routing: dict[tuple, bytes] = {}  # associated data by (spec, crowd, window end, channel): few per batch
     for event in events:
         mechanism = event.spec.randomizer
         end = window_end_ms(event.spec, event.event_time_ms)
-        at = _channel_index(mechanism)
-        for i, row in enumerate(event.rows):
-            channel = 0 if at is None else int(row[at])
+        for i, channel in enumerate(_channels(mechanism, event.rows)):
             key = (event.spec.spec_id, event.crowd_id, end, channel)
             ad = routing.get(key)
             if ad is None:
@@ -131,7 +143,12 @@ def signed_message_sets(events: Sequence[EventRows], analyzer: X25519PublicKey, 
     return seal_envelopes(shuffler.public, shuffler.key_id, encoded, outer, threads)
 
 
-def _channel_index(mechanism: Mechanism) -> int | None:
-    """Where a wire row carries its channel (``records.row_channel``), once per event instead of per row."""
+def _channels(mechanism: Mechanism, rows: Sequence[PayloadRow] | np.ndarray) -> list[int]:
+    """The channel each wire row travels on (``records.row_channel``): 0 for single-message mechanisms."""
     names = wire_dtype(mechanism).names
-    return names.index(CHANNEL) if CHANNEL in names else None
+    if CHANNEL not in names:
+        return [0] * len(rows)
+    if isinstance(rows, np.ndarray):
+        return rows[CHANNEL].tolist()
+    at = names.index(CHANNEL)
+    return [int(row[at]) for row in rows]

@@ -15,7 +15,7 @@ every window, retry and rerun of one device's value reuses one backstop, as the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -34,7 +34,7 @@ from transforms.spec import AnalysisSpec, SpecSet
 from transforms.state.dead_letters import bounded_letter
 from transforms.wire.elements import ReportElement, SourceRef
 from transforms.wire.event_values import client_inputs, event_value
-from transforms.wire.rows import array_to_rows, client_messages
+from transforms.wire.rows import CHANNEL, array_to_rows, client_messages
 
 LOG = logging.getLogger(__name__)
 DEAD = "dead_letters"
@@ -54,6 +54,42 @@ class EventElement(NamedTuple):
     source: SourceRef
     original: bytes
     crowd_id: str | None = None
+
+
+class ReportBatch:
+    """One spec's randomized reports of a batch of events, kept as the mechanism's wire array from the randomizer
+    to the payload codec (``transforms.encoder.seal``): row ``i`` is a message of ``events[owner[i]]``, one
+    event's rows consecutive, in event order. Iterating gives the per-report view (``ReportElement``, payloads
+    as wire tuples) for tools and tests; the sealing step never builds it."""
+
+    __slots__ = ("events", "owner", "spec_id", "wire")
+
+    def __init__(self, spec_id: str, wire: np.ndarray, owner: np.ndarray, events: Sequence[EventElement]):
+        self.spec_id, self.wire, self.owner, self.events = spec_id, wire, owner, list(events)
+
+    def __len__(self) -> int:
+        return len(self.wire)
+
+    def __iter__(self) -> Iterator[ReportElement]:
+        channels = self.wire[CHANNEL].tolist() if CHANNEL in self.wire.dtype.names else [0] * len(self.wire)
+        for i, channel, row in zip(self.owner.tolist(), channels, array_to_rows(self.wire), strict=True):
+            event = self.events[i]
+            yield ReportElement(self.spec_id, channel, event.client_id, event.event_time_ms, row, event.source,
+                                event.original, event.crowd_id)
+
+    def __getstate__(self) -> tuple:
+        return self.spec_id, self.wire, self.owner, self.events
+
+    def __setstate__(self, state: tuple) -> None:
+        self.spec_id, self.wire, self.owner, self.events = state
+
+    def sets(self) -> Iterator[tuple[EventElement, np.ndarray]]:
+        """Each event with its rows (a slice of the wire array, no copy): one message set each."""
+        if not len(self.owner):
+            return
+        cuts = (np.flatnonzero(np.diff(self.owner)) + 1).tolist()
+        for start, stop in zip([0, *cuts], [*cuts, len(self.owner)], strict=True):
+            yield self.events[int(self.owner[start])], self.wire[start:stop]
 
 
 def specs_by_metric(specs: Sequence[AnalysisSpec]) -> dict[str, AnalysisSpec]:
@@ -124,14 +160,14 @@ class EncodeBatchFn(beam.DoFn):
         self._encoded = Metrics.counter(NAMESPACE, "reports_encoded")
         self._events = Metrics.counter(NAMESPACE, "events_encoded")
 
-    def process(self, batch: list[EventElement]) -> Iterator[list[ReportElement]]:
+    def process(self, batch: list[EventElement]) -> Iterator[ReportBatch]:
         by_spec: dict[str, list[EventElement]] = {}
         for event in batch:
             by_spec.setdefault(event.spec_id, []).append(event)
         for spec_id, events in by_spec.items():
-            yield list(self._encode(self._specs[spec_id], events))
+            yield self._encode(self._specs[spec_id], events)
 
-    def _encode(self, spec: AnalysisSpec, events: list[EventElement]) -> Iterable[ReportElement]:
+    def _encode(self, spec: AnalysisSpec, events: list[EventElement]) -> ReportBatch:
         rng = KeyedRandom.for_elements(self._keys.randomize, _element_ids(events))
         mechanism = spec.randomizer
         inputs = client_inputs(spec, [e.value for e in events], rng)
@@ -144,11 +180,7 @@ class EncodeBatchFn(beam.DoFn):
         wire, owner = client_messages(mechanism, *messages, n_clients=len(events))
         self._events.inc(len(events))
         self._encoded.inc(len(wire))
-        channels = wire["channel"].tolist() if "channel" in wire.dtype.names else [0] * len(wire)
-        for i, channel, row in zip(owner.tolist(), channels, array_to_rows(wire), strict=True):
-            event = events[i]
-            yield ReportElement(spec.spec_id, channel, event.client_id, event.event_time_ms, row, event.source,
-                                event.original, event.crowd_id)
+        return ReportBatch(spec.spec_id, wire, owner, events)
 
 
 def _element_ids(events: list[EventElement]) -> np.ndarray:
@@ -162,11 +194,11 @@ def _element_ids(events: list[EventElement]) -> np.ndarray:
 
 
 class EncodeEvents(beam.PTransform):
-    """KafkaRecords (single or batched lists) of TelemetryEvents -> (lists of ReportElements, dead letters).
+    """KafkaRecords (single or batched lists) of TelemetryEvents -> (ReportBatches, dead letters).
 
-    Each output element is one batch of reports of one spec. With ``batched_input`` (lists of records from
-    ``ReadFromKafkaBounded(batched=True)``) each decoded batch is randomized as it is; single records are
-    first gathered with ``BatchElements`` so that randomization still runs on numpy batches.
+    Each output element is one batch of reports of one spec, in arrays (``ReportBatch``). With ``batched_input``
+    (lists of records from ``ReadFromKafkaBounded(batched=True)``) each decoded batch is randomized as it is; single
+    records are first gathered with ``BatchElements`` so that randomization still runs on numpy batches.
     """
 
     def __init__(self, specs: Sequence[AnalysisSpec], keys: EncoderKeys | bytes, max_batch_size: int = 4096,

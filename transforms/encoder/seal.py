@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.device.wire import EventRows, ShufflerKey, signed_message_sets
+from transforms.encoder.encode import EventElement, ReportBatch
 from transforms.encoder.keys import EncoderKeys
 from transforms.runtime.worker_gc import tune_worker_gc
 from transforms.spec import AnalysisSpec, SpecSet
 from transforms.trust.devices import SimulatedFleet
 from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
-from transforms.wire.elements import ReportElement
 
 NAMESPACE = "esa"
 
@@ -41,7 +42,7 @@ def _prf(key: bytes, *parts: bytes) -> bytes:
 
 
 class SealSetsFn(beam.DoFn):
-    """Lists of ReportElements (one spec; one event's messages consecutive) -> (device id, MessageSet bytes).
+    """ReportBatches (one spec, in arrays) -> lists of (device id, MessageSet bytes), one set per event.
 
     A whole input batch is sealed and signed at once: the GIL-free calls (key expansion, the two X25519
     multiplications per message, the signature) run on ``threads`` (``transforms.runtime.parallel``), everything in
@@ -64,36 +65,29 @@ class SealSetsFn(beam.DoFn):
         self._shuffler = ShufflerKey(*load_shuffler_sealing_public(keys))
         self._prf_key = EncoderKeys.from_keys_dir(keys).seal
 
-    def process(self, batch: list[ReportElement]) -> Iterator[list[tuple[bytes, bytes]]]:
-        sets: list[list[ReportElement]] = []
-        start = 0
-        while start < len(batch):
-            stop = start + 1
-            while stop < len(batch) and batch[stop].source == batch[start].source:
-                stop += 1
-            sets.append(batch[start:stop])
-            start = stop
+    def process(self, batch: ReportBatch) -> Iterator[list[tuple[bytes, bytes]]]:
+        sets = list(batch.sets())
         if sets:
             self._sets.inc(len(sets))
-            yield self._seal_all(sets)
+            yield self._seal_all(self._specs[batch.spec_id], sets, batch.wire)
 
-    def _seal_all(self, sets: list[list[ReportElement]]) -> list[tuple[bytes, bytes]]:
-        self._fleet.prepare((reports[0].client_id for reports in sets), self._threads)
+    def _seal_all(self, spec: AnalysisSpec, sets: list[tuple[EventElement, np.ndarray]], wire: np.ndarray
+                  ) -> list[tuple[bytes, bytes]]:
+        self._fleet.prepare((event.client_id for event, _ in sets), self._threads)
         events = []
-        for reports in sets:
-            first = reports[0]
-            position = _position(first)
+        for event, rows in sets:
+            position = _position(event)
             events.append(EventRows(
-                self._specs[first.spec_id], [r.payload for r in reports], first.event_time_ms, first.crowd_id,
-                self._fleet.device_id(first.client_id), self._fleet.signing_key(first.client_id),
+                spec, rows, event.event_time_ms, event.crowd_id,
+                self._fleet.device_id(event.client_id), self._fleet.signing_key(event.client_id),
                 _prf(self._prf_key, b"nonce", position)[:16],
-                [_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(reports))],
+                [_prf(self._prf_key, b"ephemeral", position, i.to_bytes(4, "big")) for i in range(len(rows))],
                 _prf(self._prf_key, b"envelope", position)))
-        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._shuffler, self._threads)
+        sealed = signed_message_sets(events, self._analyzer, self._key_id, self._shuffler, self._threads, wire)
         return [(event.device_id.encode(), data) for event, data in zip(events, sealed, strict=True)]
 
 
-def _position(first: ReportElement) -> bytes:
+def _position(event: EventElement) -> bytes:
     """The event's Kafka position: what its set's nonce and ephemerals are derived from."""
-    source = first.source
+    source = event.source
     return f"{source.topic}/{source.partition}/{source.offset}".encode() if source else b"?"

@@ -16,29 +16,23 @@ aborted is never read, and the planned end of a bounded read is the last stable 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
-from transforms.io.kafka import retry
 from transforms.io.kafka.clients import (
     CLIENT_ID,
     Consumer,
-    Element,
     KafkaReadError,
     KafkaRecord,
     KafkaWriteError,
-    Producer,
     consumer,
     create_topics,
-    producer,
-    split_element,
 )
 from transforms.io.kafka.config import DEFAULT_CLIENT, check_client
 from transforms.io.kafka.planning import (
@@ -51,6 +45,7 @@ from transforms.io.kafka.planning import (
     plan_bounded_read,
     wait_for_partitions,
 )
+from transforms.io.kafka.writer import WriteToKafka, produce_records  # re-exported: the one writer lives there
 
 __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "KafkaWriteError", "PartitionRange",
            "ReadFromKafkaBounded", "RewoundLogError", "WriteToKafka", "commit_plan", "committed_offsets",
@@ -222,92 +217,6 @@ def read_from_kafka(pipeline_or_pbegin: beam.Pipeline | beam.pvalue.PBegin, *, b
 
 def _row_to_record(row: Any) -> KafkaRecord:
     return KafkaRecord(row.topic, row.partition, row.offset, row.timestamp, row.key, row.value)
-
-
-class _WriteFn(beam.DoFn):
-    def __init__(self, bootstrap: str, topic: str, producer_config: Mapping[str, Any],
-                 flush_timeout_s: float, client: str = DEFAULT_CLIENT) -> None:
-        self._bootstrap, self._topic, self._config = bootstrap, topic, dict(producer_config)
-        self._flush_timeout_s, self._client = flush_timeout_s, check_client(client)
-        self._written = Metrics.counter("esa", "kafka_records_written")
-        self._producer: Producer | None = None
-
-    def setup(self) -> None:
-        self._producer = producer(self._client, self._bootstrap, **self._config)
-
-    def process(self, element: Element) -> None:
-        assert self._producer is not None
-        key, value = split_element(element)
-        self._producer.send(self._topic, key, value)
-        self._written.inc()
-
-    def finish_bundle(self) -> None:
-        assert self._producer is not None
-        try:
-            self._producer.flush(self._flush_timeout_s)
-        except KafkaWriteError as err:
-            raise KafkaWriteError(f"writing to {self._topic} on {self._bootstrap} failed: {err}") from err
-        error = self._producer.error()
-        if error is not None:  # a refused record poisons this producer: the retried bundle gets a fresh one
-            self.teardown()
-            self.setup()
-            raise KafkaWriteError(f"writing to {self._topic} on {self._bootstrap} failed: {error}") from error
-
-    def teardown(self) -> None:
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
-
-
-class WriteToKafka(beam.PTransform):
-    """Writes `bytes` or `(key, value)` elements to `topic`; a bundle fails unless every record was acked."""
-
-    def __init__(self, bootstrap: str, topic: str, *, producer_config: Mapping[str, Any] | None = None,
-                 flush_timeout_s: float | None = None, client: str = DEFAULT_CLIENT) -> None:
-        super().__init__()
-        self._fn = _WriteFn(bootstrap, topic, producer_config or {}, _flush_s(flush_timeout_s), client)
-
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        return pcoll | "Produce" >> beam.ParDo(self._fn)
-
-
-def _flush_s(timeout_s: float | None) -> float:
-    """A flush waits as long as the client may retry a record (the retry policy's deadline), plus a margin."""
-    return timeout_s if timeout_s is not None else retry.producer_timeout_ms() / 1000 + 10.0
-
-
-def produce_records(bootstrap: str, topic: str, values: Iterable[Element], *,
-                    producer_config: Mapping[str, Any] | None = None,
-                    progress: Callable[[int], None] | None = None, progress_every: int = 10_000,
-                    flush_timeout_s: float | None = None, client: str = DEFAULT_CLIENT) -> int:
-    """Produce `values` outside Beam (simulator, tests); returns the count, raises on the first failure."""
-    if progress_every < 1:
-        raise ValueError(f"progress_every must be positive, got {progress_every}")
-    out = producer(client, bootstrap, **dict(producer_config or {}))
-    n = 0
-    try:
-        elements = iter(values)
-        try:
-            while chunk := out.send_many(topic, itertools.islice(elements, progress_every)):
-                n += chunk
-                if out.error() is not None:
-                    break
-                if progress is not None and chunk == progress_every:
-                    progress(n)
-                if chunk < progress_every:
-                    break
-            out.flush(_flush_s(flush_timeout_s))
-        except KafkaWriteError as err:
-            raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {err}") from err
-        error = out.error()
-        if progress is not None and error is None and n % progress_every:
-            progress(n)
-    finally:
-        out.close()
-    if error is not None:
-        raise KafkaWriteError(f"producing to {topic} on {bootstrap} failed: {error}") from error
-    _log.info("produced %d records to %s", n, topic)
-    return n
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0,

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.job_config import JobConfig
-from pipelines.preflight import domain_dead_letter_topic
-from pipelines.shuffle_publish import Blankets, StagedParts, seal_written, withheld_entry
 from schemas import encode_record
-from transforms.io.kafka.bounded import committed_offsets, produce_records
+from transforms.io.kafka.writer import write_records
 from transforms.io.sinks import avro_bytes
 from transforms.io.staging import (
     StagingError,
@@ -43,7 +41,9 @@ from transforms.io.staging import (
     staged_entries,
     staged_files,
 )
+from transforms.shuffler.release_step import Blankets, ReleaseTarget, StagedParts, seal_written, withheld_entry
 from transforms.shuffler.streaming import DEAD_DIR, MARKER, PART, RELEASES, StagedRelease
+from transforms.spec import AnalysisSpec
 from transforms.state.dead_letters import ReasonCounts, write_counts
 from transforms.state.files import atomic_write_bytes
 from transforms.state.ledger import ReleaseLedger
@@ -79,10 +79,11 @@ def _remove(paths: list[str]) -> None:
 
 class ReleaseAgent:
     """Seals and publishes the releases staged under ``root`` (see the module doc)."""
-    def __init__(self, config: JobConfig, ledger: ReleaseLedger, root: str, run_key: str):
-        self._config, self._ledger, self._root, self._run_key = config, ledger, root, run_key
+    def __init__(self, target: ReleaseTarget, specs: Sequence[AnalysisSpec], ledger: ReleaseLedger, root: str,
+                 run_key: str):
+        self._target, self._ledger, self._root, self._run_key = target, ledger, root, run_key
         self._signer: tuple | None = None
-        self._blankets = Blankets(config)
+        self._blankets = Blankets(target, specs)
         self.totals = AgentTotals()
 
     def step(self) -> int:
@@ -107,10 +108,10 @@ class ReleaseAgent:
             self._ledger.seal_many([withheld_entry(key, marker.source_ends, self._run_key)])
             self.totals.withheld += 1
         else:
-            self._signer = self._signer or load_shuffler_signer(self._config.keys)
+            self._signer = self._signer or load_shuffler_signer(self._target.keys)
             written = self._blankets.write(parts, *self._signer)
             del parts
-            if seal_written(self._config, self._ledger, written, marker.source_ends, self._run_key):
+            if seal_written(self._target, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1
                 self.totals.dummies += written.dummies
                 self.totals.windows.append((key.spec_id, key.crowd_id, key.window_end_ms))
@@ -131,30 +132,16 @@ class ReleaseAgent:
                     letters[entry.name] = entry.load()
         ordered = [letters[name] for name in sorted(letters)]
         digest = hashlib.sha256("\n".join(sorted(letters)).encode()).hexdigest()[:16]
-        directory = self._config.state_layout.dead_letters
+        directory = self._target.state.dead_letters
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(directory / f"dead-letters-stream-{digest}.avro",
                            avro_bytes("DeadLetter", ordered, digest.encode()))
         write_counts(directory / "counts", f"stream-{digest}", ReasonCounts().add_letters(ordered))
-        topic = domain_dead_letter_topic(self._config.dead_letter_topic, "shuffle")
-        if topic:
-            produce_records(self._config.bootstrap, topic,
-                            (encode_record("DeadLetter", letter, check=False) for letter in ordered),
-                            producer_config=self._config.kafka_config, client=self._config.kafka_client)
+        if self._target.dead_letter_stream is not None:
+            write_records(self._target.dead_letter_stream,
+                          (encode_record("DeadLetter", letter, check=False) for letter in ordered))
         _remove(files)
         self.totals.dead_letters += len(ordered)
-
-
-def committed_total(config: JobConfig) -> int:
-    """Records the source has committed for the group so far (summed over partitions): the progress measure
-    a streaming job has without asking its runner."""
-    try:
-        found = committed_offsets(config.bootstrap, config.group_id, str(config.reports_topic), config.kafka_config,
-                                  client=config.kafka_client)
-    except Exception as err:  # progress only: never stop the agent for it
-        LOG.debug("committed offsets unavailable: %s", err)
-        return -1
-    return sum(found.values())
 
 
 def progress(totals: AgentTotals, committed: int, start_committed: int, seconds: float) -> str:

@@ -1,8 +1,17 @@
-"""The shuffle job's driver half: seal each closed window's release, publish it, mark it in the ledger.
+"""The shuffler's release step, in the driver: seal each closed window's release, publish it, mark it in the ledger.
 
 Shared by the bounded shuffle job and the streaming shuffler's release agent, so that both seal, publish,
 withhold and republish by the same rules: a release is sealed (its file written and its ledger entry made)
 before it is published, so a crash between the two republishes the identical bytes and never re-draws.
+
+What it writes to is a ``ReleaseTarget``, named there and nothing more: the state directory's release files and
+dead letters, the keys, the shuffled topic. Each release is published in one Kafka transaction under the stream's
+one transactional id (``esa-shuffler-<shuffled topic>``, the prefix the broker ACLs grant the shuffler,
+``pipelines.broker.acls``; ``transforms.io.kafka.writer``): all its batches visible or none, and a second
+shuffler started against the same topic (a restarted one, or another with its own keys and state) fences this
+one, whose next publish fails with ``ShufflerFencedError`` (exit 9) instead of publishing a second release of a
+window. What a fenced shuffler had sealed stays in its ledger, unpublished, and is republished byte for byte if
+that shuffler (and only it) is started again.
 """
 
 from __future__ import annotations
@@ -11,11 +20,10 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.exit_codes import ConfigError
-from pipelines.job import BoundedRun
-from pipelines.job_config import JobConfig, crash_point
+from transforms.io.kafka.writer import FencedError, KafkaTarget, transactional_writer
 from transforms.io.staging import (
     Location,
     StagedEntry,
@@ -23,34 +31,64 @@ from transforms.io.staging import (
     iter_staged_entries,
 )
 from transforms.mechanisms.randomness import job_key_from_seed
+from transforms.runtime.faults import crash_point
 from transforms.shuffler.blanket import ReleaseBlanket
 from transforms.shuffler.graph import PartHeader, ReleasePart, part_header
-from transforms.shuffler.publish import publisher_for
 from transforms.shuffler.release_files import ReleaseFile, file_digest, iter_batches, part_name, write_release
-from transforms.spec import SpecSet
+from transforms.spec import AnalysisSpec, SpecSet
+from transforms.state.layout import StateDir
 from transforms.state.ledger import WITHHELD, ReleaseEntry, ReleaseKey, ReleaseLedger
 from transforms.trust.keys import KeyFileError, load_analyzer_publics, load_or_create_secret, load_shuffler_signer
+from transforms.trust.layout import KeysDir
 from transforms.trust.release import release_id_of
 
 LOG = logging.getLogger("pipelines.shuffle")
 
 STAGE = "shuffle"
 PART = "part"  # staging prefix of release parts
+TRANSACTIONAL_PREFIX = "esa-shuffler"  # pipelines.broker.acls.SHUFFLER_TRANSACTIONAL_PREFIX
+PUBLISH_TIMEOUT_S = 60.0
 
 
-def shuffler_prf_key(config: JobConfig) -> bytes:
+class ShufflerFencedError(FencedError):
+    """Another shuffler took over this stream's transactional id: this one must stop publishing (exit 9)."""
+
+
+class BlanketKeyError(KeyFileError):
+    """A spec's blanket needs an analyzer public key the keys directory lacks: the operator's to fix (exit 3)."""
+
+
+@dataclass(frozen=True)
+class ReleaseTarget:
+    """Exactly what the release step writes to: the stage's state directory (release files, dead letters), the
+    keys directory (its signer, the analyzer's public keys, its PRF key), the shuffled topic, and the shuffler
+    domain's dead-letter topic if letters are published. ``seed`` replaces the PRF key in tests only."""
+
+    state: StateDir
+    keys: Path
+    stream: KafkaTarget
+    dead_letter_stream: KafkaTarget | None = None
+    seed: int | None = None
+
+
+def transactional_id(shuffled_topic: str) -> str:
+    """The stream's one transactional id: every shuffler publishing ``shuffled_topic`` uses it."""
+    return f"{TRANSACTIONAL_PREFIX}-{shuffled_topic}"
+
+
+def shuffler_prf_key(keys: Path, seed: int | None = None) -> bytes:
     """The shuffler's persisted PRF key (16 bytes for SipHash); a test seed replaces it only when given."""
-    if config.seed is not None:
-        return job_key_from_seed(config.seed + 0x5EED)
-    return load_or_create_secret(config.keys_layout.shuffler_prf_key)[:16]
+    if seed is not None:
+        return job_key_from_seed(seed + 0x5EED)
+    return load_or_create_secret(KeysDir(keys).shuffler_prf_key)[:16]
 
 
 class Blankets:
     """The privacy blanket of each spec the shuffler serves (``transforms.shuffler.blanket``), None for a spec
     without dummies; the analyzer's public keys are read once, when a spec first needs them."""
 
-    def __init__(self, config: JobConfig):
-        self._config, self._specs = config, SpecSet(config.specs)
+    def __init__(self, target: ReleaseTarget, specs: Sequence[AnalysisSpec]):
+        self._target, self._specs = target, SpecSet(specs)
         self._keys: dict | None = None
 
     def of(self, spec_id: str) -> ReleaseBlanket | None:
@@ -58,21 +96,17 @@ class Blankets:
         if spec is None or not spec.crowd.blanket_dummies:
             return None
         if self._keys is None:
-            self._keys = load_analyzer_publics(self._config.keys)
-        return ReleaseBlanket(spec, shuffler_prf_key(self._config), self._keys)
+            self._keys = load_analyzer_publics(self._target.keys)
+        return ReleaseBlanket(spec, shuffler_prf_key(self._target.keys, self._target.seed), self._keys)
 
     def write(self, parts: StagedParts, key_id: str, signer: object) -> ReleaseFile:
         """``write_release`` of one staged release with its spec's blanket; a missing analyzer public key is
         the operator's to fix (exit 3, naming the key id), never a traceback."""
         try:
-            return write_release(self._config.state_layout.releases, parts, key_id, signer, headers=parts.headers,
+            return write_release(self._target.state.releases, parts, key_id, signer, headers=parts.headers,
                                  blanket=self.of(parts.key.spec_id))
         except KeyFileError as err:
-            raise ConfigError(f"cannot add the blanket's dummies to {parts.key.spec_id}: {err}") from None
-
-
-def release_file(config: JobConfig, release_id: str) -> Path:
-    return config.state_layout.release_file(release_id)
+            raise BlanketKeyError(f"cannot add the blanket's dummies to {parts.key.spec_id}: {err}") from None
 
 
 def part_stager(staging: Location) -> StageFn:
@@ -116,23 +150,29 @@ def staged_releases(staging: Location) -> Iterator[StagedParts]:
         yield StagedParts(entries, headers)
 
 
-def publish(config: JobConfig, release_id: str, path: Path) -> int:
+def publish(target: ReleaseTarget, release_id: str, path: Path) -> int:
     """Produce a release's batches from its file, keyed ``release_id:index``, in one Kafka transaction under the
-    stream's transactional id (``transforms.shuffler.publish``: all batches visible or none; a second shuffler
-    on this topic fences this one). Raises unless the transaction committed."""
-    publisher = publisher_for(config.bootstrap, config.shuffled_topic, config.kafka_config)
-    return publisher.publish((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path)))
+    stream's transactional id (see the module doc). Raises unless the transaction committed; ShufflerFencedError
+    once a second shuffler took the stream over."""
+    stream = target.stream
+    writer = transactional_writer(stream, transactional_id(stream.topic), timeout_s=PUBLISH_TIMEOUT_S,
+                                  client_id=TRANSACTIONAL_PREFIX)
+    try:
+        return writer.write((f"{release_id}:{i}".encode(), data) for i, data in enumerate(iter_batches(path)))
+    except FencedError as err:
+        raise ShufflerFencedError(f"another shuffler publishes to {stream.topic!r} now; this one was fenced: "
+                                  f"{err}", err.cause) from None
 
 
-def republish_unpublished(config: JobConfig, ledger: ReleaseLedger) -> int:
+def republish_unpublished(target: ReleaseTarget, ledger: ReleaseLedger) -> int:
     """Crash recovery: releases sealed by a run that died before publishing them go out now, identical."""
     done = 0
     for entry in ledger.unpublished():
-        path = release_file(config, entry.release_id)
+        path = target.state.release_file(entry.release_id)
         if file_digest(path) != entry.digest:
             raise RuntimeError(f"staged release {entry.release_id} does not match its ledger digest; refusing "
                                "to publish (state directory damaged?)")
-        publish(config, entry.release_id, path)
+        publish(target, entry.release_id, path)
         ledger.mark_published(entry.key)
         done += 1
     if done:
@@ -157,7 +197,7 @@ def is_withheld(parts: Sequence[PartHeader | ReleasePart]) -> bool:
     return sum(p.n_sets for p in parts) == 0
 
 
-def seal_written(config: JobConfig, ledger: ReleaseLedger, written: ReleaseFile, source_ends: dict[str, int],
+def seal_written(target: ReleaseTarget, ledger: ReleaseLedger, written: ReleaseFile, source_ends: dict[str, int],
                  run_key: str) -> bool:
     """One release written to its durable file (not withheld): ledger seal -> publish -> mark published.
 
@@ -182,31 +222,31 @@ def seal_written(config: JobConfig, ledger: ReleaseLedger, written: ReleaseFile,
         return False
     crash_point("shuffle:after_seal")
     if stored.status != "published":
-        publish(config, written.release_id, written.path)
+        publish(target, written.release_id, written.path)
         crash_point("shuffle:after_publish")
         ledger.mark_published(key)
     return True
 
 
-def seal_and_publish(run: BoundedRun, ledger: ReleaseLedger, counts: dict[str, int] | None = None
-                     ) -> tuple[int, int]:
+def seal_and_publish(target: ReleaseTarget, specs: Sequence[AnalysisSpec], staging: Location,
+                     source_ends: dict[str, int], run_key: str, ledger: ReleaseLedger,
+                     counts: dict[str, int] | None = None) -> tuple[int, int]:
     """The release step, one staged release at a time (``seal_written``). Withheld windows are sealed
     together at the end (one durable batch). Each part's messages are read by ``write_release`` alone (see
     there how often); grouping and withholding use the parts' staged headers. A spec with a blanket gets
     its dummies in each release (never in a withheld one); ``counts["dummies"]`` adds those released."""
-    config = run.config
     released, conflicts = 0, 0
-    blankets = Blankets(config)
+    blankets = Blankets(target, specs)
     withheld: list[ReleaseEntry] = []
     signer: tuple | None = None
-    for parts in staged_releases(run.staging):
+    for parts in staged_releases(staging):
         if parts.withheld:  # withheld by the crowd threshold: sealed as such, never published
-            withheld.append(withheld_entry(parts.key, run.source_ends, run.key))
+            withheld.append(withheld_entry(parts.key, source_ends, run_key))
             continue
-        signer = signer or load_shuffler_signer(config.keys)
+        signer = signer or load_shuffler_signer(target.keys)
         written = blankets.write(parts, *signer)
         del parts  # the release is in its file: hold one release's messages at a time, never two
-        if seal_written(config, ledger, written, run.source_ends, run.key):
+        if seal_written(target, ledger, written, source_ends, run_key):
             released += 1
             if counts is not None:
                 counts["dummies"] = counts.get("dummies", 0) + written.dummies
