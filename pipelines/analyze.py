@@ -38,7 +38,7 @@ from pipelines.job import (
 from pipelines.job_config import JobConfig, RunSummary, config_from_options, crash_point, refuse_streaming
 from schemas import encode_record
 from transforms.analyzer.estimates import estimate_rows
-from transforms.analyzer.ledger_rows import Odometers, accounting_of, metric_of, with_cumulative_epsilon
+from transforms.analyzer.ledger_rows import Odometers, event_of, metric_of, with_cumulative_epsilon
 from transforms.analyzer.releases import DEAD, HELD, AssembleReleaseFn, DecodeReleaseFn, OpenBatchFn, OpenedRelease
 from transforms.io.kafka.bounded import produce_records
 from transforms.io.sinks import StageAvroRecords
@@ -121,7 +121,7 @@ def write_release(config: JobConfig, ledger: ReleaseLedger, opened: OpenedReleas
     entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
                          n_messages=int(rows[0]["n_reports"]) if rows else 0, batches=0,
                          source_ends=dict(opened.source_ends), run_key=run_key, sealed_at_ms=int(time.time() * 1000),
-                         extra={"accounting": accounting_of(spec, rows)})
+                         event=event_of(spec, rows))
     known = {} if known is None else known
     if spec.metric not in known:
         known[spec.metric] = {e.key: e for e in ledger.entries() if metric_of(e) == spec.metric}
