@@ -29,7 +29,7 @@ import numpy as np
 from transforms.mechanisms.registry import build_mechanism
 from transforms.planning.search import EPS_LOCAL_CAP, FeasibilityOracle, largest_feasible_eps
 from transforms.privacy._checks import check_delta, check_epsilon, check_int
-from transforms.privacy.events import central_epsilon, window_event
+from transforms.privacy.events import NeighbouringRelation, central_epsilon, window_event
 from transforms.privacy.mixture import alpha_binary_rr, olh_buckets
 from transforms.privacy.odometer import WindowRelease
 from transforms.privacy.shuffle_bound import epsilon_central as tight_epsilon_central
@@ -128,6 +128,7 @@ class HistogramPlan:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["kind"] = "histogram"
+        out["notion"] = NeighbouringRelation.REPLACEMENT.value  # every eps_central of the plan
         out["options"] = [asdict(o) for o in self.options]
         out["notes"] = list(self.notes)
         return out
