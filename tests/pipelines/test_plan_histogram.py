@@ -11,6 +11,7 @@ import pytest
 
 from pipelines.cli import main
 from transforms.planning.histogram import histogram_mechanism, plan_histogram
+from transforms.privacy.events import central_epsilon, window_event
 from transforms.privacy.mixture import alpha_grr, alpha_oue
 from transforms.privacy.shuffle_bound import epsilon_central
 
@@ -25,17 +26,38 @@ def grr_stderr(eps: float, d: int, n: int) -> float:
 
 
 def test_central_target_is_met_and_maximal() -> None:
+    """The plan's local epsilon meets the target in the bound the rows publish (the smallest valid one:
+    ``events.central_epsilon``) and is the largest that does; the generic clone pair alone would miss it."""
     plan = plan_histogram(D, N, DELTA, epsilon_central=0.8, mechanisms=("grr", "oue"))
     grr, oue = plan.options
     for option, alpha in ((grr, alpha_grr(grr.eps_local, D)), (oue, alpha_oue(oue.eps_local))):
         assert option.alpha == pytest.approx(alpha, rel=1e-12)
-        assert epsilon_central(N, alpha, option.eps_local, DELTA) <= 0.8 * (1 + 1e-9)
-        bigger = option.eps_local * 1.001
-        bigger_alpha = alpha_grr(bigger, D) if option.mechanism == "grr" else alpha_oue(bigger)
-        assert epsilon_central(N, bigger_alpha, bigger, DELTA) > 0.8
+        assert option.eps_central == _published(option.mechanism, option.eps_local) <= 0.8 * (1 + 1e-9)
+        assert _published(option.mechanism, option.eps_local * 1.001) > 0.8
+        assert epsilon_central(N, alpha, option.eps_local, DELTA) > 0.8  # the generic pair alone: over target
     assert grr.stderr == pytest.approx(grr_stderr(grr.eps_local, D, N), rel=1e-12)
     # at d = 8 GRR beats OUE at the same central budget (small domain): it is recommended
     assert grr.stderr < oue.stderr and plan.recommended == "grr"
+
+
+def _published(name: str, eps: float) -> float:
+    return central_epsilon(window_event(histogram_mechanism(name, D, eps), N, DELTA)).epsilon
+
+
+@pytest.mark.parametrize(("mechanism", "d"), [("grr", 8), ("olh", 64)])
+def test_esa_plan_agrees_with_esa_privacy(capsys: pytest.CaptureFixture, mechanism: str, d: int) -> None:
+    """``esa plan`` plans with the bound ``esa privacy`` prints at the planned setting (the blanket pair where
+    the randomizer declares a decomposition): same eps_central, within the target, blanket-bound."""
+    setting = ["--n", "1000", "--delta", "1e-6", "--json"]
+    assert main(["plan", "--kind", "histogram", "--d", str(d), "--epsilon-central", "0.3", "--mechanism",
+                 mechanism, *setting]) == 0
+    (option,) = json.loads(capsys.readouterr().out)["options"]
+    assert main(["privacy", "--mechanism", mechanism, "--domain", str(d), "--epsilon", repr(option["eps_local"]),
+                 *setting]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["eps_central"] == option["eps_central"] <= 0.3 * (1 + 1e-9)
+    assert report["eps_central_bound"] == "blanket pair" and report["eps_central_generic"] > 0.3
+    assert option["eps_local"] > 2.0  # the generic pair would plan below 2 (0.397 at eps_local 2)
 
 
 def test_stderr_target_gives_the_smallest_epsilon() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 from transforms.analyzer.ledger_rows import cumulative_for_spec
+from transforms.privacy.event_json import from_account
+from transforms.privacy.events import WindowEvent
 from transforms.spec import spec_from_dict
 
 SPEC = spec_from_dict({
@@ -13,10 +15,11 @@ SPEC = spec_from_dict({
 }, source="test")
 
 
-def _own(eps_central: float | None) -> dict:
-    return {"mechanism": "mm_hadamard", "own_accountant": True, "mixture_alpha": None, "eps_local": None,
-            "n_clients": 4000, "eps_central": eps_central, "delta": 1e-6, "crowd_epsilon": 1.0,
-            "crowd_delta": 1e-6}
+def _own(eps_central: float | None, mechanism: str = "mm_hadamard") -> WindowEvent:
+    """A window composed by its own (eps, delta), as a ledger written before typed events stored it."""
+    return from_account({"mechanism": mechanism, "own_accountant": True, "mixture_alpha": None, "eps_local": None,
+                         "n_clients": 4000, "eps_central": eps_central, "delta": 1e-6, "crowd_epsilon": 1.0,
+                         "crowd_delta": 1e-6})
 
 
 def test_an_infinite_window_makes_the_total_infinite() -> None:
@@ -33,7 +36,7 @@ def test_a_large_window_epsilon_composes_on_the_odometers_coarsest_grid() -> Non
     from transforms.analyzer.ledger_rows import composition_interval
     from transforms.privacy.odometer import MAX_INTERVAL
 
-    window = {**_own(16.0), "mechanism": "rappor"}
+    window = _own(16.0, "rappor")
     assert composition_interval([window]) == MAX_INTERVAL == 0.01
     one = cumulative_for_spec(SPEC, [window], 1e-5)
     # Read at delta 1e-5 > the window's 1e-6, a (16, 1e-6) window's loss is 16 + ln(1 - 9e-6) ~ 16 - 9e-6.

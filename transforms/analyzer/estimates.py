@@ -27,8 +27,8 @@ from schemas import SCHEMA_VERSION
 from transforms.analyzer.readout import readout, readout_parameters
 from transforms.mechanisms.base import Accumulator, Mechanism, replacement_local_epsilon
 from transforms.mechanisms.frequency.blanket import require_blanket
+from transforms.privacy import events
 from transforms.privacy.blanket import epsilon_against_colluders
-from transforms.privacy.blanket_shuffle import best_epsilon
 from transforms.spec import AnalysisSpec
 
 
@@ -52,31 +52,11 @@ def central_epsilon(mechanism: Mechanism, n: int, delta: float, reports_per_clie
 
 def central_epsilon_bound(mechanism: Mechanism, n: int, delta: float, reports_per_client: int = 1
                           ) -> tuple[float, str]:
-    """(central epsilon of n shuffled clients at total ``delta``, the bound that gave it): docs/mathematics.md
-    §1.2; no amplification below 2 clients.
-
-    A mechanism with its own accounting (fragmenting, multi-message protocols) provides
-    ``epsilon_central(n, delta)``. Otherwise the smaller of the generic clone pair and, where the randomizer
-    declares a blanket decomposition, the blanket pair (``privacy.blanket_shuffle.best_epsilon``). With up to
-    k reports per client, a neighbouring dataset changes k reports: the single-report bound is computed at
-    delta' = delta / sum_{i<k} e^{i eps_local} and chained over k (§1.4), which keeps the total delta within
-    ``delta`` because the per-report central epsilon never exceeds eps_local.
-    """
-    k = reports_per_client
-    eps_local = float(mechanism.epsilon_local)
-    if n < 2:
-        return k * eps_local, "local (no shuffling)"
-    if mechanism.accounts_central and k == 1:
-        return float(mechanism.epsilon_central(n, delta)), "mechanism's own accountant"
-    dec = mechanism.blanket_decomposition()  # type: ignore[attr-defined]
-    if k == 1:
-        return best_epsilon(n, mechanism.mixture_alpha, eps_local, delta, dec)
-    spread = math.expm1(k * eps_local) / math.expm1(eps_local) if k * eps_local < 700 else math.inf
-    delta_per_report = delta / spread  # sum_{i<k} e^{i eps_local} >= sum_{i<k} e^{i eps_c}
-    if delta_per_report < 1e-300:
-        return k * eps_local, "local (no shuffling)"  # nothing certifiable: the plain composition
-    eps, bound = best_epsilon(n, mechanism.mixture_alpha, eps_local, delta_per_report, dec)
-    return k * eps, f"{bound}, chained over {k} reports"
+    """(central epsilon of n shuffled clients at total ``delta``, the bound that gave it): the one computation
+    of ``transforms.privacy.events.central_epsilon`` on the window's event (docs/mathematics.md §1.2, §1.4:
+    the mechanism's own accountant, else the smallest valid shuffle bound, chained over k reports)."""
+    result = events.central_epsilon(events.window_event(mechanism, n, delta, reports_per_client))
+    return result.epsilon, result.bound
 
 
 def estimate_rows(spec: AnalysisSpec, crowd_id: str | None, accumulator: CrowdAccumulator, window_start_ms: int,

@@ -8,42 +8,36 @@ actually released, plus the crowd count where the spec's neighbouring notion mak
 does not change between neighbours and is not charged). Windows are composed by privacy loss distributions
 (``transforms.privacy.odometer``); under a claim, windows the shuffler withheld are charged their count too
 (counted from the window grid between the population's first release and this one, since the analyzer never
-receives them). The accounting parameters of every release are kept in its ledger entry, so the total is
-rebuilt from the ledger after a restart; within a run it is carried forward incrementally.
+receives them). Every release's typed privacy event (``transforms.privacy.events``) is kept in its ledger
+entry, so the total is rebuilt from the ledger after a restart; within a run it is carried forward incrementally.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
 from typing import Any
 
+from transforms.privacy.events import NeighbouringRelation, WindowEvent, window_event
 from transforms.privacy.odometer import PrivacyOdometer, WindowRelease, interval_for
 from transforms.spec import AnalysisSpec
 
 
-def accounting_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the odometer needs of one window's release (JSON-safe, stored in the analyst's ledger)."""
-    mechanism = spec.randomizer
+def event_of(spec: AnalysisSpec, rows: list[dict[str, Any]]) -> WindowEvent:
+    """The privacy event of one window's release (stored in the analyst's ledger): built from the spec's
+    mechanism as the rows' ``eps_central`` was (``events.window_event``), with the rows' figure and bound, which
+    ``events.central_epsilon`` computed (``estimates.central_epsilon_bound``): nothing is computed twice."""
     n = int(rows[0]["n_clients"]) if rows else 0
-    # Unary encodings (rappor, rappor_fragments) are two changed channels of a binary randomizer each: their
-    # exact pair, not their (eps, delta) ledger, so their delta does not pile up window after window.
-    channels = 2 if mechanism.epsilon_replacement is not None else 1
-    own = (mechanism.accounts_central and channels == 1) \
-        or spec.max_reports_per_client > 1 or not math.isfinite(float(mechanism.epsilon_local))
+    eps = float(rows[0]["eps_central"]) if rows else None
     design = spec.crowd.count_design(spec.window_seconds)
-    dec = None if own or channels != 1 else mechanism.blanket_decomposition()
-    return {"mechanism": mechanism.name, "own_accountant": bool(own), "metric": spec.metric,
-            "mixture_alpha": None if own else float(mechanism.mixture_alpha),
-            "eps_local": None if own else float(mechanism.epsilon_local), "n_clients": n,
-            "eps_central": float(rows[0]["eps_central"]) if rows else None, "delta": float(spec.delta),
-            "notion": spec.crowd.notion, "count_charges": spec.crowd.charges,
-            "count_sigma": None if design is None else design[0],
-            "count_threshold": None if design is None else design[1],
-            "window_seconds": spec.window_seconds, "channels": channels,
-            "blanket": None if dec is None else list(dec.as_tuple()),
-            "eps_central_bound": _bound_of(rows)}
+    event = window_event(spec.randomizer, n, float(spec.delta), spec.max_reports_per_client,
+                         NeighbouringRelation(spec.crowd.notion), own_epsilon=eps, metric=spec.metric,
+                         window_seconds=spec.window_seconds, count_charges=spec.crowd.charges,
+                         count_sigma=None if design is None else design[0],
+                         count_threshold=None if design is None else design[1])
+    return dataclasses.replace(event, eps_central=eps, bound=_bound_of(rows))
 
 
 def _bound_of(rows: list[dict[str, Any]]) -> str | None:
@@ -54,24 +48,8 @@ def _bound_of(rows: list[dict[str, Any]]) -> str | None:
 
 def metric_of(entry: Any) -> str:
     """The metric of a ledger entry (entries written before the metric was stored: the spec's name)."""
-    account = entry.extra.get("accounting") or {}
-    return str(account.get("metric") or entry.key.spec_id.split("@", 1)[0])
-
-
-def window_release(account: dict[str, Any], charge_legacy_count: bool = False) -> WindowRelease:
-    """One ledger account -> the odometer's ``WindowRelease`` (shuffle parameters, or (eps, delta) for
-    mechanisms that carry their own accountant), its crowd count charged as the account says. An account
-    from before the yearly count design carries a per-window Laplace count, charged only under a claim."""
-    crowd: tuple[Any, Any] = (None, None)
-    if "count_charges" not in account and charge_legacy_count and account.get("crowd_epsilon") is not None:
-        crowd = (account["crowd_epsilon"], account["crowd_delta"])
-    count = {"count_sigma": account.get("count_sigma"), "count_threshold": account.get("count_threshold"),
-             "count_charges": int(account.get("count_charges") or 0)}
-    if account.get("own_accountant"):
-        return WindowRelease(None, None, account["n_clients"], *crowd, float(account["eps_central"]),
-                             float(account["delta"]), **count)
-    return WindowRelease(account["mixture_alpha"], account["eps_local"], account["n_clients"], *crowd, **count,
-                         channels=int(account.get("channels") or 1), blanket=account.get("blanket"))
+    metric = entry.event.metric if entry.event is not None else None
+    return str(metric or entry.key.spec_id.split("@", 1)[0])
 
 
 def withheld_release(spec: AnalysisSpec) -> WindowRelease | None:
@@ -92,16 +70,12 @@ def withheld_windows(spec: AnalysisSpec, ends: list[int], upto_window_end_ms: in
     return max(0, int(slots) - len(ends))
 
 
-def composition_interval(accounts: list[dict[str, Any]]) -> float:
+def composition_interval(events: list[WindowEvent]) -> float:
     """The population's PLD grid (``odometer.interval_for`` of its largest per-window loss scale)."""
-    scale = max([float(a.get("crowd_epsilon") or 0.0) for a in accounts if "count_charges" not in a]
-                + [float(a.get("eps_central") or 0.0) for a in accounts if a.get("eps_central") is not None]
+    scale = max([float(e.legacy_count[0]) for e in events if e.count_charges is None and e.legacy_count]
+                + [float(e.eps_central) for e in events if e.eps_central is not None]
                 + [0.0])
     return interval_for(scale)
-
-
-def _finite(value: Any) -> bool:
-    return value is not None and math.isfinite(float(value))
 
 
 class Odometers:
@@ -121,13 +95,13 @@ class Odometers:
         """Rows with ``eps_central_cumulative``, ``windows_composed``, ``delta_cumulative``, ``notion`` and
         ``eps_count_cumulative`` (the count's part alone; None where the count is not charged)."""
         releases = sorted((e for e in population if e.key.window_end_ms <= upto_window_end_ms
-                           and "accounting" in e.extra), key=lambda e: (e.key.window_end_ms, e.key.spec_id))
-        accounts = [e.extra["accounting"] for e in releases]
+                           and e.event is not None), key=lambda e: (e.key.window_end_ms, e.key.spec_id))
+        accounts = [e.event for e in releases]
         extra = {"notion": spec.crowd.notion, "eps_count_cumulative": None}
         if not accounts:
             return [{**row, "eps_central_cumulative": None, "windows_composed": 0,
                      "delta_cumulative": float(spec.delta), **extra} for row in rows]
-        if any(a.get("own_accountant") and not _finite(a.get("eps_central")) for a in accounts):
+        if not all(a.finite for a in accounts):
             # A window without a finite guarantee (e.g. a multi-message crowd far below its calibrated size)
             # leaves the composition unbounded too; the odometer says so instead of failing the release.
             return [{**row, "eps_central_cumulative": math.inf, "windows_composed": len(accounts),
@@ -159,7 +133,7 @@ class Odometers:
             odometer, held_withheld = PrivacyOdometer(float(spec.delta), interval), 0
             new = releases
         for entry in new:
-            odometer.record(window_release(entry.extra["accounting"], charge_legacy))
+            odometer.record(entry.event.to_release(charge_legacy))
         for _ in range(withheld - held_withheld):
             odometer.record(count_only)
         self._state[state_key] = (odometer, keys, withheld)
@@ -172,11 +146,11 @@ def with_cumulative_epsilon(spec: AnalysisSpec, rows: list[dict[str, Any]], popu
     return (odometers or Odometers()).rows(spec, rows, population, upto_window_end_ms)
 
 
-def cumulative_for_spec(spec: AnalysisSpec, accounts: list[dict[str, Any]], delta: float) -> float | None:
-    """The cumulative epsilon of ``accounts`` at ``delta`` (plus their infinite-loss mass); None if empty."""
-    if not accounts:
+def cumulative_for_spec(spec: AnalysisSpec, events: list[WindowEvent], delta: float) -> float | None:
+    """The cumulative epsilon of ``events`` at ``delta`` (plus their infinite-loss mass); None if empty."""
+    if not events:
         return None
-    if any(a.get("own_accountant") and not _finite(a.get("eps_central")) for a in accounts):
+    if not all(e.finite for e in events):
         return math.inf
-    odometer = PrivacyOdometer(delta, composition_interval(accounts))
-    return odometer.extend([window_release(a, spec.crowd.charges > 0) for a in accounts])
+    odometer = PrivacyOdometer(delta, composition_interval(events))
+    return odometer.extend([e.to_release(spec.crowd.charges > 0) for e in events])

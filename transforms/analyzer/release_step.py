@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import encode_record
-from transforms.analyzer.ledger_rows import Odometers, accounting_of, metric_of, with_cumulative_epsilon
+from transforms.analyzer.ledger_rows import Odometers, event_of, metric_of, with_cumulative_epsilon
 from transforms.analyzer.releases import OpenedRelease
 from transforms.io.kafka.writer import KafkaTarget, write_records
 from transforms.runtime.faults import crash_point
@@ -74,7 +74,7 @@ def write_release(target: EstimatesTarget, spec: AnalysisSpec, ledger: ReleaseLe
     entry = ReleaseEntry(key=key, release_id=opened.release_id, digest=opened.release_id, n_sets=opened.n_sets,
                          n_messages=int(rows[0]["n_reports"]) if rows else 0, batches=0,
                          source_ends=dict(opened.source_ends), run_key=run_key, sealed_at_ms=int(time.time() * 1000),
-                         extra={"accounting": accounting_of(spec, rows)})
+                         event=event_of(spec, rows))
     known = {} if known is None else known
     if spec.metric not in known:
         known[spec.metric] = {e.key: e for e in ledger.entries() if metric_of(e) == spec.metric}

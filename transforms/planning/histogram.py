@@ -5,9 +5,10 @@ the attribute-fragmented ``rappor`` of *Encode, Shuffle, Analyze* (Erlingsson et
 
 * **central target** (``epsilon_central``): the largest local epsilon whose central epsilon over n shuffled
   clients meets (eps_c, delta), by the verified bisection of ``plan_search``. The central epsilon is the
-  one the analyzer's ledger reports (``transforms.analyzer.estimates.central_epsilon``): the tight bound of
-  ``shuffle_bound`` with the mechanism's ``mixture_alpha``, or the mechanism's own accountant (RAPPOR:
-  two channels change under replacement).
+  one the analyzer's ledger reports and ``esa privacy`` prints (``transforms.privacy.events.central_epsilon``):
+  the smallest valid shuffle bound (the blanket pair where the randomizer declares a decomposition, else the
+  generic clone pair at its ``mixture_alpha``), or the mechanism's own accountant (RAPPOR: two channels
+  change under replacement).
 * **target stderr** (``target_stderr``): the smallest local epsilon whose per-item standard error meets the
   target, and the central epsilon that costs.
 
@@ -28,6 +29,7 @@ import numpy as np
 from transforms.mechanisms.registry import build_mechanism
 from transforms.planning.search import EPS_LOCAL_CAP, FeasibilityOracle, largest_feasible_eps
 from transforms.privacy._checks import check_delta, check_epsilon, check_int
+from transforms.privacy.events import NeighbouringRelation, central_epsilon, window_event
 from transforms.privacy.mixture import alpha_binary_rr, olh_buckets
 from transforms.privacy.odometer import WindowRelease
 from transforms.privacy.shuffle_bound import epsilon_central as tight_epsilon_central
@@ -54,10 +56,10 @@ def histogram_mechanism(name: str, d: int, eps: float) -> Any:
 
 
 def _central(mech: Any, n: int, delta: float) -> float:
-    """The analyzer's ledger value for one report per client (``transforms.analyzer.estimates.central_epsilon``)."""
-    if mech.accounts_central:
-        return float(mech.epsilon_central(n, delta))
-    return float(tight_epsilon_central(n, mech.mixture_alpha, float(mech.epsilon_local), delta))
+    """The analyzer's ledger value for one report per client: ``events.central_epsilon`` of the window's event,
+    the one computation behind the rows and ``esa privacy`` (the mechanism's own accountant, else the smallest
+    valid shuffle bound: the blanket pair where the randomizer declares a decomposition)."""
+    return central_epsilon(window_event(mech, n, delta)).epsilon
 
 
 def _stderr(mech: Any, n: int, d: int) -> float:
@@ -79,13 +81,15 @@ class HistogramOption:
     parameters: dict[str, Any]
     feasible: bool
     note: str = ""
+    blanket: tuple[float, float, float, float, float] | None = None  # the randomizer's blanket decomposition
 
     def window_release(self, n: int, delta_window: float) -> WindowRelease:
-        """This plan's window for the composition over windows (``plan_windows``): the tight shuffle PLD for
-        a single report, the per-window (eps_c, delta) guarantee for RAPPOR's two channels."""
+        """This plan's window for the composition over windows (``plan_windows``): the shuffle PLD for a single
+        report (the blanket pair's where the randomizer declares one, as the analyzer's odometer composes it),
+        the per-window (eps_c, delta) guarantee for RAPPOR's two channels."""
         if self.mechanism == "rappor":
             return WindowRelease.approximate(self.eps_central, delta_window, n)
-        return WindowRelease(self.alpha, self.eps_local, n)
+        return WindowRelease(self.alpha, self.eps_local, n, blanket=self.blanket)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class HistogramPlan:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["kind"] = "histogram"
+        out["notion"] = NeighbouringRelation.REPLACEMENT.value  # every eps_central of the plan
         out["options"] = [asdict(o) for o in self.options]
         out["notes"] = list(self.notes)
         return out
@@ -131,11 +136,12 @@ class HistogramPlan:
 
 def _option(name: str, d: int, n: int, delta: float, eps: float, feasible: bool, note: str = "") -> HistogramOption:
     mech = histogram_mechanism(name, d, eps)
+    dec = None if mech.accounts_central else mech.blanket_decomposition()
     return HistogramOption(
         mechanism=name, eps_local=eps, eps_central=_central(mech, n, delta), alpha=float(mech.mixture_alpha),
         stderr=_stderr(mech, n, d), message_bits=int(mech.message_bits),
         messages_per_client=float(mech.expected_messages or 1.0), parameters=dict(mech.parameters()),
-        feasible=feasible, note=note)
+        feasible=feasible, note=note, blanket=None if dec is None else dec.as_tuple())
 
 
 def _rappor_eps(d: int, n: int, target: float, delta: float) -> float:
@@ -165,8 +171,11 @@ def _for_central(name: str, d: int, n: int, target: float, delta: float) -> Hist
         eps = _rappor_eps(d, n, target, delta)
     else:
         oracle = FeasibilityOracle(n, target, delta)
-        search = largest_feasible_eps(lambda eps: oracle(histogram_mechanism(name, d, eps).mixture_alpha, eps),
-                                      target, rel_tol=REL_TOL)
+        def feasible(eps: float) -> bool:
+            mech = histogram_mechanism(name, d, eps)
+            return oracle(mech.mixture_alpha, eps, mech.blanket_decomposition())
+
+        search = largest_feasible_eps(feasible, target, rel_tol=REL_TOL)
         eps = search.eps
         note = f"local epsilon capped at {EPS_LOCAL_CAP:g}" if search.capped else ""
     return _option(name, d, n, delta, eps, True, note)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from transforms.privacy.blanket_shuffle import CLASSES_MAX_N, BlanketDecomposition, BlanketShuffleDivergence
 from transforms.privacy.shuffle_bound import FAST_WINDOW_SDS, ShuffleDivergence
 
 __all__ = ["EPS_LOCAL_CAP", "FeasibilityOracle", "Search", "largest_feasible_eps", "minimise_int"]
@@ -35,12 +36,22 @@ class FeasibilityOracle:
         self.n, self.target, self.delta = n, target, delta
         self.evaluations = 0
 
-    def __call__(self, alpha: float, eps_local: float) -> bool:
+    def __call__(self, alpha: float, eps_local: float, decomposition: BlanketDecomposition | None = None) -> bool:
+        """Feasible when ANY valid bound meets the target: the generic clone pair at ``alpha``, or, where the
+        randomizer declares a blanket ``decomposition``, the blanket pair (its cover, or every one of its pair
+        classes where ``best_epsilon`` uses them): the bounds ``events.central_epsilon`` publishes the smallest of."""
         if eps_local <= self.target:  # D_{e^c} = 0 once c >= eps_local: shuffling never hurts
             return True
         self.evaluations += 1
         divergence = ShuffleDivergence(self.n, alpha, eps_local, window_sds=FAST_WINDOW_SDS)
-        return divergence(self.target) <= self.delta
+        if divergence(self.target) <= self.delta:
+            return True
+        if decomposition is None:
+            return False
+        if BlanketShuffleDivergence(self.n, decomposition)(self.target) <= self.delta:
+            return True
+        return bool(decomposition.classes) and self.n <= CLASSES_MAX_N and all(
+            BlanketShuffleDivergence(self.n, part)(self.target) <= self.delta for part in decomposition.classes)
 
 
 @dataclass(frozen=True)

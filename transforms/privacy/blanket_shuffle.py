@@ -255,16 +255,22 @@ CLASSES_MAX_N = 60_000  # above this the pair classes are not evaluated (each co
 
 
 def best_epsilon(n: int, alpha: float, eps_local: float, delta: float,
-                 dec: BlanketDecomposition | None = None) -> tuple[float, str]:
+                 dec: BlanketDecomposition | None = None, *, bounds: dict[str, float] | None = None
+                 ) -> tuple[float, str]:
     """(the smallest valid central ε, the bound that gave it): the generic clone pair always, the blanket pair
     where the mechanism declares a decomposition (its pair classes too, up to ``CLASSES_MAX_N``: the largest
-    over the classes). All are guarantees for the same pairs; the smallest holds."""
+    over the classes). All are guarantees for the same pairs; the smallest holds. ``bounds``, if given, gets
+    each bound's ε by name. The published figure goes through ``events.central_epsilon``, which calls this."""
     generic = epsilon_central(n, alpha, eps_local, delta)
+    if bounds is not None:
+        bounds[BOUND_GENERIC] = generic
     if dec is None:
         return generic, BOUND_GENERIC
     blanket = epsilon_blanket_shuffle(n, dec, eps_local, delta)
     if dec.classes and n <= CLASSES_MAX_N:
         blanket = min(blanket, max(epsilon_blanket_shuffle(n, c, eps_local, delta) for c in dec.classes))
+    if bounds is not None:
+        bounds[BOUND_BLANKET] = blanket
     return (blanket, BOUND_BLANKET) if blanket < generic else (generic, BOUND_GENERIC)
 
 

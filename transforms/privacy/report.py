@@ -21,7 +21,6 @@ from .blanket_shuffle import (
     BlanketDecomposition,
     blanket_grr,
     blanket_oue,
-    epsilon_blanket_shuffle,
 )
 from .closed_forms import (
     ClosedForm,
@@ -30,9 +29,10 @@ from .closed_forms import (
     fmt21_clones,
     lemma_ii5,
 )
+from .events import NeighbouringRelation, WindowEvent, central_epsilon
 from .fragment_report import FRAGMENTED_PRIVACY_MECHANISMS, format_fragmented_report, fragmented_privacy_report
 from .mixture import alpha_generic, alpha_grr, alpha_olh, alpha_oue, olh_buckets
-from .shuffle_bound import certified_alpha, epsilon_central
+from .shuffle_bound import certified_alpha
 
 PRIVACY_MECHANISMS: tuple[str, ...] = ("grr", "oue", "olh", "generic")  # single-message: ``privacy_report``
 ALL_PRIVACY_MECHANISMS: tuple[str, ...] = PRIVACY_MECHANISMS + FRAGMENTED_PRIVACY_MECHANISMS
@@ -76,9 +76,10 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
                    decomposition: BlanketDecomposition | None = None) -> dict[str, Any]:
     """Central (eps_c, delta) of n shuffled reports of ``mechanism`` (replacement DP on both sides).
 
-    ``eps_central`` is the smaller of the generic clone pair of ``shuffle_bound`` (evaluated at
-    ``alpha_certified``; the mechanism's ``alpha`` is reported for reference) and the blanket pair of
-    ``blanket_shuffle`` where the mechanism has a blanket ``decomposition`` (its ``blanket_decomposition()``;
+    ``eps_central`` is ``events.central_epsilon`` of the window's event (the function the analyzer's rows call):
+    the smaller of the generic clone pair of ``shuffle_bound`` (evaluated at ``alpha_certified``; the
+    mechanism's ``alpha`` is reported for reference) and the blanket pair of ``blanket_shuffle`` (its pair
+    classes included) where the mechanism has a blanket ``decomposition`` (its ``blanket_decomposition()``;
     None: the formula of k-RR or OUE, which need nothing but (d, eps); OLH's needs its hash family, so the
     caller passes it); ``eps_central_bound`` names the bound used. ``closed_forms`` maps each closed form to
     ``{"epsilon": float | None, "reason": str | None}`` for comparison.
@@ -94,9 +95,10 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
     alpha, rule = mechanism_alpha(mechanism, domain, epsilon)
     if decomposition is None and mechanism in ("grr", "oue"):
         decomposition = blanket_grr(epsilon, domain) if mechanism == "grr" else blanket_oue(epsilon)
-    generic = epsilon_central(n, alpha, epsilon, delta)
-    blanket = None if decomposition is None else epsilon_blanket_shuffle(n, decomposition, epsilon, delta)
-    best, bound = (blanket, BOUND_BLANKET) if blanket is not None and blanket < generic else (generic, BOUND_GENERIC)
+    result = central_epsilon(WindowEvent(mechanism, NeighbouringRelation.REPLACEMENT, n, delta, epsilon, alpha,
+                                         decomposition))
+    best, bound = result.epsilon, result.bound
+    generic, blanket = result.candidate(BOUND_GENERIC), result.candidate(BOUND_BLANKET)
     return {
         "mechanism": mechanism,
         "domain": domain,
@@ -108,7 +110,7 @@ def privacy_report(mechanism: str, domain: int, epsilon: float, n: int, delta: f
         "alpha_certified": certified_alpha(alpha, epsilon),
         "eps_central": best,
         "eps_central_bound": bound,
-        "eps_central_notion": "replacement",
+        "eps_central_notion": NeighbouringRelation.REPLACEMENT.value,
         "eps_central_generic": generic,
         "eps_central_blanket": blanket,
         "blanket": None if decomposition is None else {"decomposition": list(decomposition.as_tuple()),

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transforms.state.files import StateError, atomic_write_json, create_exclusive, ensure_dir, parse_json, read_json
 
@@ -43,6 +43,10 @@ _STEM_CHARS = 48
 LOCK_NAME = ".seal.lock"  # hidden: listings skip dot-files
 WITHHELD_DIR = "withheld"
 BATCH_FORMAT, BATCH_VERSION = "esa-ledger-withheld", 1
+LEGACY_ACCOUNT = "accounting"  # where ledgers written before typed events kept a release's accounting dict
+
+if TYPE_CHECKING:
+    from transforms.privacy.events import WindowEvent
 
 
 def _safe_part(text: str) -> str:
@@ -95,7 +99,10 @@ class ReleaseKey:
 class ReleaseEntry:
     """What was released for a key. ``source_ends`` maps "topic/partition" to the end offset (exclusive) of the
     read that sealed it: records of this window below it belong to this release, records at or above it are
-    late for it. ``digest`` identifies the released content, so a rerun can check it would release the same."""
+    late for it. ``digest`` identifies the released content, so a rerun can check it would release the same.
+    ``event``: the release's privacy cost (``transforms.privacy.events.WindowEvent``; None: withheld, or a
+    release of no population). An entry written before events kept a plain dict under ``extra["accounting"]``:
+    it is read as the event it described (``event_json.from_account``) and written back as one."""
 
     key: ReleaseKey
     release_id: str
@@ -109,6 +116,7 @@ class ReleaseEntry:
     status: str = SEALED
     extra: dict[str, Any] = field(default_factory=dict)
     published_at_ms: int | None = None
+    event: WindowEvent | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -131,12 +139,27 @@ class ReleaseEntry:
         # Built by hand: dataclasses.asdict deep-copies recursively, a third of sealing 20,000 windows.
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(key=self.key.to_json(), source_ends=dict(self.source_ends), extra=json.loads(json.dumps(self.extra)))
+        if self.event is None:
+            del out["event"]  # withheld entries: the form every ledger version reads
+        else:
+            from transforms.privacy.event_json import to_json  # numpy/scipy: only where a release has an event
+
+            out["event"] = to_json(self.event)
         return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ReleaseEntry:
         fields = dict(obj)
         fields["key"] = ReleaseKey.from_json(fields["key"])
+        event, extra = fields.get("event"), fields.get("extra")
+        if event is not None or (isinstance(extra, dict) and LEGACY_ACCOUNT in extra):
+            from transforms.privacy import event_json
+
+            if event is not None:
+                fields["event"] = event_json.from_json(event)
+            else:  # written before typed events: migrated on read
+                fields["extra"] = {k: v for k, v in extra.items() if k != LEGACY_ACCOUNT}
+                fields["event"] = event_json.from_account(extra[LEGACY_ACCOUNT])
         return cls(**fields)
 
 
