@@ -1,7 +1,9 @@
 """A fixed sequence of analyzer releases on a real ledger, written so that it runs on the esa of any round:
 ``write.py`` ran it with the esa before typed privacy events (main at 3ec1088) to write ``ledger/`` and
 ``rows.json``; ``tests/state/test_ledger_events.py`` runs it again with today's esa. Uses only the interfaces
-both have: ``pipelines.analyze.write_release``, ``estimates.central_epsilon_bound``, ``ReleaseLedger``.
+both have: the analyzer's ``write_release`` (in ``pipelines.analyze`` with a ``JobConfig`` then, in
+``transforms.analyzer.release_step`` with a typed target now: ``_write`` calls whichever there is),
+``estimates.central_epsilon_bound``, ``ReleaseLedger``.
 
 Three populations: OLH (d = 64, eps 2, its blanket pair) under a partition claim (the count charged, one
 window withheld); k-RR with two reports per client (composed by its (eps, delta)); RAPPOR (two channels)."""
@@ -15,7 +17,6 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipelines.analyze import write_release
 from pipelines.job_config import JobConfig
 from schemas import SCHEMA_VERSION
 from transforms.analyzer.estimates import central_epsilon_bound
@@ -23,6 +24,18 @@ from transforms.analyzer.ledger_rows import Odometers
 from transforms.analyzer.releases import OpenedRelease
 from transforms.spec import DEFAULT_SPEC, CrowdSpec, load_spec
 from transforms.state.ledger import ReleaseLedger
+
+try:  # today: the release step takes the analyzer's typed target
+    from pipelines.targets import estimates_target
+    from transforms.analyzer.release_step import write_release
+
+    def _write(config: JobConfig, spec: Any, *args: Any) -> None:
+        write_release(estimates_target(config), spec, *args)
+except ImportError:  # the esa of 3ec1088, which wrote ledger/ and rows.json
+    from pipelines.analyze import write_release
+
+    def _write(config: JobConfig, spec: Any, *args: Any) -> None:
+        write_release(config, *args)
 
 DAY_MS = 86_400_000
 SPLIT = 5  # releases up to this index form the legacy ledger; the rest are released on top of it
@@ -62,7 +75,7 @@ def run(root: Path, steps: list[tuple[int, int, int, str | None]]) -> list[dict[
         end = (day + 1) * DAY_MS
         release_id = f"r{index}{crowd or ''}{day:05d}"
         opened = OpenedRelease(release_id, spec.spec_id, crowd, end, n, None, {"shuffled/0": day})
-        write_release(config, ledger, opened, [_row(spec, crowd, end, n)], "run", known, odometers)
+        _write(config, spec, ledger, opened, [_row(spec, crowd, end, n)], "run", known, odometers)
         path = config.out_dir / "estimates" / f"spec={spec.name}" / f"window_end_ms={end}"
         out.append(pq.read_table(path / f"part-{release_id}.parquet").to_pylist()[0])
     return out
