@@ -66,11 +66,11 @@ class ReleaseInStateFn(beam.DoFn):
             count.write((count.read() or 0) + count_of(value))
         decision: Decision | None = decided.read()
         have = count.read() or 0
-        if decision is None or have < decision.n_sets:
+        if decision is None or have < decision.n_units:
             return
-        if have > decision.n_sets:
-            raise RuntimeError(f"sub-crowd {crowd_key}/{subkey} has {have} sets, its decision counted "
-                               f"{decision.n_sets}")
+        if have > decision.n_units:
+            raise RuntimeError(f"sub-crowd {crowd_key}/{subkey} has {have} units, its decision counted "
+                               f"{decision.n_units}")
         loaded = [load(v) for v in units.read()]
         done.write(True)
         units.clear()

@@ -96,11 +96,11 @@ def part_header(part: ReleasePart) -> PartHeader:
 
 
 class Decision(NamedTuple):
-    """A sub-crowd's threshold decision with what a join needs to know it has every set of the sub-crowd: how
-    many sets the decision counted, and how many sub-crowds (release parts) the crowd has."""
+    """A sub-crowd's threshold decision with what a join needs to know it has all of the sub-crowd: how many
+    units (a device's kept sets) the decision counted, and how many sub-crowds (release parts) the crowd has."""
 
-    deletions: int  # sets to delete, or WITHHELD
-    n_sets: int
+    deletions: int  # units to delete, or WITHHELD
+    n_units: int
     n_parts: int
 
 
@@ -118,8 +118,8 @@ class CrowdThresholdFn(beam.DoFn):
 
     def process(self, keyed: tuple[CrowdKey, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[CrowdKey, int], Any]]:
         crowd_key, parts = keyed
-        for key, deletions, n_sets, n_parts in self._decide(crowd_key, parts):
-            yield key, Decision(deletions, n_sets, n_parts) if self._counted else deletions
+        for key, deletions, n_units, n_parts in self._decide(crowd_key, parts):
+            yield key, Decision(deletions, n_units, n_parts) if self._counted else deletions
 
     def _decide(self, crowd_key: CrowdKey, parts: Iterable[tuple[int, int]]
                 ) -> Iterator[tuple[tuple[CrowdKey, int], int, int, int]]:
