@@ -93,6 +93,7 @@ class PipelineThread:
     """Runs a pipeline to its end on a thread, so the driver's release agent works meanwhile."""
     def __init__(self, build_fn: Callable[[beam.Pipeline], None], options: PipelineOptions | None):
         options = options or PipelineOptions([])
+        self._options = options
         runner = FnApiRunner() if local_runner_requested(options) else None
         self._pipeline = beam.Pipeline(runner=runner, options=options)
         build_fn(self._pipeline)
@@ -116,6 +117,15 @@ class PipelineThread:
 
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    def drain(self) -> None:
+        """On a Flink cluster, ask Flink to drain the job (``pipelines.flink_drain``): there, the end of the read
+        alone does not end the job. Other runners end it by themselves once the source finishes."""
+        from pipelines.flink_drain import drain, flink_rest
+
+        rest, job_id = flink_rest(self._options), getattr(self._result, "_job_id", None)
+        if rest is not None and job_id:
+            drain(rest, str(job_id))
 
     def cancel(self) -> None:
         """Cancel a submitted job (a cluster's; the local runner's thread ends with this process)."""
@@ -212,6 +222,7 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
                     metrics.set_status("stopping")
                 LOG.warning("stopping: the source finishes, every open window fires, then the agent drains")
                 write_staged(join(root, STOP_FILE), b"stop\n")
+                pipeline.drain()
             if time.monotonic() - last_metrics >= METRICS_SECONDS:
                 last_metrics = time.monotonic()
                 _observe(metrics, agent, config)

@@ -18,16 +18,15 @@ drain releases 980 and 961 -- partitions whose SDF element had not started do no
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from pipelines.flink_cluster import LocalFlinkCluster
 from tests.e2e.chain_harness import ledger_entries, topic_records
-from tests.flink.cluster import completed_checkpoints
 from tests.flink.stream_chain import (
     committed,
+    flink_jobs,
     reference,
     running_job,
     same_releases,
@@ -50,49 +49,6 @@ def bounded(broker, tmp_path_factory):
     return reference(broker.bootstrap, tmp_path_factory.mktemp("flink-stream"), N)
 
 
-def _jobs(cluster: LocalFlinkCluster) -> dict[str, str]:
-    return {j["jid"]: j["state"] for j in cluster.get("/jobs/overview")["jobs"]}
-
-
-def test_streaming_shuffler_on_the_cluster_releases_what_the_bounded_drain_releases(
-        bounded, flink_cluster: LocalFlinkCluster, flink_env: Path, harness_options: list[str], job_server,
-        tmp_path: Path) -> None:
-    chain, _ = bounded
-    stream = twin(chain, tmp_path / "stream")
-    reports = topic_records(chain.bootstrap, chain.reports)
-    expected_windows = len(ledger_entries(chain, "shuffle"))
-    log = tmp_path / "driver.log"
-    before = set(_jobs(flink_cluster))
-    proc = start(stream_argv(flink_env, stream, job_server.endpoint, flink_cluster, harness_options), log)
-    try:
-        job_id = running_job(flink_cluster, before, SUBMIT_S, proc, log)
-        running_at = time.monotonic()
-        # Offsets against checkpoints: the first commit comes after a completed checkpoint, never before.
-        wait(lambda: committed(stream) > 0, "a first committed offset", RUN_S, proc, log)
-        assert completed_checkpoints(flink_cluster, job_id) >= 1
-        # Bundle finalization on Flink streaming: the whole topic committed while the job runs.
-        wait(lambda: committed(stream) >= reports, "the whole topic committed", RUN_S, proc, log)
-        read_s = time.monotonic() - running_at
-        print(f"streaming shuffler on Flink: {reports:,} records committed {read_s:.1f} s after the job ran: "
-              f"{reports / read_s:,.0f} records/s (checkpoints every 2 s)")
-        # The windows fire from the watermark, with no stop: nothing is held by a side input.
-        wait(lambda: len(settled(stream)) == expected_windows, "every window released while running", RUN_S,
-             proc, log)
-        assert _jobs(flink_cluster)[job_id] == "RUNNING"
-        stop(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, log.read_text()[-4000:]
-    assert committed(stream) == reports  # a stop loses no committed offset
-    deadline = time.monotonic() + 120
-    while _jobs(flink_cluster)[job_id] != "FINISHED":  # the drain ends the job; it is not cancelled
-        assert time.monotonic() < deadline, _jobs(flink_cluster)[job_id]
-        time.sleep(1)
-    same_releases(stream, chain)
-
-
 def test_a_taskmanager_killed_mid_read_changes_no_release(
         bounded, flink_cluster: LocalFlinkCluster, flink_env: Path, harness_options: list[str], job_server,
         tmp_path: Path) -> None:
@@ -100,7 +56,7 @@ def test_a_taskmanager_killed_mid_read_changes_no_release(
     stream = twin(chain, tmp_path / "tmkill")
     reports = topic_records(chain.bootstrap, chain.reports)
     log = tmp_path / "driver.log"
-    before = set(_jobs(flink_cluster))
+    before = set(flink_jobs(flink_cluster))
     proc = start(stream_argv(flink_env, stream, job_server.endpoint, flink_cluster, harness_options), log)
     victim = "taskmanager-2"
     try:
