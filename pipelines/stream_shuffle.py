@@ -93,7 +93,9 @@ class PipelineThread:
     """Runs a pipeline to its end on a thread, so the driver's release agent works meanwhile."""
     def __init__(self, build_fn: Callable[[beam.Pipeline], None], options: PipelineOptions | None):
         options = options or PipelineOptions([])
-        self._options = options
+        from pipelines.flink_drain import flink_rest
+
+        self._flink_rest = flink_rest(options)  # read before Beam's runner touches the options
         runner = FnApiRunner() if local_runner_requested(options) else None
         self._pipeline = beam.Pipeline(runner=runner, options=options)
         build_fn(self._pipeline)
@@ -121,11 +123,15 @@ class PipelineThread:
     def drain(self) -> None:
         """On a Flink cluster, ask Flink to drain the job (``pipelines.flink_drain``): there, the end of the read
         alone does not end the job. Other runners end it by themselves once the source finishes."""
-        from pipelines.flink_drain import drain, flink_rest
+        from pipelines.flink_drain import drain
 
-        rest, job_id = flink_rest(self._options), getattr(self._result, "_job_id", None)
-        if rest is not None and job_id:
-            drain(rest, str(job_id))
+        if self._flink_rest is None:
+            return
+        job_id = getattr(self._result, "_job_id", None) or getattr(self._result, "job_id", None)
+        if not job_id:
+            LOG.warning("no Beam job id to drain on %s (stop the job by hand: flink stop --drain)", self._flink_rest)
+            return
+        drain(self._flink_rest, str(job_id))
 
     def cancel(self) -> None:
         """Cancel a submitted job (a cluster's; the local runner's thread ends with this process)."""
