@@ -46,6 +46,7 @@ from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
 from pipelines.release_agent import ReleaseAgent, committed_total, progress
+from pipelines.runners import runner_name
 from pipelines.service import StopRequest
 from pipelines.shuffle_publish import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
@@ -86,7 +87,8 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
     _ = (pipeline | "ReadReports" >> source
          | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
                                             shuffler_prf_key(config), root, config.max_age_seconds,
-                                            config.crypto_threads, config.python_gc, keys_dir=str(config.keys)))
+                                            config.crypto_threads, config.python_gc, keys_dir=str(config.keys),
+                                            join_in_state=runner_name(pipeline.options) == "FlinkRunner"))
 
 
 class PipelineThread:

@@ -321,12 +321,14 @@ def letter_name(letter: dict[str, Any]) -> str:
 class StreamShuffle(beam.PTransform):
     """Batches of Kafka records (from the unbounded source) -> staged releases, markers and dead letters: the
     whole streaming shuffle after its source (see the module doc). ``times`` is ingress's event-time policy
-    (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location."""
+    (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location.
+    ``join_in_state``: the sub-crowds' and the markers' joins in keyed state (``release_join``; what the driver
+    asks for on Flink), else by pane (``CoGroupByKey``)."""
     def __init__(self, specs: Sequence[AnalysisSpec], registry: str, prior: PriorRuns, times: TimePolicy, key: bytes,
                  root: str, late_for_seconds: int, crypto_threads: int = 0, python_gc: str = "tuned", *,
-                 keys_dir: str):
+                 keys_dir: str, join_in_state: bool = False):
         super().__init__()
-        self._keys_dir = keys_dir
+        self._keys_dir, self._in_state = keys_dir, join_in_state
         self._specs, self._registry, self._prior, self._times = list(specs), registry, prior, times
         self._key, self._root, self._late_for, self._threads = key, root, late_for_seconds, crypto_threads
         self._python_gc = python_gc
@@ -341,15 +343,19 @@ class StreamShuffle(beam.PTransform):
         gated = ingress.sets | "Windows" >> GateWindows(specs, self._late_for)
         # The runner closed the window: the shuffle's own clock must not hold anything back, nor wait for times.
         clock = WindowClock(self._times.now_ms, 0, 0, drain=True)
-        shuffle = Shuffle(specs, self._key, clock, {s.spec_id: s.crowd.subkeys for s in specs}, join_in_state=True)
+        shuffle = Shuffle(specs, self._key, clock, {s.spec_id: s.crowd.subkeys for s in specs},
+                          join_in_state=self._in_state)
         released, _, shuffle_dead, _ = gated.on_time | "Shuffle" >> shuffle
         tokens = released | "StageParts" >> beam.ParDo(StagePartFn(self._root))
-        # Joined in keyed state, not by pane: the three arrive over paths of different length (release_join)
-        _ = ((tokens | "TagParts" >> beam.Map(tagged, STAGED_PART),
-              shuffle.part_counts | "TagCounts" >> beam.Map(tagged, PARTS),
-              gated[ENDS] | "TagEnds" >> beam.Map(tagged, END))
-             | "PartsAndEnds" >> beam.Flatten()
-             | "MarkReleases" >> beam.ParDo(MarkInStateFn(WriteMarker(self._root))))
+        if self._in_state:  # joined in keyed state, not by pane (transforms.shuffler.release_join)
+            _ = ((tokens | "TagParts" >> beam.Map(tagged, STAGED_PART),
+                  shuffle.part_counts | "TagCounts" >> beam.Map(tagged, PARTS),
+                  gated[ENDS] | "TagEnds" >> beam.Map(tagged, END))
+                 | "PartsAndEnds" >> beam.Flatten()
+                 | "MarkReleases" >> beam.ParDo(MarkInStateFn(WriteMarker(self._root))))
+        else:
+            _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()
+                 | "MarkReleases" >> beam.ParDo(MarkReleaseFn(self._root)))
         letters = [pcoll | f"Unwindow{i}" >> beam.WindowInto(window.GlobalWindows())
                    for i, pcoll in enumerate((ingress[DEAD], gated[DEAD], shuffle_dead))]
         _ = (letters | "AllDead" >> beam.Flatten()
