@@ -45,6 +45,7 @@ from pipelines.metrics import JobMetrics
 from pipelines.options import local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
+from pipelines.runners import runner_name
 from pipelines.service import StopRequest
 from pipelines.targets import release_target
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
@@ -86,14 +87,18 @@ def build(pipeline: beam.Pipeline, config: JobConfig, ledger: ReleaseLedger, roo
         batched=True, stop_path=join(root, STOP_FILE))
     _ = (pipeline | "ReadReports" >> source
          | "StreamShuffle" >> StreamShuffle(specs, registry, prior, WallClockTimePolicy(now, max_age_ms, max_skew_ms),
-                                            shuffler_prf_key(config.keys, config.seed), root, config.max_age_seconds,
-                                            config.crypto_threads, config.python_gc, keys_dir=str(config.keys)))
+                                           shuffler_prf_key(config.keys, config.seed), root, config.max_age_seconds,
+                                           config.crypto_threads, config.python_gc, keys_dir=str(config.keys),
+                                           join_in_state=runner_name(pipeline.options) == "FlinkRunner"))
 
 
 class PipelineThread:
     """Runs a pipeline to its end on a thread, so the driver's release agent works meanwhile."""
     def __init__(self, build_fn: Callable[[beam.Pipeline], None], options: PipelineOptions | None):
         options = options or PipelineOptions([])
+        from pipelines.flink_drain import flink_rest
+
+        self._flink_rest = flink_rest(options)  # read before Beam's runner touches the options
         runner = FnApiRunner() if local_runner_requested(options) else None
         self._pipeline = beam.Pipeline(runner=runner, options=options)
         build_fn(self._pipeline)
@@ -117,6 +122,19 @@ class PipelineThread:
 
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    def drain(self) -> None:
+        """On a Flink cluster, ask Flink to drain the job (``pipelines.flink_drain``): there, the end of the read
+        alone does not end the job. Other runners end it by themselves once the source finishes."""
+        from pipelines.flink_drain import drain
+
+        if self._flink_rest is None:
+            return
+        job_id = getattr(self._result, "_job_id", None) or getattr(self._result, "job_id", None)
+        if not job_id:
+            LOG.warning("no Beam job id to drain on %s (stop the job by hand: flink stop --drain)", self._flink_rest)
+            return
+        drain(self._flink_rest, str(job_id))
 
     def cancel(self) -> None:
         """Cancel a submitted job (a cluster's; the local runner's thread ends with this process)."""
@@ -225,6 +243,7 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
                     metrics.set_status("stopping")
                 LOG.warning("stopping: the source finishes, every open window fires, then the agent drains")
                 write_staged(join(root, STOP_FILE), b"stop\n")
+                pipeline.drain()
             if time.monotonic() - last_metrics >= METRICS_SECONDS:
                 last_metrics = time.monotonic()
                 _observe(metrics, agent, config)

@@ -96,6 +96,10 @@ def start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, env=child, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
 
 
+def flink_jobs(cluster: LocalFlinkCluster) -> dict[str, str]:
+    return {j["jid"]: j["state"] for j in cluster.get("/jobs/overview")["jobs"]}
+
+
 def committed(chain: Chain) -> int:
     return sum(committed_offsets(chain.bootstrap, f"{chain.group}-shuffle", chain.reports).values())
 

@@ -121,3 +121,41 @@ def test_bad_settings_are_refused() -> None:
         SourceClock(stop_after_idle_ms=-5)
     with pytest.raises(ValueError, match="consumer group"):
         ReadFromKafkaUnbounded("127.0.0.1:1", "t", "")
+
+
+def test_the_read_watermark_waits_for_every_partition() -> None:
+    """One read for the whole topic: a partition that has shown nothing yet (and is not idle) holds the
+    watermark, so windows cannot fire on the other partitions' times alone (the Flink cluster fault: an SDF
+    element per partition held nothing until it started)."""
+    from transforms.io.kafka.positions import TopicWatermark
+
+    clock = SourceClock(out_of_orderness_ms=60_000, idle_timeout_ms=300_000)
+    wm = TopicWatermark(((0, (None, None, 6_000_000)), (1, (None, None, 6_000_000)), (2, (None, None, 6_000_000))))
+    wm.observe(0, 5_000_000, 6_000_100)
+    wm.observe(1, 5_100_000, 6_000_100)
+    assert wm.advance(6_000_200, clock) is None  # partition 2 has not been read: nothing moves
+    wm.observe(2, 4_000_000, 6_000_300)
+    assert wm.advance(6_000_400, clock) == 4_000_000 - 60_000  # the slowest partition sets it
+    restored = TopicWatermark(wm.get_estimator_state())  # what a checkpointed residual resumes with
+    assert restored.watermark_ms() == 4_000_000 - 60_000
+    # a partition silent past the idle time-out follows the wall clock, as before; the others still hold it
+    assert restored.advance(6_000_100 + 300_000, clock) == 4_000_000 - 60_000
+    assert restored.advance(6_000_300 + 300_000, clock) == 6_000_300 + 300_000 - 60_000
+
+
+def test_the_topic_tracker_claims_in_order_and_splits_only_at_a_checkpoint() -> None:
+    from transforms.io.kafka.positions import TopicPositionsTracker, positions
+
+    tracker = TopicPositionsTracker(positions({0: 10, 1: 0}))
+    assert tracker.try_claim((0, 10)) and tracker.try_claim((1, 4)) and tracker.try_claim((0, 12))
+    with pytest.raises(ValueError, match="claimed again"):
+        tracker.try_claim((0, 11))
+    assert tracker.try_split(0.5) is None  # no dynamic split: each partition is read in order by one reader
+    primary, residual = tracker.try_split(0)
+    assert residual == positions({0: 13, 1: 5}) and primary.done
+    assert not tracker.try_claim((1, 5))  # the rest belongs to the residual
+    tracker.check_done()
+    finished = TopicPositionsTracker(positions({0: 3}))
+    assert not finished.try_claim(None)  # claims nothing, finishes the read
+    finished.check_done()
+    assert finished.current_restriction() == positions({0: 3}, done=True)

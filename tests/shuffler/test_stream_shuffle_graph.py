@@ -42,9 +42,10 @@ def _released(root: Path) -> dict[int, tuple[list, object]]:
     return out
 
 
-@pytest.mark.parametrize("runner_name", STREAMING_RUNNERS)
+@pytest.mark.parametrize("runner_name,in_state", [(r, False) for r in STREAMING_RUNNERS] + [("direct", True)])
 def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devices, tmp_path: Path,
-                                                                  runner_name: str) -> None:
+                                                                  runner_name: str, in_state: bool) -> None:
+    """Also with the joins in keyed state (``transforms.shuffler.release_join``, what the driver uses on Flink)."""
     clients = devices.clients
     win_a = devices.crowd(SPEC, clients[:N_A], WIN_A, partition=0)
     win_b = devices.crowd(SPEC, clients[N_A:N_A + N_B], WIN_B, partition=1)
@@ -62,7 +63,7 @@ def test_streaming_graph_releases_what_the_bounded_graph_releases(devices: Devic
     with beam.Pipeline(runner=runner, options=options) as pipeline:
         _ = (pipeline | stream
              | StreamShuffle([SPEC], devices.registry, PriorRuns(), TIMES_POLICY, KEY, str(root), 86_400,
-                             keys_dir=str(devices.keys_dir)))
+                             keys_dir=str(devices.keys_dir), join_in_state=in_state))
 
     released = _released(root)
     assert sorted(released) == [WIN_A + WINDOW_MS, WIN_B + WINDOW_MS]

@@ -80,11 +80,16 @@ class Shuffle(beam.PTransform):
     """
 
     def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, clock: WindowClock,
-                 subkeys: Mapping[str, int] | None = None, *, spill: Location | None = None):
+                 subkeys: Mapping[str, int] | None = None, *, spill: Location | None = None,
+                 join_in_state: bool = False):
         super().__init__()
         self._specs, self._key, self._clock = list(specs), key, clock
         self._subkeys = dict(subkeys or {})
         self._spill = spill
+        # A streaming graph joins each sub-crowd's sets and decision in keyed state, not by pane
+        # (``transforms.shuffler.release_join``); then ``part_counts`` is (crowd, number of parts), one per part.
+        self._in_state = join_in_state
+        self.part_counts: beam.PCollection | None = None
 
     def expand(self, inputs: beam.PCollection | tuple[beam.PCollection, beam.PCollection]) -> tuple[Any, Any, Any, Any]:
         keyed_sets, times = (inputs, None) if isinstance(inputs, beam.PCollection) else inputs
@@ -116,13 +121,19 @@ class Shuffle(beam.PTransform):
             | "SumSizes" >> beam.FlatMap(_summed)
             | "KeyByCrowd" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupCrowd" >> beam.GroupByKey()
-            | "Threshold" >> beam.ParDo(CrowdThresholdFn(self._specs, self._key))
+            | "Threshold" >> beam.ParDo(CrowdThresholdFn(self._specs, self._key, counted=self._in_state))
         )
-        released = (
-            {"sets": stripped, "decision": decisions}
-            | "JoinDecisions" >> beam.CoGroupByKey()
-            | "DeleteAndPermute" >> beam.ParDo(ReleaseFn(self._specs, self._key))
-        )
+        if self._in_state:
+            from transforms.shuffler.release_join import ReleaseInState
+
+            released = (stripped, decisions) | "DeleteAndPermute" >> ReleaseInState(self._specs, self._key)
+            self.part_counts = decisions | "PartCounts" >> beam.Map(lambda kv: (kv[0][0], kv[1].n_parts))
+        else:
+            released = (
+                {"sets": stripped, "decision": decisions}
+                | "JoinDecisions" >> beam.CoGroupByKey()
+                | "DeleteAndPermute" >> beam.ParDo(ReleaseFn(self._specs, self._key))
+            )
         held = deduped[HELD] | "EarliestHeld" >> beam.CombinePerKey(min)
         return released, held, deduped[DEAD], run_times
 

@@ -49,6 +49,7 @@ from transforms.io.staging import StageFn, StagingDoFn, is_url, join, stable_nam
 from transforms.shuffler.elements import DEAD, NAMESPACE, TIMES, VERIFIED, SetElement, TimePolicy
 from transforms.shuffler.graph import ReleasePart, Shuffle, WindowClock, part_header
 from transforms.shuffler.ingress import IngressFn, shared_registry
+from transforms.shuffler.release_join import END, PARTS, STAGED_PART, MarkInStateFn, tagged
 from transforms.spec import AnalysisSpec
 from transforms.state.prior_runs import PriorRuns
 from transforms.trust.envelope import open_envelopes
@@ -280,10 +281,11 @@ class StagedRelease(NamedTuple):
 
 
 class MarkReleaseFn(StagingDoFn):
-    """(crowd, {"parts": sub-keys, "ends": (partition, end)}) -> the release's marker, written last."""
+    """(crowd, {"parts": sub-keys, "ends": (partition, end)}) -> the release's marker, written last: a join by
+    pane (kept for its callers); the streaming graph joins in keyed state instead (``WriteMarker``)."""
     def __init__(self, directory: str):
         super().__init__(directory)
-        self._staged = Metrics.counter(NAMESPACE, "releases_staged")
+        self._write = WriteMarker(directory)
 
     def process(self, keyed: tuple[tuple[str, str | None, int], dict[str, Iterable[Any]]]) -> Iterator[None]:
         crowd, joined = keyed
@@ -293,10 +295,21 @@ class MarkReleaseFn(StagingDoFn):
         ends: dict[str, int] = {}
         for pkey, end in joined["ends"]:
             ends[pkey] = max(ends.get(pkey, 0), end)
-        marker = StagedRelease(crowd, subkeys, ends)
-        _stage(release_dir(self._directory, crowd), MARKER, [(MARKER, pickle.dumps(marker))])
-        self._staged.inc()
+        self._write(crowd, subkeys, ends)
         return iter(())
+
+
+class WriteMarker(StagingDoFn):
+    """Stage a release's marker (``StagedRelease``) under ``root`` (called by ``release_join.MarkInStateFn``,
+    which calls its ``setup``: the filesystem options of an object store)."""
+    def __init__(self, root: str):
+        super().__init__(root)
+        self._root = root
+        self._staged = Metrics.counter(NAMESPACE, "releases_staged")
+
+    def __call__(self, crowd: tuple[str, str | None, int], subkeys: tuple[int, ...], ends: dict[str, int]) -> None:
+        _stage(release_dir(self._root, crowd), MARKER, [(MARKER, pickle.dumps(StagedRelease(crowd, subkeys, ends)))])
+        self._staged.inc()
 
 
 def letter_name(letter: dict[str, Any]) -> str:
@@ -308,12 +321,14 @@ def letter_name(letter: dict[str, Any]) -> str:
 class StreamShuffle(beam.PTransform):
     """Batches of Kafka records (from the unbounded source) -> staged releases, markers and dead letters: the
     whole streaming shuffle after its source (see the module doc). ``times`` is ingress's event-time policy
-    (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location."""
+    (``WallClockTimePolicy`` in a job); ``key`` the shuffler's PRF key; ``root`` the staging location.
+    ``join_in_state``: the sub-crowds' and the markers' joins in keyed state (``release_join``; what the driver
+    asks for on Flink), else by pane (``CoGroupByKey``)."""
     def __init__(self, specs: Sequence[AnalysisSpec], registry: str, prior: PriorRuns, times: TimePolicy, key: bytes,
                  root: str, late_for_seconds: int, crypto_threads: int = 0, python_gc: str = "tuned", *,
-                 keys_dir: str):
+                 keys_dir: str, join_in_state: bool = False):
         super().__init__()
-        self._keys_dir = keys_dir
+        self._keys_dir, self._in_state = keys_dir, join_in_state
         self._specs, self._registry, self._prior, self._times = list(specs), registry, prior, times
         self._key, self._root, self._late_for, self._threads = key, root, late_for_seconds, crypto_threads
         self._python_gc = python_gc
@@ -328,11 +343,19 @@ class StreamShuffle(beam.PTransform):
         gated = ingress.sets | "Windows" >> GateWindows(specs, self._late_for)
         # The runner closed the window: the shuffle's own clock must not hold anything back, nor wait for times.
         clock = WindowClock(self._times.now_ms, 0, 0, drain=True)
-        released, _, shuffle_dead, _ = gated.on_time | "Shuffle" >> Shuffle(
-            specs, self._key, clock, {s.spec_id: s.crowd.subkeys for s in specs})
+        shuffle = Shuffle(specs, self._key, clock, {s.spec_id: s.crowd.subkeys for s in specs},
+                          join_in_state=self._in_state)
+        released, _, shuffle_dead, _ = gated.on_time | "Shuffle" >> shuffle
         tokens = released | "StageParts" >> beam.ParDo(StagePartFn(self._root))
-        _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()
-             | "MarkReleases" >> beam.ParDo(MarkReleaseFn(self._root)))
+        if self._in_state:  # joined in keyed state, not by pane (transforms.shuffler.release_join)
+            _ = ((tokens | "TagParts" >> beam.Map(tagged, STAGED_PART),
+                  shuffle.part_counts | "TagCounts" >> beam.Map(tagged, PARTS),
+                  gated[ENDS] | "TagEnds" >> beam.Map(tagged, END))
+                 | "PartsAndEnds" >> beam.Flatten()
+                 | "MarkReleases" >> beam.ParDo(MarkInStateFn(WriteMarker(self._root))))
+        else:
+            _ = ({"parts": tokens, "ends": gated[ENDS]} | "JoinEnds" >> beam.CoGroupByKey()
+                 | "MarkReleases" >> beam.ParDo(MarkReleaseFn(self._root)))
         letters = [pcoll | f"Unwindow{i}" >> beam.WindowInto(window.GlobalWindows())
                    for i, pcoll in enumerate((ingress[DEAD], gated[DEAD], shuffle_dead))]
         _ = (letters | "AllDead" >> beam.Flatten()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -95,24 +95,40 @@ def part_header(part: ReleasePart) -> PartHeader:
                       len(messages), width, channels)
 
 
-class CrowdThresholdFn(beam.DoFn):
-    """(crowd key, [(sub-key, set count)]) -> ((crowd key, sub-key), sets to delete, or WITHHELD)."""
+class Decision(NamedTuple):
+    """A sub-crowd's threshold decision with what a join needs to know it has all of the sub-crowd: how many
+    units (a device's kept sets) the decision counted, and how many sub-crowds (release parts) the crowd has."""
 
-    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes):
+    deletions: int  # units to delete, or WITHHELD
+    n_units: int
+    n_parts: int
+
+
+class CrowdThresholdFn(beam.DoFn):
+    """(crowd key, [(sub-key, set count)]) -> ((crowd key, sub-key), sets to delete, or WITHHELD); with
+    ``counted`` a ``Decision`` instead of the bare number (``transforms.shuffler.release_join``)."""
+
+    def __init__(self, specs: Iterable[AnalysisSpec], key: bytes, counted: bool = False):
         self._specs = SpecSet(specs)
         self._key = key
+        self._counted = counted
         self._released = Metrics.counter(NAMESPACE, "crowds_released")
         self._suppressed = Metrics.counter(NAMESPACE, "crowds_suppressed")
         self._aborted = Metrics.counter(NAMESPACE, "crowds_aborted")
 
-    def process(self, keyed: tuple[CrowdKey, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[CrowdKey, int], int]]:
+    def process(self, keyed: tuple[CrowdKey, Iterable[tuple[int, int]]]) -> Iterator[tuple[tuple[CrowdKey, int], Any]]:
         crowd_key, parts = keyed
+        for key, deletions, n_units, n_parts in self._decide(crowd_key, parts):
+            yield key, Decision(deletions, n_units, n_parts) if self._counted else deletions
+
+    def _decide(self, crowd_key: CrowdKey, parts: Iterable[tuple[int, int]]
+                ) -> Iterator[tuple[tuple[CrowdKey, int], int, int, int]]:
         parts = sorted(parts)
         if not parts:
             return  # an empty pane: a streaming runner's closing pane (Beam's EMIT_ALWAYS), nothing to decide
         spec_id, crowd, window_end = crowd_key
         crowd_spec = self._specs[spec_id].crowd
-        subkeys, counts = zip(*parts, strict=True)
+        counts = [count for _, count in parts]
         n = int(sum(counts))
         rng = keyed_generator(self._key, "threshold", spec_id, str(crowd), window_end)
         n_hat = noisy_crowd_target(n, *_count_noise(rng, self._specs[spec_id]))
@@ -121,13 +137,13 @@ class CrowdThresholdFn(beam.DoFn):
             (self._aborted if n_hat > n else self._suppressed).inc()
             LOG.info("crowd %s/%s window ending %d withheld (%s)", spec_id, crowd, window_end,
                      "aborted" if n_hat > n else "below threshold")
-            for key in subkeys:
-                yield (crowd_key, key), WITHHELD
+            for key, count in parts:
+                yield (crowd_key, key), WITHHELD, count, len(parts)
             return
         self._released.inc()
         deletions = rng.multivariate_hypergeometric(np.asarray(counts, dtype=np.int64), n - n_hat)
-        for key, d in zip(subkeys, deletions.tolist(), strict=True):
-            yield (crowd_key, key), int(d)
+        for (key, count), d in zip(parts, deletions.tolist(), strict=True):
+            yield (crowd_key, key), int(d), count, len(parts)
 
 
 class ReleaseFn(beam.DoFn):
@@ -145,17 +161,20 @@ class ReleaseFn(beam.DoFn):
 
     def process(self, keyed: tuple[tuple[CrowdKey, int], dict[str, list]]) -> Iterator[ReleasePart]:
         (crowd_key, subkey), joined = keyed
-        spec_id, crowd, window_end = crowd_key
         # canonical (rank) order: GroupByKey's is not; plain lists of units (tests) are sorted
         loaded = [load(p) for p in joined["sets"]]
         decisions = list(joined["decision"])
         if not loaded and not decisions:
             return  # an empty pane: a streaming runner's closing pane (Beam's EMIT_ALWAYS), nothing to release
-        units = PackedUnits.concat([p if isinstance(p, PackedUnits) else PackedUnits.of(sorted(p)) for p in loaded])
-        del loaded
         if len(decisions) != 1:
             raise RuntimeError(f"sub-crowd has {len(decisions)} threshold decisions, expected exactly 1")
-        decision = decisions[0]
+        yield from self.release(crowd_key, subkey, loaded, decisions[0])
+
+    def release(self, crowd_key: CrowdKey, subkey: int, loaded: list[Any], decision: int) -> Iterator[ReleasePart]:
+        """Every set of one sub-crowd (packed groups, or lists of units) and its decision -> its ReleasePart."""
+        spec_id, crowd, window_end = crowd_key
+        units = PackedUnits.concat([p if isinstance(p, PackedUnits) else PackedUnits.of(sorted(p)) for p in loaded])
+        del loaded
         total_sets = int(units.n_sets.sum())
         if decision == WITHHELD:
             self._deleted.inc(total_sets)

@@ -1,0 +1,66 @@
+"""A streaming job's stop on a Flink cluster: Flink's stop-with-savepoint with ``drain`` (REST ``POST
+/jobs/<id>/stop``), asked by the streaming shuffler's driver right after it wrote its stop file.
+
+Why: with checkpointing on, Beam's Flink runner keeps the job's source task (the ``Impulse`` before the Kafka
+SDF) running for ever, so a job whose read has finished and whose windows have all fired still never ends
+(measured on Flink 1.19.3 with Beam 2.62: RUNNING minutes after the read finished at the stop file). Beam's
+``shutdown_sources_after_idle_ms`` is no way out: once the ``Impulse`` task ends, Beam's runner drives the SDF
+from its ``flushData`` loop, which blocks checkpoints, hence offset commits, for the rest of the read. A drain
+ends the source instead; the SDF, reading on in that loop, sees the stop file at its next bundle and finishes;
+the watermark reaches the end of time, every open window fires, the final savepoint completes (finalizing the
+last bundles: their offsets are committed) and the job is FINISHED, which ends the driver's wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from typing import Any
+
+LOG = logging.getLogger("esa.flink_drain")
+LOCAL_MASTERS = {"[local]", "[auto]", "[collection]", ""}
+
+
+def flink_rest(options: Any) -> str | None:
+    """The cluster's REST address when the job runs on a Flink cluster (not one embedded in the job server)."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, StandardOptions
+
+    runner = str(options.view_as(StandardOptions).runner or "")
+    master = str(options.view_as(FlinkRunnerOptions).flink_master or "")
+    if runner.rsplit(".", 1)[-1] != "FlinkRunner" or master in LOCAL_MASTERS:
+        return None
+    return master.removeprefix("http://").removeprefix("https://").rstrip("/")
+
+
+def _call(rest: str, path: str, body: dict | None = None, timeout_s: float = 30.0) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{rest}{path}", data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def flink_job_id(rest: str, beam_job_id: str) -> str | None:
+    """The running Flink job of a Beam job: Beam names the Flink job by the invocation id before its ``_uuid``."""
+    name = beam_job_id.rsplit("_", 1)[0]
+    for job in _call(rest, "/jobs/overview")["jobs"]:
+        if job.get("name") == name and job.get("state") == "RUNNING":
+            return str(job["jid"])
+    return None
+
+
+def drain(rest: str, beam_job_id: str) -> bool:
+    """Ask the cluster to stop the job with a drain (into its configured savepoint directory); whether it was
+    asked. A failure is logged, not raised: the operator can still drain by hand (``flink stop --drain``)."""
+    try:
+        jid = flink_job_id(rest, beam_job_id)
+        if jid is None:
+            LOG.warning("no running Flink job for %s on %s: nothing to drain", beam_job_id, rest)
+            return False
+        trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": True})
+    except Exception as err:
+        LOG.warning("could not ask %s to drain the job (stop it by hand: flink stop --drain): %s", rest, err)
+        return False
+    LOG.info("asked Flink to drain job %s (request %s)", jid, trigger.get("request-id"))
+    return True
