@@ -243,6 +243,15 @@ class DeviceRegistry:
     def __contains__(self, device_id: object) -> bool:
         return isinstance(device_id, str) and (device_id in self._added or self._row(device_id) is not None)
 
+    def raw_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every device as arrays: (n x 16 raw ids, n x 32 raw public keys), the loaded rows in id order, then
+        those enrolled here and not saved; what a bulk copy into the device store takes (no hex per device)."""
+        if not self._added:
+            return self._id_bytes, self._keys
+        added = np.frombuffer(bytes.fromhex("".join(self._added)), np.uint8).reshape(-1, 16)
+        keys = np.frombuffer(b"".join(k for k, _ in self._added.values()), np.uint8).reshape(-1, PUBLIC_KEY_BYTES)
+        return np.concatenate([self._id_bytes, added]), np.concatenate([self._keys, keys])
+
     def __iter__(self) -> Iterator[str]:
         yield from (row.tobytes().hex() for row in self._id_bytes)
         yield from self._added
