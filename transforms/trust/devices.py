@@ -51,11 +51,16 @@ def _checked_rows(path: Path, batch: pa.RecordBatch) -> tuple[np.ndarray, np.nda
     except ValueError as err:
         raise KeyFileError(f"{path}: {err}") from None
     id_bytes, not_hex = _hex_rows(ids)
-    for row in range(len(keys)):  # the self-certifying check, one hash at a time
-        if not_hex[row] or (id_bytes[row].tobytes()
-                            != hashlib.sha256(DEVICE_ID_TAG + keys[row].tobytes()).digest()[:16]):
-            shown = ids[row].tobytes().decode("ascii", "replace")
-            raise KeyFileError(f"{path}: row for device {shown!r} does not match its public key")
+    # The self-certifying check, one hash a row over one bytes object of all the keys (indexing a numpy row
+    # per device doubled the cost of loading), compared at once; a mismatch is then found row by row.
+    raw_keys, width = keys.tobytes(), PUBLIC_KEY_BYTES
+    expected = b"".join([hashlib.sha256(DEVICE_ID_TAG + raw_keys[i:i + width]).digest()[:16]
+                         for i in range(0, len(raw_keys), width)])
+    if not_hex.any() or expected != id_bytes.tobytes():
+        for row in range(len(keys)):
+            if not_hex[row] or id_bytes[row].tobytes() != expected[16 * row:16 * row + 16]:
+                shown = ids[row].tobytes().decode("ascii", "replace")
+                raise KeyFileError(f"{path}: row for device {shown!r} does not match its public key")
     return id_bytes, keys
 
 
