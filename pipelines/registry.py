@@ -22,7 +22,6 @@ of the file: the migration path, and how devices enrolled the old way keep worki
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import os
 import time
@@ -145,10 +144,9 @@ def import_legacy(store: DeviceStore, path: Path) -> int | None:
         return None
     registry = DeviceRegistry.load(Path(path))
     added = 0
-    ids = iter(registry)
-    while chunk := list(itertools.islice(ids, _IMPORT_BATCH)):
-        keys = registry.public_keys(chunk)
-        added += store.apply(zip(chunk, keys, strict=True))
+    ids, keys = registry.raw_rows()
+    for start in range(0, len(ids), _IMPORT_BATCH):
+        added += store.add_raw(ids[start:start + _IMPORT_BATCH], keys[start:start + _IMPORT_BATCH])
     store.apply((), meta={"legacy_import": stamp})
     if len(registry):
         LOG.info("imported %d enrolled devices from the legacy registry %s (%d new)", len(registry), path, added)

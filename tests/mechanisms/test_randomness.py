@@ -194,3 +194,17 @@ def test_element_id_broadcasts_per_element_topic_hashes() -> None:
     np.testing.assert_array_equal(ids[0:1], element_id(0, 5, topic_hash("a")))
     np.testing.assert_array_equal(ids[1:2], element_id(0, 5, topic_hash("b")))
     assert np.unique(ids).size == 3
+
+
+def test_keyed_indices_equal_keyed_index_text_by_text() -> None:
+    """The shuffler ranks a window's devices in one call; each rank must be the scalar PRF's, or a rerun with
+    the other code would order (and sub-key) the same crowd differently."""
+    from transforms.mechanisms.randomness import keyed_index, keyed_indices
+
+    key, prefix = bytes(range(32)), "spec/crowd/3600000/"
+    suffixes = [bytes(np.random.default_rng(5).integers(0, 16, 32)).hex()[:32] for _ in range(3)]
+    suffixes += ["0" * 32, "f" * 32]
+    got = keyed_indices(key, prefix, "".join(suffixes).encode(), 32)
+    assert got.dtype == np.uint64
+    assert got.tolist() == [keyed_index(key, prefix + s, 1 << 64) for s in suffixes]
+    assert len(keyed_indices(key, prefix, b"", 32)) == 0

@@ -98,6 +98,29 @@ def test_an_identical_copy_of_any_kept_set_is_a_duplicate_not_another_set(device
     (unit,) = kept_units(main)
     assert unit[0] == 2
 
+def test_lone_devices_and_repeated_ones_in_one_window_keep_what_the_per_device_rules_keep(
+        devices: Devices) -> None:
+    """Dedupe takes the devices with one set in a vectorized pass and loops over the rest: in one window, lone
+    devices, a device over its quota and a replayed copy each get the per-device verdict, every unit once,
+    ranked by the keyed PRF of its device."""
+    from transforms.mechanisms.randomness import keyed_index
+
+    spec = make_spec(quota=2, name="mixed_quota")
+    lone = [devices.record(devices.message_set(spec, f"c{i}", WIN_A + 100 * i, [(i % 8,)])) for i in range(1, 9)]
+    repeated = [devices.record(devices.message_set(spec, "c0", WIN_A + t, [(v,)]))
+                for t, v in ((10, 1), (20, 2), (30, 3))]
+    copy = devices.record(lone[3].value)
+    main, tagged = dedupe([spec], devices, [*lone[:4], repeated[2], copy, *repeated[:2], *lone[4:]])
+    (letter,) = tagged[DEAD]  # c0's third set (latest event time); the copy of c4's set is no dead letter
+    assert letter["offset"] == repeated[2].offset and "already sent 2 set(s)" in letter["reason"]
+    units = [(rank, n_sets) for _, (_, packed) in main for rank, n_sets in zip(packed.ranks.tolist(),
+                                                                                packed.n_sets.tolist(), strict=True)]
+    window_end = WIN_A + WINDOW_MS
+    expected = {keyed_index(KEY, f"{spec.spec_id}/None/{window_end}/{devices.device_id(c)}", 1 << 64): n
+                for c, n in [("c0", 2)] + [(f"c{i}", 1) for i in range(1, 9)]}
+    assert sorted(units) == sorted(expected.items())
+
+
 def rappor_set(devices: Devices, client: str, channels: list[int]) -> KafkaRecord:
     return devices.record(devices.message_set(RAPPOR, client, WIN_A + 5, [(c,) for c in channels]))
 

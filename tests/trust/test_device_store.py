@@ -79,3 +79,20 @@ def test_memory_stays_bounded_while_every_device_is_looked_up(tmp_path: Path) ->
     result = json.loads(done.stdout)
     assert result["found"] == n
     assert result["growth_mb"] < 12, result
+
+
+def test_add_raw_enrols_arrays_in_one_transaction_as_apply_does(tmp_path: Path) -> None:
+    """The legacy import's bulk path: raw id and key arrays, any order, an id given twice or already enrolled
+    added once; the count and the lookups as ``apply`` leaves them."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 256, (50, 16), dtype=np.uint8)
+    keys = rng.integers(0, 256, (50, 32), dtype=np.uint8)
+    with DeviceStore(tmp_path / "d.sqlite") as store:
+        assert store.apply([(ids[0].tobytes().hex(), keys[0].tobytes())]) == 1
+        assert store.add_raw(np.concatenate([ids, ids[:5]]), np.concatenate([keys, keys[:5]])) == 49
+        assert len(store) == 50
+        assert store.public_keys([i.tobytes().hex() for i in ids[::-1]]) == [k.tobytes() for k in keys[::-1]]
+        with pytest.raises(ValueError, match="device ids for"):
+            store.add_raw(ids, keys[:3])

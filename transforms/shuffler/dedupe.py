@@ -24,7 +24,7 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.io.dead_letters import dead_letter
 from transforms.io.staging import Location
 from transforms.mechanisms.base import is_single_message, messages_per_channel
-from transforms.mechanisms.randomness import keyed_index
+from transforms.mechanisms.randomness import keyed_indices
 from transforms.shuffler.elements import DEAD, NAMESPACE
 from transforms.shuffler.packed import Message, PackedUnits
 from transforms.shuffler.packed_sets import PackedSets
@@ -96,7 +96,11 @@ class DedupeAndStripFn(beam.DoFn):
         yield from self._dedupe(spec, sets)
 
     def _dedupe(self, spec: AnalysisSpec, sets: PackedSets) -> Iterator[Any]:
-        """Keep each device's earliest sets (up to its quota), dead-letter the rest; emit units per sub-key."""
+        """Keep each device's earliest sets (up to its quota), dead-letter the rest; emit units per sub-key.
+
+        Vectorized for the common case, a device with one set of a single-message mechanism: kept as it is
+        (nothing to compare it with, no per-set check). Only devices with several sets, or sets of several
+        messages, go through the loop; the outcome is the same set by set as the loop over every device."""
         spec_id, crowd, window_end = sets.spec_id, sets.crowd_id, sets.window_end_ms
         order = sets.arrival_order()
         devices = sets.devices[order]
@@ -107,19 +111,21 @@ class DedupeAndStripFn(beam.DoFn):
         per_channel = messages_per_channel(spec.randomizer)
         quota = spec.max_reports_per_client
         subkeys = self._subkeys.get(spec_id, spec.crowd.subkeys)
-        kept_rows: list[int] = []  # rows kept, device by device, each device's in arrival order
-        unit_sets: list[int] = []
-        ranks: list[int] = []
+        n_kept = np.zeros(len(starts), dtype=np.int64)  # per device (in device order): its sets kept
+        lone = (ends - starts == 1) if single and quota >= 1 else np.zeros(len(starts), dtype=bool)
+        n_kept[lone] = 1
+        slow_kept: list[tuple[int, list[int]]] = []  # (device, its kept rows) of the devices looped over
         digests = sets.digests
-        for first, stop in zip(starts.tolist(), ends.tolist(), strict=True):
-            rows = order[first:stop].tolist()
-            n_kept, kept_digests = 0, set()
-            for row in rows:
+        for device in np.flatnonzero(~lone).tolist():
+            first, stop = int(starts[device]), int(ends[device])
+            kept_digests: set[bytes] = set()
+            kept_rows: list[int] = []
+            for row in order[first:stop].tolist():
                 digest = digests[row].tobytes() if stop - first > 1 else b""
                 if digest in kept_digests:  # a copy of *any* kept set, not only the first: counted, harmless
                     self._copies.inc()
                     continue
-                if n_kept >= quota:
+                if len(kept_rows) >= quota:
                     yield self._reject(sets, row, f"duplicate: the device already sent {quota} set(s) in this "
                                                   "window")
                     continue
@@ -127,27 +133,32 @@ class DedupeAndStripFn(beam.DoFn):
                 if problem:
                     yield self._reject(sets, row, problem)
                     continue
-                n_kept += 1
                 kept_digests.add(digest)
                 kept_rows.append(row)
-            if n_kept:
-                # One unit per device: the threshold counts, and deletes, devices (its noise is calibrated to
-                # one device changing the count by one), whatever its quota of sets per window.
-                # One keyed PRF value per device: its sub-key, and its rank in the sub-crowd's canonical order.
-                device = sets.devices[rows[0]].tobytes().hex()
-                ranks.append(keyed_index(self._key, f"{spec_id}/{crowd}/{window_end}/{device}", 1 << 64))
-                unit_sets.append(n_kept)
+            n_kept[device] = len(kept_rows)
+            slow_kept.append((device, kept_rows))
         self._devices.inc(len(starts))
-        self._valid.inc(len(kept_rows))
-        if not unit_sets:
+        self._valid.inc(int(n_kept.sum()))
+        # One unit per device: the threshold counts, and deletes, devices (its noise is calibrated to one
+        # device changing the count by one), whatever its quota of sets per window.
+        units_of = np.flatnonzero(n_kept)  # the devices with a unit, in device order
+        if not len(units_of):
             return
-        kept = np.asarray(kept_rows, dtype=np.int64)
-        n_sets = np.asarray(unit_sets, dtype=np.int32)
+        n_sets = n_kept[units_of].astype(np.int32)
+        row_start = np.concatenate([[0], np.cumsum(n_sets)[:-1]]).astype(np.int64)
+        kept = np.empty(int(n_sets.sum()), dtype=np.int64)  # kept rows, device by device, each in arrival order
+        first_kept = np.zeros(len(starts), dtype=np.int64)
+        first_kept[units_of] = row_start
+        kept[first_kept[lone]] = order[starts[lone]]
+        for device, rows in slow_kept:
+            if rows:
+                kept[first_kept[device]:first_kept[device] + len(rows)] = rows
+        # One keyed PRF value per device: its sub-key, and its rank in the sub-crowd's canonical order.
+        ids_hex = sets.devices[order[starts[units_of]]].tobytes().hex().encode("ascii")
+        rank_array = keyed_indices(self._key, f"{spec_id}/{crowd}/{window_end}/", ids_hex, 2 * sets.devices.shape[1])
         unit_of_row = np.repeat(np.arange(len(n_sets)), n_sets)
         n_messages = np.bincount(unit_of_row, weights=sets.n_messages[kept], minlength=len(n_sets)).astype(np.int32)
-        rank_array = np.asarray(ranks, dtype=np.uint64)
         subkey_of = (rank_array % np.uint64(subkeys)).astype(np.int64)
-        row_start = np.concatenate([[0], np.cumsum(n_sets)[:-1]]).astype(np.int64)
         for subkey in np.unique(subkey_of).tolist():
             units = np.flatnonzero(subkey_of == subkey)
             rows = kept[np.concatenate([np.arange(row_start[u], row_start[u] + n_sets[u]) for u in units])] \
