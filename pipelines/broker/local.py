@@ -19,10 +19,11 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -53,11 +54,21 @@ def port_free(port: int) -> bool:
 
 
 def _terminate_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the process that started it dies."""
+    """In the child before exec: ask Linux to SIGTERM it when the thread that started it ends."""
     import ctypes
 
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def parent_death_hook() -> Callable[[], None] | None:
+    """The ``preexec_fn`` that ties a broker to this process: `_terminate_with_parent` on the main thread only.
+
+    Why: Linux sends the parent-death signal when the *thread* that forked the child ends, not the process. A
+    broker started from a worker thread (a timer in a test, a restart done by a helper thread) was SIGTERMed as
+    soon as that thread returned: it joined the cluster, then stopped 2 s later with nothing in its log to say
+    why. The main thread lives as long as the process, so there the signal means what it should."""
+    return _terminate_with_parent if threading.current_thread() is threading.main_thread() else None
 
 
 def _cluster_id() -> str:
@@ -187,9 +198,10 @@ class LocalBroker:
         self._logfile = self.log_path.open("ab") if self.log_path else None
         _log.debug("starting %s", " ".join(cmd))
         # Own session: a Ctrl-C in the terminal reaches only us, and we stop the broker in order. If we die
-        # without stopping it (SIGKILL, a SIGTERM that skips atexit), the kernel sends it SIGTERM: no JVM is left.
+        # without stopping it (SIGKILL, a SIGTERM that skips atexit), the kernel sends it SIGTERM: no JVM is left
+        # (started from the main thread; see `parent_death_hook`).
         self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._logfile, stderr=subprocess.STDOUT,
-                                      cwd=self.dir, start_new_session=True, preexec_fn=_terminate_with_parent)
+                                      cwd=self.dir, start_new_session=True, preexec_fn=parent_death_hook())
 
     def _format(self, classpath: str, config: Path) -> None:
         assert self._java is not None

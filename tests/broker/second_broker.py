@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipelines.broker import LocalBroker, free_loopback_port
 from pipelines.broker.jars import java_binary, kafka_jars
-from pipelines.broker.local import _terminate_with_parent
+from pipelines.broker.local import parent_death_hook
 from pipelines.broker.properties import LOG4J2_YAML
 
 NODE_ID = 2
@@ -67,7 +67,7 @@ class SecondBroker:
             [java_binary(), "-Xmx384m", "-Xms64m", f"-Dlog4j2.configurationFile={self.dir / 'log4j2.yaml'}",
              "-cp", f"{kafka_jars()}/*", "kafka.Kafka", str(config)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True,
-            preexec_fn=_terminate_with_parent)  # a killed test leaves no JVM behind
+            preexec_fn=parent_death_hook())  # a killed test leaves no JVM behind
         log.close()
         admin = AdminClient({"bootstrap.servers": self.first.bootstrap, "log_level": 0})
         deadline = time.monotonic() + wait_s

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,30 @@ def test_the_broker_dies_with_the_process_that_started_it(tmp_path: Path) -> Non
         time.sleep(0.2)
     os.kill(broker_pid, 9)
     pytest.fail("the broker outlived the process that started it")
+
+
+def test_a_broker_started_from_a_worker_thread_outlives_that_thread() -> None:
+    """Linux sends the parent-death signal when the forking *thread* ends: the raw hook kills a child started
+    from a finished worker thread (what stopped a restarted test broker 2 s after it joined); the hook the
+    brokers use does not. A ``sleep`` stands in for the JVM: the signal is the kernel's, not Kafka's."""
+    import threading
+
+    from pipelines.broker.local import _terminate_with_parent, parent_death_hook
+
+    def started_from_a_thread(hook: Callable[[], Callable[[], None] | None]) -> subprocess.Popen[bytes]:
+        box: list[subprocess.Popen[bytes]] = []
+        worker = threading.Thread(target=lambda: box.append(subprocess.Popen(["sleep", "60"], preexec_fn=hook())))
+        worker.start()
+        worker.join()
+        return box[0]
+
+    raw, guarded = started_from_a_thread(lambda: _terminate_with_parent), started_from_a_thread(parent_death_hook)
+    try:
+        assert raw.wait(timeout=30) == -15  # SIGTERM
+        time.sleep(0.5)
+        assert guarded.poll() is None
+        assert parent_death_hook() is _terminate_with_parent  # the main thread keeps the protection
+    finally:
+        for child in (raw, guarded):
+            child.kill()
+            child.wait()

@@ -108,8 +108,8 @@ class _CkConsumer:
             try:
                 return self._c.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S)
             except Exception:
-                # librdkafka answers from its metadata cache: after a broker left and came back the cache can
-                # keep the partition unknown for minutes; ask for the topic's metadata before the retry
+                # librdkafka answers from its metadata cache: ask for the topic's metadata before the retry, so
+                # the next attempt finds a leader elected meanwhile
                 with contextlib.suppress(Exception):
                     self._c.list_topics(topic, timeout=5)
                 raise
