@@ -56,7 +56,10 @@ class KpConsumer:
                 for messages in polled.values() for m in messages]
 
     def position(self, topic: str, partition: int) -> int:
-        return int(self._c.position(self._tp(topic, partition)))
+        """The next offset to fetch, or -1 if kafka-python cannot say within 10 s (it may return None): the
+        caller then keeps the position it read to, which is never ahead of the truth."""
+        at = self._c.position(self._tp(topic, partition), timeout_ms=10_000)
+        return -1 if at is None else int(at)
 
     def committed(self, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
         return {p: retry.call(f"committed offset of {topic}[{p}]", lambda p=p: self._c.committed(self._tp(topic, p)))
