@@ -308,15 +308,16 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
         t0 = time.perf_counter()
         enrol_simulated(default_keys_dir(out), population.client_ids.tolist())
         if direct:
-            produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic, reports_topic=reports_topic,
-                               bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"),
-                               client=kafka_client, client_config=kafka_config)
+            produced = produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic,
+                                          reports_topic=reports_topic, bad_per_kind=bad_per_kind, seed=seed,
+                                          progress=progress_printer("produced"), client=kafka_client,
+                                          client_config=kafka_config)
         else:
-            produce_through_edge(broker.bootstrap, spec, population, default_keys_dir(out),
-                                 default_state_dir(out) / "edge" / run_id, raw_topic=raw_topic,
-                                 reports_topic=reports_topic, bad_per_kind=bad_per_kind, seed=seed,
-                                 progress=progress_printer("reports accepted by the edge"), client=kafka_client,
-                                 client_config=kafka_config)
+            produced = produce_through_edge(broker.bootstrap, spec, population, default_keys_dir(out),
+                                            default_state_dir(out) / "edge" / run_id, raw_topic=raw_topic,
+                                            reports_topic=reports_topic, bad_per_kind=bad_per_kind, seed=seed,
+                                            progress=progress_printer("reports accepted by the edge"),
+                                            client=kafka_client, client_config=kafka_config)
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",
               file=sys.stderr, flush=True)
         # A demo is a backfill of past windows: drain releases every window at the end of the run.
@@ -332,6 +333,8 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     comparison = compare(estimates, truth, on=JOIN_ON.get(spec.kind, "item_index"))
     kind_facts, evidence = kind_checks(spec, estimates, comparison, truth, seed)
     facts = summarize(spec, summary, comparison, estimates, kind_facts)
+    facts["produced"] = {"path": "direct" if direct else "edge",
+                         **{k.replace(run_id, "RUN"): v for k, v in produced.items()}}
     (out / "summary.json").write_text(json.dumps(facts, indent=2))
     plot_file = plot_file_name(spec)
     if comparison.num_rows:

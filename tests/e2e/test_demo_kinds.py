@@ -58,11 +58,17 @@ CASES = {
 }
 
 
-def _assert_bad_records_dead_lettered(accounting: dict[str, dict[str, int]]) -> None:
-    """Two of each bad kind: the encoder refuses non-Avro bytes and out-of-domain values; the shuffler refuses
-    the three unsigned old-style reports and the second event of a client in its window."""
+def _assert_bad_records_dead_lettered(facts: dict) -> None:
+    """Two of each bad kind: the encoder refuses non-Avro bytes and out-of-domain values; the three unsigned
+    old-style reports are refused by the edge (400, nothing written) when the devices report through it, else
+    dead-lettered by the shuffler, which also refuses the second event of a client in its window."""
+    accounting, produced = facts["accounting"], facts["produced"]
     assert accounting["encode"]["dead_lettered"] == 2 * 2, accounting
-    assert accounting["shuffle"]["dead_lettered"] == 2 * 3 + 2, accounting
+    if produced["path"] == "edge":
+        assert produced["refused_by_edge"] == 2 * 3, produced
+        assert accounting["shuffle"]["dead_lettered"] == 2, accounting
+    else:
+        assert accounting["shuffle"]["dead_lettered"] == 2 * 3 + 2, accounting
     assert accounting["analyze"]["dead_lettered"] == 0, accounting
 
 
@@ -79,7 +85,7 @@ def test_demo_kind_end_to_end(case: str, broker: object, tmp_path: Path) -> None
                        kind=kind, seed=21, bootstrap=broker.bootstrap, bad_per_kind=2)
     facts = outcome.facts
     assert facts["accounting_balanced"], facts["accounting"]
-    _assert_bad_records_dead_lettered(facts["accounting"])
+    _assert_bad_records_dead_lettered(facts)
     assert facts["items"] > 0
     assert facts["max_abs_error_over_stderr"] < bonferroni_z(facts["items"]), facts
     spec = load_spec(spec_path or DEMO_SPECS[kind])  # DEMO_SPECS are paths into the packaged examples
@@ -129,7 +135,7 @@ def _run(tmp_path: Path, broker: object, spec_text: str, kind: str, clients: int
                        kind=kind, seed=21, bootstrap=broker.bootstrap, bad_per_kind=2, **kwargs)
     facts = outcome.facts
     assert facts["accounting_balanced"], facts["accounting"]
-    _assert_bad_records_dead_lettered(facts["accounting"])
+    _assert_bad_records_dead_lettered(facts)
     assert (tmp_path / "out" / plot_file_name(load_spec(spec_path))).stat().st_size > 10_000
     return outcome
 
