@@ -50,7 +50,7 @@ def demo_edge(bootstrap: str, keys_dir: Path, work_dir: Path, reports_topic: str
     work_dir.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "pipelines.cli", "edge", "--kafka_bootstrap", bootstrap, "--keys_dir",
             str(keys_dir), "--spool_dir", str(work_dir / "spool"), "--port", "0", "--reports_topic", reports_topic,
-            "--create_topics"]
+            "--devices_topic", f"{reports_topic}-devices", "--create_topics"]  # the run's own (unused) devices topic
     if kafka_config:
         settings = work_dir / "kafka.config"
         settings.touch(mode=0o600)
