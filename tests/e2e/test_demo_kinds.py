@@ -51,8 +51,9 @@ partition = "app_version"
 epsilon_year = 8.0
 """
 
-# (kind, spec, clients, direct): most kinds report through the edge as `esa demo` does by default (the devices
-# seal in batches, pipelines.demo.device_batch); two keep the direct path (raw events, the encoder job) covered.
+# (kind, spec, clients, direct): four kinds report through the edge as `esa demo` does by default (the devices
+# seal in batches, pipelines.demo.device_batch: the memoized RAPPOR of the grid, vectors, multi-message sets, range
+# trees), three keep the direct path (raw events, the encoder job) covered: kv_mean, range and heavy hitters.
 CASES = {
     "grid": ("grid", SMALL_GRID, 6000, False),
     "kv_mean": ("kv_mean", None, 6000, True),
@@ -170,7 +171,7 @@ def test_range_kinds_end_to_end(kind: str, broker: object, tmp_path: Path) -> No
 def test_heavy_hitters_end_to_end(broker: object, tmp_path: Path) -> None:
     """Zipf(1.5) URLs over 2^20 possible ones, 8000 clients, eps 6: the true top 4 (>= 380 clients each, the
     5th-6th gap is only ~2 stderr) are among the reported top 5, found by prefix expansion of 24-bit hashes."""
-    outcome = _run(tmp_path, broker, SMALL_HEAVY_HITTERS, "heavy_hitters", 8000, zipf_s=1.5)
+    outcome = _run(tmp_path, broker, SMALL_HEAVY_HITTERS, "heavy_hitters", 8000, zipf_s=1.5, direct=True)
     facts = outcome.facts
     reported = set(outcome.comparison["item"].to_pylist())
     truth = pq.read_table(tmp_path / "out" / "truth.parquet").sort_by([("truth", "descending")])
