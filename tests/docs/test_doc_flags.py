@@ -34,6 +34,8 @@ OTHER_PROGRAMS = {
     "--legacy_registry": REPO / "transforms" / "trust" / "__main__.py",
     "--bulk": REPO / "benchmarks" / "registry_scale.py",
     "--phase": REPO / "benchmarks" / "registry_scale.py",
+    "--increment": REPO / "benchmarks" / "registry_scale.py",
+    "--lookups": REPO / "benchmarks" / "registry_scale.py",
     **{flag: REPO / "benchmarks" / "edge_load.py" for flag in ("--requests", "--concurrency", "--idle_connections",
                                                                     "--servers")},
     **{flag: REPO / "pipelines" / "flink_job_server.py" for flag in ("--add-opens", "--job-host", "--watch-stdin",
