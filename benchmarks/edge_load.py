@@ -57,6 +57,20 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread kind of the process: the event loop (its main thread), librdkafka's threads, the rest."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        kind = "event loop" if task.name == str(pid) else ("librdkafka" if name.startswith("rdk:") else "other")
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def _rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -69,7 +83,10 @@ def start_edge(server: str, bootstrap: str, keys: Path, topic: str, spool: Path)
     args = ["edge", "--kafka_bootstrap", bootstrap, "--keys_dir", str(keys), "--port", str(port), "--spool_dir",
             str(spool), "--reports_topic", topic, "--devices_topic", topic + "-devices", "--rate_per_device", "0",
             "--enrolment", "open"]
-    if server == "uvicorn":  # the edge as shipped
+    if server == "uvicorn-linger2":  # the edge as shipped before: the producer lingered 2 ms
+        (spool.parent / "linger2.cfg").write_text("linger_ms=2\n")
+        args += ["--kafka_config", str(spool.parent / "linger2.cfg")]
+    if server.startswith("uvicorn"):  # the edge as shipped
         cmd = [sys.executable, "-m", "pipelines.cli", *args]
     else:
         cmd = [sys.executable, "-c", _AIOHTTP_LAUNCH.format(root=str(ROOT), bench=str(ROOT / "benchmarks")), *args]
@@ -127,7 +144,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--idle_connections", type=int, default=10_000)
-    parser.add_argument("--servers", nargs="+", default=["uvicorn", "aiohttp"])
+    parser.add_argument("--servers", nargs="+", default=["uvicorn", "aiohttp"],
+                        help="uvicorn (shipped), aiohttp, uvicorn-linger2 (the shipped edge, its former 2 ms linger)")
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one)")
     args = parser.parse_args()
 
@@ -159,9 +177,11 @@ def main() -> None:
                 proc, url = start_edge(server, bootstrap, keys, topic, work / f"spool-{server}-{repeat}")
                 try:
                     hey(url, work / "body.bin", 1000, args.concurrency)  # warm-up
-                    cpu0 = _cpu_seconds(proc.pid)
+                    cpu0, threads0 = _cpu_seconds(proc.pid), _thread_cpu(proc.pid)
                     result = hey(url, work / "body.bin", args.requests, args.concurrency)
                     result["cpu_s_per_request"] = (_cpu_seconds(proc.pid) - cpu0) / args.requests
+                    for kind, cpu in _thread_cpu(proc.pid).items():
+                        result[f"us_{kind.replace(' ', '_')}"] = (cpu - threads0.get(kind, 0.0)) / args.requests * 1e6
                     result["per_core"] = 1 / result["cpu_s_per_request"]
                     rows.setdefault(server, []).append(result)
                     if repeat == 0 and args.idle_connections:
@@ -183,15 +203,18 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{len(body)}-byte reports, {args.requests} per run, {args.concurrency} connections, "
           f"median of {args.repeats}; load {os.getloadavg()[0]:.1f}")
-    print("| server | reports/s (wall) | edge CPU s per report | reports/s per core | p50 ms | p99 ms | 202s | "
+    print("| server | reports/s (wall) | edge CPU per report (event loop / librdkafka / other threads) | "
+          "reports/s per core | p50 ms | p99 ms | 202s | "
           "RSS idle / with idle connections (MB) |")
     for name, results in rows.items():
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
         mem = memory.get(name)
         mem_text = f"{mem[0]:.0f} / {mem[1]:.0f}" if mem else ""
         if "p50_ms" in med:
-            print(f"| {name} | {med['rps']:,.0f} | {med['cpu_s_per_request'] * 1e6:,.0f} us | {med['per_core']:,.0f} "
-                  f"| {med['p50_ms']:.1f} | {med['p99_ms']:.1f} | {med['ok']:.0f}/{args.requests} | {mem_text} |")
+            split = " / ".join(f"{med[k]:.0f}" for k in ("us_event_loop", "us_librdkafka", "us_other") if k in med)
+            print(f"| {name} | {med['rps']:,.0f} | {med['cpu_s_per_request'] * 1e6:,.0f} us ({split}) | "
+                  f"{med['per_core']:,.0f} | {med['p50_ms']:.1f} | {med['p99_ms']:.1f} | "
+                  f"{med['ok']:.0f}/{args.requests} | {mem_text} |")
         else:
             print(f"| {name} | {med['rps']:,.0f} | {med['cpu_s_per_record'] * 1e6:,.0f} us (producer) | "
                   f"{1 / med['cpu_s_per_record']:,.0f} | | | | |")

@@ -228,7 +228,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     run_demo(clients=args.clients, mechanism=args.mechanism, epsilon=args.epsilon, out=args.out,
              spec_path=args.spec, kind=args.kind, distribution=args.distribution, zipf_s=args.zipf_s,
              bad_per_kind=args.bad_per_kind, seed=args.seed, bootstrap=args.bootstrap,
-             kafka_client=args.kafka_client, kafka_config=kafka_config)
+             kafka_client=args.kafka_client, kafka_config=kafka_config, direct=args.direct)
     return 0
 
 

@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bad_per_kind", type=_non_negative_int, default=3,
                       help="bad records of each kind to inject (shows the dead-letter path; default 3)")
     demo.add_argument("--bootstrap", default=None, help="use this broker instead of an embedded one")
+    demo.add_argument("--direct", action="store_true",
+                      help="produce the devices' raw events straight to Kafka for the encoder job to randomize and "
+                           "seal (the older shortcut); default: the devices seal their own reports and post them "
+                           "to an esa edge on loopback HTTP, the production path")
     demo.add_argument("--seed", type=int, default=None, help="seed (simulations only; default OS entropy)")
     demo.add_argument("--kafka_client", default=DEFAULT_CLIENT, choices=list(CLIENTS),
                       help=f"Kafka client library of the simulator and the three jobs (default {DEFAULT_CLIENT})")

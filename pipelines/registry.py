@@ -44,6 +44,7 @@ STORE_NAME = Path("registry") / "devices.sqlite"
 STREAM_CATCH_UP_S = 30.0
 _IMPORT_BATCH = 100_000
 _PROGRESS_RECORDS = 1_000_000
+_APPLY_RECORDS = 100_000  # changes per store transaction in a catch-up (~10 MB of Python objects)
 
 
 def store_path(state_dir: Path) -> Path:
@@ -94,8 +95,9 @@ def _read_topic(store: DeviceStore, state_dir: Path, out: CatchUp, bootstrap: st
                                  client=client)
     letters_dir = DeadLetterStore(Path(state_dir) / "dead_letters")
     shown = 0
+    changes: list[tuple[str, bytes | None]] = []
+    offsets: dict[int, int] = {}
     for batch in batches:
-        changes: list[tuple[str, bytes | None]] = []
         letters: list[dict[str, Any]] = []
         for record in batch:
             try:
@@ -107,14 +109,35 @@ def _read_topic(store: DeviceStore, state_dir: Path, out: CatchUp, bootstrap: st
             out.dead_letters.append(str(path))
             LOG.warning("%d devices-topic record(s) dead-lettered to %s, first: %s", len(letters), path,
                         letters[0]["reason"])
-        out.changed += store.apply(changes, topic=topic, offsets=_next_offsets(batch))
+        for partition, nxt in _next_offsets(batch).items():
+            offsets[partition] = max(offsets.get(partition, 0), nxt)
         out.read += len(batch)
         out.dead_lettered += len(letters)
+        if len(changes) >= _APPLY_RECORDS:
+            out.changed += _apply_sorted(store, changes, topic, offsets)
+            changes, offsets = [], {}
         if out.read - shown >= _PROGRESS_RECORDS:
             shown = out.read
             LOG.info("device registry: %d devices-topic records read", out.read)
+    if changes or offsets:
+        out.changed += _apply_sorted(store, changes, topic, offsets)
     # the ends as planned: past trailing offsets that hold no record (compacted away, transaction markers)
     store.apply((), topic=topic, offsets={r.partition: r.stop for r in plan if r.stop > r.start})
+
+
+def _apply_sorted(store: DeviceStore, changes: list[tuple[str, bytes | None]], topic: str,
+                  offsets: dict[int, int]) -> int:
+    """Apply many batches' changes in one transaction, in device-id order: the B-tree's pages are then
+    written in one sweep, each once per transaction, instead of one random page per enrolment (at 10^6
+    devices: 91,000 enrolments per CPU-second instead of 68,000, and the benchmark wrote 0.9 GB instead of 3.4 GB
+    for a 63 MiB store; docs/performance.md). The sort is stable, so the changes of one device keep their topic
+    order, and the changes of different devices commute."""
+    changes.sort(key=_device_of)
+    return store.apply(changes, topic=topic, offsets=offsets)
+
+
+def _device_of(change: tuple[str, bytes | None]) -> str:
+    return change[0]
 
 
 def _next_offsets(batch: list[KafkaRecord]) -> dict[int, int]:

@@ -31,6 +31,7 @@ from pipelines.demo.plots import plot, plot_file_name
 from pipelines.demo.population import synthesize, truth_table
 from pipelines.demo.simulate import produce_population
 from pipelines.demo.value_laws import l2_shrink
+from pipelines.demo.via_edge import produce_through_edge
 from pipelines.end_to_end import ChainSummary, run
 from pipelines.enrolment import enrol_simulated
 from pipelines.examples import EXAMPLES_DIR
@@ -268,10 +269,14 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
              spec_path: Path | None = None, kind: str = "histogram", distribution: str = "zipf",
              zipf_s: float = 1.1, bad_per_kind: int = 3, seed: int | None = None,
              bootstrap: str | None = None, kafka_client: str = DEFAULT_CLIENT,
-             kafka_config: dict[str, Any] | None = None) -> DemoOutcome:
+             kafka_config: dict[str, Any] | None = None, direct: bool = False) -> DemoOutcome:
     """Run the whole demo of one kind (``DEMO_SPECS``); uses an embedded broker unless ``bootstrap`` names one.
     ``kafka_client`` and ``kafka_config`` (TLS/SASL settings, already checked) serve every Kafka client of the
-    demo: the simulator's producers and the three jobs."""
+    demo: the simulator's producers, the edge's and the three jobs'.
+
+    By default the simulated devices encode and seal their reports themselves and post them to an ``esa edge``
+    over loopback HTTP (``pipelines.demo.via_edge``), the production path. ``direct``: the older shortcut, raw
+    events produced straight to Kafka and randomized and sealed by the encoder job."""
     kafka_config = dict(kafka_config or {})
     if kind not in DEMO_SPECS:
         raise ValueError(f"demo kind must be one of {', '.join(DEMO_SPECS)} (got {kind!r})")
@@ -298,12 +303,21 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     if bootstrap is not None:  # the broker answers, or one line and exit 4 before keys or topics are made
         existing_topics(bootstrap, client=kafka_client, kafka_config=kafka_config)
     with LocalBroker() if bootstrap is None else _External(bootstrap) as broker:
-        print(f"broker on {broker.bootstrap}; producing {clients:,} clients of {spec.spec_id}", file=sys.stderr)
+        how = "producing their raw events to Kafka" if direct else "reporting through the edge over HTTP"
+        print(f"broker on {broker.bootstrap}; {clients:,} clients of {spec.spec_id} {how}", file=sys.stderr)
         t0 = time.perf_counter()
         enrol_simulated(default_keys_dir(out), population.client_ids.tolist())
-        produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic, reports_topic=reports_topic,
-                           bad_per_kind=bad_per_kind, seed=seed, progress=progress_printer("produced"),
-                           client=kafka_client, client_config=kafka_config)
+        if direct:
+            produced = produce_population(broker.bootstrap, spec, population, raw_topic=raw_topic,
+                                          reports_topic=reports_topic, bad_per_kind=bad_per_kind, seed=seed,
+                                          progress=progress_printer("produced"), client=kafka_client,
+                                          client_config=kafka_config)
+        else:
+            produced = produce_through_edge(broker.bootstrap, spec, population, default_keys_dir(out),
+                                            default_state_dir(out) / "edge" / run_id, raw_topic=raw_topic,
+                                            reports_topic=reports_topic, bad_per_kind=bad_per_kind, seed=seed,
+                                            progress=progress_printer("reports accepted by the edge"),
+                                            client=kafka_client, client_config=kafka_config)
         print(f"  produced in {time.perf_counter() - t0:.1f} s; running encode ▸ shuffle ▸ analyze",
               file=sys.stderr, flush=True)
         # A demo is a backfill of past windows: drain releases every window at the end of the run.
@@ -319,6 +333,8 @@ def run_demo(*, clients: int, mechanism: str | None, epsilon: float | None, out:
     comparison = compare(estimates, truth, on=JOIN_ON.get(spec.kind, "item_index"))
     kind_facts, evidence = kind_checks(spec, estimates, comparison, truth, seed)
     facts = summarize(spec, summary, comparison, estimates, kind_facts)
+    facts["produced"] = {"path": "direct" if direct else "edge",
+                         **{k.replace(run_id, "RUN"): v for k, v in produced.items()}}
     (out / "summary.json").write_text(json.dumps(facts, indent=2))
     plot_file = plot_file_name(spec)
     if comparison.num_rows:

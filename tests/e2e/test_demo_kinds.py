@@ -1,7 +1,8 @@
 """Every ``esa demo --kind`` end to end on the session's real broker, at small sizes.
 
-Each run synthesizes a population with a known truth, produces it (plus bad records of every kind) to
-Kafka, runs encode -> shuffle -> analyze and compares. Asserted: the record accounting balances, every
+Each run synthesizes a population with a known truth, sends it (plus bad records of every kind) through the
+ingestion edge over HTTP (or, for the kinds marked direct, as raw events straight to Kafka), runs encode ->
+shuffle -> analyze and compares. Asserted: the record accounting balances, every
 bad record is dead-lettered, estimates are within their error bars (max |error|/stderr below the Bonferroni
 bound for the number of items at the 1e-3 level: 4.32 for 64 items, 4.76 for 512), and the picture is
 written.
@@ -50,25 +51,34 @@ partition = "app_version"
 epsilon_year = 8.0
 """
 
+# (kind, spec, clients, direct): four kinds report through the edge as `esa demo` does by default (the devices
+# seal in batches, pipelines.demo.device_batch: the memoized RAPPOR of the grid, vectors, multi-message sets, range
+# trees), three keep the direct path (raw events, the encoder job) covered: kv_mean, range and heavy hitters.
 CASES = {
-    "grid": ("grid", SMALL_GRID, 6000),
-    "kv_mean": ("kv_mean", None, 6000),
-    "vector_mean": ("vector_mean", None, 6000),
-    "multimessage": ("histogram", example_path("app_language_multimessage.toml"), 4000),
+    "grid": ("grid", SMALL_GRID, 6000, False),
+    "kv_mean": ("kv_mean", None, 6000, True),
+    "vector_mean": ("vector_mean", None, 6000, False),
+    "multimessage": ("histogram", example_path("app_language_multimessage.toml"), 4000, False),
 }
 
 
-def _assert_bad_records_dead_lettered(accounting: dict[str, dict[str, int]]) -> None:
-    """Two of each bad kind: the encoder refuses non-Avro bytes and out-of-domain values; the shuffler refuses
-    the three unsigned old-style reports and the second event of a client in its window."""
+def _assert_bad_records_dead_lettered(facts: dict) -> None:
+    """Two of each bad kind: the encoder refuses non-Avro bytes and out-of-domain values; the three unsigned
+    old-style reports are refused by the edge (400, nothing written) when the devices report through it, else
+    dead-lettered by the shuffler, which also refuses the second event of a client in its window."""
+    accounting, produced = facts["accounting"], facts["produced"]
     assert accounting["encode"]["dead_lettered"] == 2 * 2, accounting
-    assert accounting["shuffle"]["dead_lettered"] == 2 * 3 + 2, accounting
+    if produced["path"] == "edge":
+        assert produced["refused_by_edge"] == 2 * 3, produced
+        assert accounting["shuffle"]["dead_lettered"] == 2, accounting
+    else:
+        assert accounting["shuffle"]["dead_lettered"] == 2 * 3 + 2, accounting
     assert accounting["analyze"]["dead_lettered"] == 0, accounting
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_demo_kind_end_to_end(case: str, broker: object, tmp_path: Path) -> None:
-    kind, spec_source, clients = CASES[case]
+    kind, spec_source, clients, direct = CASES[case]
     spec_path = None
     if isinstance(spec_source, str):
         spec_path = tmp_path / "spec.toml"
@@ -76,10 +86,11 @@ def test_demo_kind_end_to_end(case: str, broker: object, tmp_path: Path) -> None
     elif spec_source is not None:
         spec_path = spec_source
     outcome = run_demo(clients=clients, mechanism=None, epsilon=None, out=tmp_path / "out", spec_path=spec_path,
-                       kind=kind, seed=21, bootstrap=broker.bootstrap, bad_per_kind=2)
+                       kind=kind, seed=21, bootstrap=broker.bootstrap, bad_per_kind=2, direct=direct)
     facts = outcome.facts
+    assert facts["produced"]["path"] == ("direct" if direct else "edge")
     assert facts["accounting_balanced"], facts["accounting"]
-    _assert_bad_records_dead_lettered(facts["accounting"])
+    _assert_bad_records_dead_lettered(facts)
     assert facts["items"] > 0
     assert facts["max_abs_error_over_stderr"] < bonferroni_z(facts["items"]), facts
     spec = load_spec(spec_path or DEMO_SPECS[kind])  # DEMO_SPECS are paths into the packaged examples
@@ -129,7 +140,7 @@ def _run(tmp_path: Path, broker: object, spec_text: str, kind: str, clients: int
                        kind=kind, seed=21, bootstrap=broker.bootstrap, bad_per_kind=2, **kwargs)
     facts = outcome.facts
     assert facts["accounting_balanced"], facts["accounting"]
-    _assert_bad_records_dead_lettered(facts["accounting"])
+    _assert_bad_records_dead_lettered(facts)
     assert (tmp_path / "out" / plot_file_name(load_spec(spec_path))).stat().st_size > 10_000
     return outcome
 
@@ -144,7 +155,7 @@ def test_range_kinds_end_to_end(kind: str, broker: object, tmp_path: Path) -> No
     run at this size shows 95-100 % within 3 stderr; 90 % still fails for a mis-joined truth (~70 %). The 95 %
     quantile intervals miss too often for a test (a 95 % interval misses once in twenty by design)."""
     extra = "quantiles = [0.25, 0.5, 0.9]" if kind == "quantile" else ""
-    outcome = _run(tmp_path, broker, SMALL_RANGE.format(kind=kind, extra=extra), kind, 6000)
+    outcome = _run(tmp_path, broker, SMALL_RANGE.format(kind=kind, extra=extra), kind, 6000, direct=kind == "range")
     facts = outcome.facts
     assert facts["nodes"] == 2047 and facts["random_ranges"] == 1000
     assert facts["fraction_within_3_stderr"] >= 0.90, facts
@@ -160,7 +171,7 @@ def test_range_kinds_end_to_end(kind: str, broker: object, tmp_path: Path) -> No
 def test_heavy_hitters_end_to_end(broker: object, tmp_path: Path) -> None:
     """Zipf(1.5) URLs over 2^20 possible ones, 8000 clients, eps 6: the true top 4 (>= 380 clients each, the
     5th-6th gap is only ~2 stderr) are among the reported top 5, found by prefix expansion of 24-bit hashes."""
-    outcome = _run(tmp_path, broker, SMALL_HEAVY_HITTERS, "heavy_hitters", 8000, zipf_s=1.5)
+    outcome = _run(tmp_path, broker, SMALL_HEAVY_HITTERS, "heavy_hitters", 8000, zipf_s=1.5, direct=True)
     facts = outcome.facts
     reported = set(outcome.comparison["item"].to_pylist())
     truth = pq.read_table(tmp_path / "out" / "truth.parquet").sort_by([("truth", "descending")])

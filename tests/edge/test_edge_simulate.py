@@ -60,3 +60,27 @@ def test_edge_without_devices_is_a_usage_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "pipelines.cli", "simulate", "--bootstrap", "127.0.0.1:1",
                            "--edge", "http://127.0.0.1:1"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--devices" in done.stderr
+
+
+def test_bulk_posting_of_batch_sealed_reports(broker, topic_name: str, tmp_path: Path) -> None:
+    """What ``esa demo`` does: reports sealed in numpy batches (``device_batch``), posted on pipelined keep-alive
+    connections (``bulk_client``). A device's second report inside its rate gets 429 and is posted again after
+    the Retry-After (then 202); a body that is no sealed set gets its 400 once; every 202 is in the topic."""
+    from pipelines.demo.device_batch import sealed_reports
+    from pipelines.demo.population import synthesize
+    from pipelines.edge.bulk_client import post_pipelined
+
+    keys = tmp_path / "keys"
+    init_keys(keys)
+    ensure_topics(broker.bootstrap, [topic_name, f"{topic_name}-devices"], partitions=2)
+    spec = load_spec(REPO / "examples" / "service_minute.toml")
+    population = synthesize(spec, 40, seed=3)
+    chunks = list(sealed_reports(spec, population, keys, seed=3, chunk=16))
+    assert [len(c) for c in chunks] == [16, 16, 8]
+    chunks.append([chunks[0][0], b"\x01not a sealed set"])  # device 0 again at once, and garbage
+    with EdgeProcess(broker.bootstrap, keys, tmp_path / "spool", tmp_path / "edge.log", "--reports_topic",
+                     topic_name, "--devices_topic", f"{topic_name}-devices", "--rate_per_device", "1",
+                     "--burst_per_device", "1") as edge:
+        answers = post_pipelined(edge.url, chunks, connections=4, depth=4, max_chunks=2)
+    assert answers == {202: 41, 400: 1}
+    assert len(topic_records(broker.bootstrap, topic_name)) == 41

@@ -116,11 +116,15 @@ def test_demo_writes_its_outputs(tmp_path: Path) -> None:
     for name in ("truth.parquet", "summary.json", "estimates_vs_truth.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert read_estimates(tmp_path).num_rows == 64
-    # The demo's bad records (3 of each kind) are dead-lettered by the encoder and the shuffler.
+    # The demo's bad records (3 of each kind): the devices reported through the edge, which refused the three
+    # kinds of bad report (4xx, nothing written); the encoder dead-letters the two kinds of bad raw event and
+    # the shuffler the duplicate event of a device that had reported.
     state = default_state_dir(tmp_path)
-    assert len(_letters(state / "encode" / "dead_letters")) == 2 * 3
-    assert len(_letters(state / "shuffle" / "dead_letters")) == 4 * 3
     facts = json.loads((tmp_path / "summary.json").read_text())
+    assert facts["produced"]["path"] == "edge" and facts["produced"]["accepted_by_edge"] == 4000, facts["produced"]
+    assert facts["produced"]["refused_by_edge"] == 3 * 3, facts["produced"]
+    assert len(_letters(state / "encode" / "dead_letters")) == 2 * 3
+    assert len(_letters(state / "shuffle" / "dead_letters")) == 1 * 3
     assert facts["accounting_balanced"]
     # 64 items, each |z| <= 3 with probability 0.997: expect 0.2 outside, P(more than 6 outside) < 1e-6.
     assert facts["fraction_within_3_stderr"] >= 1 - 6 / 64
