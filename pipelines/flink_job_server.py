@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pipelines.artifacts import compiled_java, maven_classpath
@@ -185,9 +186,25 @@ def serve(flink_master: str, work_dir: Path, watch_stdin: bool, extra_libs: str 
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "artifacts").mkdir(exist_ok=True)
     log_path = work_dir / "job-server.log"
+    command = java_command(flink_master, work_dir / "artifacts", extra_libs)
+
+    def failure(jvm: subprocess.Popen[bytes], text: str) -> str:
+        causes = re.findall(r"(?:Caused by: |ERROR |Exception: )(.*)", text)
+        return (f"the job server JVM {'exited' if jvm.returncode else 'did not start'}: "
+                f"{(causes[-1] if causes else text.strip().splitlines()[-1:] or ['no output'])}")
+
+    return watch_jvm(command, log_path, STARTED, "JOB_ENDPOINT", failure, watch_stdin)
+
+
+def watch_jvm(command: list[str], log_path: Path, started: re.Pattern[str], marker: str,
+              failure: Callable[[subprocess.Popen[bytes], str], str], watch_stdin: bool) -> int:
+    """The watchdog of one JVM service (this job server, the KafkaIO expansion service): start it logging to
+    ``log_path``, print ``MARKER endpoint pid`` once ``started`` matches its log, then run it until the owner
+    goes (stdin EOF), a signal comes, or the JVM exits; its exit code. A JVM that never started is one line
+    on stderr (``failure`` of the JVM and its log) and exit 1."""
     with open(log_path, "ab") as log:
-        jvm = subprocess.Popen(java_command(flink_master, work_dir / "artifacts", extra_libs), stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        jvm = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               preexec_fn=_die_with_parent)
     stopping = False
 
     def _stop(*_: object) -> None:
@@ -198,17 +215,14 @@ def serve(flink_master: str, work_dir: Path, watch_stdin: bool, extra_libs: str 
     signal.signal(signal.SIGINT, _stop)
     deadline, endpoint = time.monotonic() + START_TIMEOUT_S, ""
     while not endpoint and not stopping and jvm.poll() is None and time.monotonic() < deadline:
-        found = STARTED.search(log_path.read_text(errors="replace"))
+        found = started.search(log_path.read_text(errors="replace"))
         endpoint = found.group(1) if found else ""
         time.sleep(0.2)
     if not endpoint:
         _terminate(jvm)
-        text = log_path.read_text(errors="replace")
-        causes = re.findall(r"(?:Caused by: |ERROR |Exception: )(.*)", text)
-        print(f"the job server JVM {'exited' if jvm.returncode else 'did not start'}: "
-              f"{(causes[-1] if causes else text.strip().splitlines()[-1:] or ['no output'])}", file=sys.stderr)
+        print(failure(jvm, log_path.read_text(errors="replace")), file=sys.stderr)
         return 1
-    print(f"JOB_ENDPOINT {endpoint} {jvm.pid}", flush=True)
+    print(f"{marker} {endpoint} {jvm.pid}", flush=True)
     while not stopping and jvm.poll() is None:
         if watch_stdin:
             readable, _, _ = select.select([sys.stdin], [], [], 0.5)

@@ -25,15 +25,13 @@ import argparse
 import atexit
 import os
 import re
-import select
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from pipelines.artifacts import compiled_java, maven_classpath
-from pipelines.flink_job_server import HOST, JAVA_OPTS, _die_with_parent, _readline, _terminate
+from pipelines.flink_job_server import HOST, JAVA_OPTS, _readline, watch_jvm
 
 BEAM_VERSION = "2.62.0"
 KAFKA_CLIENTS = "3.9.1"  # KafkaIO supports kafka-clients 2.x-3.x; this one speaks to Kafka 4 brokers
@@ -139,42 +137,17 @@ def stop_shared_expansion_service() -> None:
 
 def serve(watch_stdin: bool) -> int:
     """The watchdog: run the JVM until the owner's pipe closes, a signal comes, or the JVM exits."""
-    import signal
     import tempfile
 
     log_path = Path(tempfile.mkstemp(prefix="esa-kafka-expansion-", suffix=".log")[1])
-    with open(log_path, "ab") as log:
-        jvm = subprocess.Popen(java_command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               preexec_fn=_die_with_parent)
-    stopping = False
 
-    def _stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
+    def failure(_jvm: subprocess.Popen[bytes], text: str) -> str:
+        lines = text.strip().splitlines()
+        return f"the expansion service JVM did not start: {lines[-1] if lines else 'no output'} (log: {log_path})"
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    deadline, endpoint = time.monotonic() + START_TIMEOUT_S, ""
-    while not endpoint and not stopping and jvm.poll() is None and time.monotonic() < deadline:
-        found = STARTED.search(log_path.read_text(errors="replace"))
-        endpoint = found.group(1) if found else ""
-        time.sleep(0.2)
-    if not endpoint:
-        _terminate(jvm)
-        text = log_path.read_text(errors="replace").strip().splitlines()
-        print(f"the expansion service JVM did not start: {text[-1] if text else 'no output'} (log: {log_path})",
-              file=sys.stderr)
-        return 1
-    print(f"EXPANSION_ENDPOINT {endpoint} {jvm.pid}", flush=True)
-    while not stopping and jvm.poll() is None:
-        if watch_stdin:
-            readable, _, _ = select.select([sys.stdin], [], [], 0.5)
-            if readable and not os.read(sys.stdin.fileno(), 4096):
-                break  # end of file: the owner closed it or died
-        else:
-            time.sleep(0.5)
-    code = _terminate(jvm)
-    log_path.unlink(missing_ok=True)
+    code = watch_jvm(java_command(), log_path, STARTED, "EXPANSION_ENDPOINT", failure, watch_stdin)
+    if code == 0:
+        log_path.unlink(missing_ok=True)
     return code
 
 
