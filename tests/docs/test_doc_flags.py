@@ -31,6 +31,7 @@ OTHER_PROGRAMS = {
     "--taskmanagers": REPO / "pipelines" / "flink_cluster.py",
     "--taskmanager-memory": REPO / "pipelines" / "flink_cluster.py",
     "--service_port": "Beam's worker_pool_main",
+    "--election-type": "Apache Kafka's kafka-leader-election tool",
     "--legacy_registry": REPO / "transforms" / "trust" / "__main__.py",
     "--bulk": REPO / "benchmarks" / "registry_scale.py",
     "--phase": REPO / "benchmarks" / "registry_scale.py",
