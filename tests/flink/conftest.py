@@ -65,11 +65,29 @@ def harness_options(flink_env: Path) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def job_server(flink_cluster: LocalFlinkCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobServer]:
-    """One job server for the cluster, shared by the tests that pass ``--job_endpoint``."""
-    server = JobServer(flink_cluster.rest, tmp_path_factory.mktemp("job-server"))
-    server.start()
+def _job_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, JobServer]]:
+    """The job servers of this session by the cluster address they submit to (at most one alive)."""
+    servers: dict[str, JobServer] = {}
     try:
-        yield server
+        yield servers
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture
+def job_server(flink_cluster: LocalFlinkCluster, _job_servers: dict[str, JobServer],
+               tmp_path_factory: pytest.TempPathFactory) -> JobServer:
+    """One job server for the cluster, shared by the tests that pass ``--job_endpoint``. A job server is bound
+    to the REST address it was started with: the savepoint test restarts the cluster, which comes back on
+    another port, so a server for the old address is stopped and one for the new address started (a stale one
+    submits to a cluster that is gone, and the job never starts)."""
+    rest = flink_cluster.rest
+    if rest not in _job_servers:
+        for stale in _job_servers.values():
+            stale.stop()
+        _job_servers.clear()
+        server = JobServer(rest, tmp_path_factory.mktemp("job-server"))
+        server.start()
+        _job_servers[rest] = server
+    return _job_servers[rest]
