@@ -16,6 +16,7 @@ import pytest
 
 from pipelines import cli
 from transforms.io.kafka import bounded as kafkaio
+from transforms.io.kafka import writer as kafka_writer
 from transforms.io.kafka.bounded import read_topic
 from transforms.io.kafka.config import CLIENTS, CONFLUENT, KAFKA_PYTHON
 
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """(what, client) of every producer and topic creation made through transforms.io.kafka.bounded."""
+    """(what, client) of every producer (made by transforms.io.kafka.writer, the one module that writes to
+    Kafka) and every topic creation (transforms.io.kafka.bounded)."""
     calls: list[tuple[str, str]] = []
 
     def spy(what: str, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -33,7 +35,7 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
             return real(client, *args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(kafkaio, "producer", spy("produce", kafkaio.producer))
+    monkeypatch.setattr(kafka_writer, "producer", spy("produce", kafka_writer.producer))
     monkeypatch.setattr(kafkaio, "create_topics", spy("create", kafkaio.create_topics))
     return calls
 
