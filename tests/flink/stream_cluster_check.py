@@ -1,7 +1,7 @@
 """NOT COLLECTED by the suite (not named ``test_*``): it fails today, and a run costs ~8 minutes of cluster time on
 a loaded 2-core machine. Run it by its path: ``pytest tests/flink/stream_cluster_check.py``.
 
-The streaming shuffler on the local Flink cluster (as ``test_stream_on_cluster.py``) with one of its two
+The streaming shuffler on the local Flink cluster (as ``stream_on_cluster_check.py``) with one of its two
 TaskManagers killed with SIGKILL mid-read: Flink restarts the job from its checkpoint, and the releases must be
 those of the bounded drain, each window once.
 
