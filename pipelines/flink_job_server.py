@@ -131,19 +131,25 @@ class JobServer:
     def stop(self, grace_s: float = STOP_GRACE_S + 10) -> None:
         """Close the watchdog's stdin (it stops the JVM) and wait for it; SIGKILL it if it does not exit."""
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None:
-            try:
-                if watchdog.stdin:
-                    watchdog.stdin.close()
-            except OSError:
-                pass
-            try:
-                watchdog.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                watchdog.kill()  # the JVM follows it (PDEATHSIG)
-                watchdog.wait(timeout=grace_s)
+        stop_watchdog(watchdog, grace_s)
         if self._own_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+def stop_watchdog(watchdog: subprocess.Popen[str] | None, grace_s: float) -> None:
+    """Close a JVM watchdog's stdin (it stops the JVM) and wait for it; SIGKILL it if it does not exit."""
+    if watchdog is None:
+        return
+    try:
+        if watchdog.stdin:
+            watchdog.stdin.close()
+    except OSError:
+        pass
+    try:
+        watchdog.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()  # the JVM follows it (PDEATHSIG)
+        watchdog.wait(timeout=grace_s)
 
 
 def _readline(proc: subprocess.Popen[str], timeout_s: float) -> str:

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 from pipelines.artifacts import compiled_java, maven_classpath
-from pipelines.flink_job_server import HOST, JAVA_OPTS, _readline, watch_jvm
+from pipelines.flink_job_server import HOST, JAVA_OPTS, _readline, stop_watchdog, watch_jvm
 
 BEAM_VERSION = "2.62.0"
 KAFKA_CLIENTS = "3.9.1"  # KafkaIO supports kafka-clients 2.x-3.x; this one speaks to Kafka 4 brokers
@@ -97,18 +97,7 @@ class ExpansionService:
 
     def stop(self, grace_s: float = 25.0) -> None:
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is None:
-            return
-        try:
-            if watchdog.stdin:
-                watchdog.stdin.close()
-        except OSError:
-            pass
-        try:
-            watchdog.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            watchdog.kill()  # the JVM follows it (PDEATHSIG)
-            watchdog.wait(timeout=grace_s)
+        stop_watchdog(watchdog, grace_s)
 
 
 _SHARED: list[ExpansionService] = []
