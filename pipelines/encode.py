@@ -9,7 +9,7 @@ The Kafka key is the device id, so one device's sets stay in order in one partit
 here (``STATE/dead_letters``). Accounting: read = dead-lettered + encoded.
 
 A run's sets are written in one Kafka transaction (``transforms.io.kafka.writer``): the pipeline stages
-them (``STATE/staging/<run>/sets-*``) and the driver, once it succeeded, writes them all and commits, so a
+them (``STATE/staging/<run>.<attempt>/sets-*``) and the driver, once it succeeded, writes them all and commits, so a
 read_committed shuffler sees a run whole or not at all, and plans its reads up to the last stable offset:
 never past a set a run still open may add (issue 34, K1). A crash before the commit aborts it (nothing
 visible; the rerun writes the same bytes); after it, the rerun writes them again and the shuffler keeps one.

@@ -19,6 +19,9 @@
     9  FENCED             another shuffler took over this shuffled topic's transactional id (the documented
                           outcome of starting a second shuffler): this one stopped; what it had sealed stays in
                           its ledger, republished only if it is started again
+   10  RUNNER_LOST        the runner lost the run: its Flink job server went away mid-run (killed, crashed),
+                          or an earlier driver's job on the cluster would not be cancelled; nothing was
+                          released or committed, the run's Flink job was cancelled: run the command again
   130  INTERRUPTED        stopped by SIGINT (Ctrl-C) before it finished; what it had committed stays
                           committed, and a demo that sealed nothing can use the same --out again
   143  TERMINATED         stopped by SIGTERM, likewise (a --follow job stopped by either signal after its
@@ -41,6 +44,7 @@ class ExitCode(IntEnum):
     OUT_OF_SPACE = 7
     STATE_UNUSABLE = 8
     FENCED = 9
+    RUNNER_LOST = 10
     INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C
     TERMINATED = 143  # 128 + SIGTERM
 
@@ -79,6 +83,12 @@ class FencedError(EsaError):
     """A second shuffler fenced this one: it stops publishing (exit 9)."""
 
     exit_code = ExitCode.FENCED
+
+
+class RunnerLostError(EsaError):
+    """The job server went away mid-run, or an orphaned job would not be cancelled (exit 10)."""
+
+    exit_code = ExitCode.RUNNER_LOST
 
 
 class StateLockedError(EsaError):

@@ -3,12 +3,13 @@
 A job is a service that runs as a sequence of bounded runs. Each run, under an exclusive lock on the job's
 ``--state_dir``, reads every partition from its *resume offset* (kept in the state dir; the consumer
 group's committed offset only on the very first run) to the end of the log, runs one Beam pipeline that
-stages its results in ``state_dir/staging/<run key>`` (or under ``--staging_location``, a URL the workers of a
+stages its results in ``state_dir/staging/<run key>.<attempt>`` (or under ``--staging_location``, a URL the workers of a
 cluster can write: ``gs://``, ``s3://``), and then -- only after the pipeline succeeded --
 the job's driver seals each release in the ledger, publishes it, moves the staged outputs into place and
 finally saves the new resume offsets (never past a record of a window that is still open) and commits
 them to the consumer group for lag monitoring. A crash anywhere before the state is saved re-runs with
-the same run key: staged outputs are overwritten, sealed releases republished identically.
+the same run key: staged outputs are redone (each attempt in its own directory, so a job an earlier
+attempt left running on a cluster never writes into them), sealed releases republished identically.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines.exit_codes import ConfigError, KafkaUnavailableError
+from pipelines.flink_jobs import adopt_flink_job, owned_flink_job
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.options import (
     local_runner_requested,
@@ -154,9 +156,12 @@ def plan_run(config: JobConfig, stage: str, topic: str, options: PipelineOptions
         state = replace(state, last_data_wall_ms={**state.last_data_wall_ms,
                                                   **{f"{topic}/{p}": now for p in pending}})
     use_filesystem_options(options)
+    adopt_flink_job(config, stage, options)  # on a Flink cluster: an earlier driver's orphaned job is cancelled
     root = staging_root(config, stage)
     clear_staging(root)  # crashed attempts (same key or older): their staged files are redone or stale
-    staging = join(root, key)
+    # Each attempt stages in its own directory: a job an earlier attempt left running on a cluster (its driver
+    # killed) can only write where nothing reads, never into this attempt's files (pipelines.flink_jobs).
+    staging = join(root, f"{key}.{secrets.token_hex(4)}")
     prepare_staging(staging)
     fresh = sum(max(0, r.stop - max(r.start, state.processed_until.get(f"{r.topic}/{r.partition}", 0))) for r in plan)
     LOG.log(logging.INFO if fresh else logging.DEBUG, "%s run %s: %d records planned from %s, %d of them new "
@@ -260,11 +265,12 @@ def run_pipeline(build: Callable[[beam.Pipeline], None], options: PipelineOption
     runner = FnApiRunner() if local_runner_requested(options) else None
     pipeline = beam.Pipeline(runner=runner, options=options)
     build(pipeline)
-    try:
-        result = pipeline.run()
-    finally:
-        options.view_as(StandardOptions).runner = named
-    state = result.wait_until_finish()
+    with owned_flink_job(options):  # on a Flink cluster: a lost job server is exit 10, its job cancelled
+        try:
+            result = pipeline.run()
+        finally:
+            options.view_as(StandardOptions).runner = named
+        state = result.wait_until_finish()
     if str(state) not in {"DONE", "PipelineState.DONE"}:
         raise RuntimeError(f"pipeline ended in state {state}; nothing was released or committed")
     return esa_counters(result)

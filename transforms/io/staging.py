@@ -9,7 +9,7 @@ index lets the driver list a release's parts and read their headers without read
 read each part alone, when its turn comes (``StagedEntry``). Names are derived from the element (not from
 the bundle), so a retried bundle -- grouped the same or differently -- adds no second copy of anything.
 
-The location is a local directory (the default, ``STATE/staging/<run key>``) or a URL that Beam's
+The location is a local directory (the default, ``STATE/staging/<run key>.<attempt>``) or a URL that Beam's
 ``FileSystems`` serves (``gs://``, ``s3://``): the workers of a Dataflow or Flink cluster cannot write the
 driver's disk, but they can write an object store the driver reads back. Local files are written with an
 atomic rename; objects are atomic by themselves (an upload becomes visible only once it is complete).

@@ -52,3 +52,8 @@ class StateDir:
     @property
     def staging_id(self) -> Path:
         return Path(self.root) / "staging.id"
+
+    @property
+    def flink_job_id(self) -> Path:
+        """The id in this directory's Flink job names (``pipelines.flink_jobs``): an orphan is found by it."""
+        return Path(self.root) / "flink-job.id"
