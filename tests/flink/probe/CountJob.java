@@ -1,6 +1,7 @@
 // A Flink job for testing the local cluster itself (not Beam): numbers 1..N, slowed down so that a failure
 // test can kill a TaskManager while it runs, written by an exactly-once FileSink (files committed on
 // checkpoints). After any number of restarts from checkpoints the output holds each number exactly once.
+// Arguments: N OUT SLEEP_MS_PER_THOUSAND [JOB_NAME].
 import org.apache.flink.api.common.serialization.SimpleStringEncoder;
 import org.apache.flink.api.common.typeinfo.Types;
 import org.apache.flink.connector.file.sink.FileSink;
@@ -23,6 +24,6 @@ public class CountJob {
             })
             .returns(Types.STRING)
             .sinkTo(FileSink.forRowFormat(new Path(out), new SimpleStringEncoder<String>()).build());
-        env.execute("esa-cluster-probe");
+        env.execute(args.length > 3 ? args[3] : "esa-cluster-probe");  // a name: tests of jobs found by name
     }
 }
