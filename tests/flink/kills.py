@@ -1,6 +1,7 @@
-"""Helpers of the driver- and job-server-kill tests on the Flink cluster: an esa driver started as its own
-process group (as a shell or an orchestrator starts it), the processes of that group, the cluster's jobs by
-name, and the SDK harnesses the cluster's TaskManagers started."""
+"""The driver- and job-server-kill test of a bounded job on the Flink cluster (``kill_driver_then_job_server``)
+and its helpers: an esa driver started as its own process group (as a shell or an orchestrator starts it), the
+processes of that group, the cluster's jobs by name (``/jobs/overview``), the SDK harnesses its TaskManagers
+started."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 from pipelines.flink_cluster import LocalFlinkCluster
+from transforms.state.ledger import ReleaseLedger
 
 TERMINAL = {"FINISHED", "FAILED", "CANCELED"}
 
@@ -101,3 +103,56 @@ def harnesses(cluster: LocalFlinkCluster) -> list[int]:
 
 def kill_group(pgid: int) -> None:
     os.killpg(pgid, signal.SIGKILL)
+
+
+def no_harness_left(cluster: LocalFlinkCluster, timeout_s: float = 120) -> list[int]:
+    """The harnesses still running after ``timeout_s`` (a TaskManager stops them when the job's tasks end)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := harnesses(cluster)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+def kill_driver_then_job_server(cluster: LocalFlinkCluster, env: Path, stage_dir: Path, command: list[str]) -> dict:
+    """Two attempts of a bounded esa job (``command``: its stage and flags, starting its own job server) killed
+    mid-run, each once its Flink job is RUNNING:
+
+    1. SIGKILL of the driver's whole process group (driver, job server watchdog, JVM): all three are gone, the
+       Flink job is left behind (measured: still RUNNING);
+    2. the rerun: it cancels that orphan before it submits (unless it finished by itself meanwhile), then
+       SIGKILL of only its job server JVM: the driver fails in one line, exit 10, its own job CANCELED.
+
+    Nothing is sealed by either. What the caller's next run of the command must do is finish to the undisturbed
+    result. Returns the Flink job name, the two jobs' ids and what became of the orphan."""
+    stage = command[0]
+    prefix = f"esa-{stage}-"
+    known = set(jobs_named(cluster, prefix))
+    driver = start_driver(env, *command)
+    orphan = wait_running(cluster, prefix, driver, known)
+    name = f"{prefix}{(stage_dir / 'flink-job.id').read_text().strip()}"
+    assert orphan["name"] == name  # named after its state directory: how a rerun finds it
+    members = group(driver.pid)
+    assert len(members) == 3 and job_server_jvm(driver.pid) in members, members  # driver, watchdog, JVM
+    kill_group(driver.pid)
+    driver.wait()
+    assert wait_gone(list(members)) == []
+    after_kill = state_of(cluster, orphan["jid"])
+
+    driver = start_driver(env, *command)
+    second = wait_running(cluster, prefix, driver, known | {orphan["jid"]})
+    assert second["name"] == name
+    orphan_end = state_of(cluster, orphan["jid"])
+    assert orphan_end in {"CANCELED", "FINISHED"}  # gone before the rerun submitted: cancelled, or done by itself
+    members = group(driver.pid)
+    os.kill(job_server_jvm(driver.pid), signal.SIGKILL)
+    _, err = driver.communicate(timeout=900)
+    lines = err.strip().splitlines()
+    assert driver.returncode == 10, err[-4000:]
+    assert "Traceback" not in err and lines[-1].startswith(f"esa {stage}: error: the Flink job server"), err[-4000:]
+    assert "went away mid-run" in lines[-1] and f"its Flink job {name}" in lines[-1] and "was cancelled" in lines[-1]
+    assert orphan_end == "FINISHED" or f"cancelled 1 Flink job(s) an earlier driver of {stage_dir}" in err, err
+    assert state_of(cluster, second["jid"]) == "CANCELED"  # by its driver, on the way out
+    assert wait_gone(list(members)) == []
+    assert list(ReleaseLedger(stage_dir / "ledger").entries()) == []  # nothing sealed by either attempt
+    return {"name": name, "orphan": orphan["jid"], "after_kill": after_kill, "orphan_end": orphan_end,
+            "second": second["jid"]}

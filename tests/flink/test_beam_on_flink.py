@@ -19,6 +19,8 @@ import pytest
 from pipelines.end_to_end import run
 from pipelines.job_config import JobConfig
 from tests.flink.beam_jobs import SEED, Topics, esa, job_states, ledgers, produce, rows
+from tests.flink.kills import TERMINAL, jobs_named, kill_driver_then_job_server, no_harness_left
+from transforms.io.kafka.bounded import read_topic
 from transforms.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -76,22 +78,37 @@ def test_split_encode_shuffle_analyze_on_the_cluster_match_in_process(
         flink_cluster, flink_env: Path, harness_options: list[str], job_server, topics: Topics,
         reference: dict) -> None:
     """The three jobs as three commands, each in its own state directory, through one running job server
-    (``--job_endpoint``)."""
+    (``--job_endpoint``). The shuffle is first started twice with its own job server and killed mid-run
+    (``tests.flink.kills.kill_driver_then_job_server``: the driver's process group, then the rerun's job server
+    JVM alone): the run that completes after them, and the chain, still equal the in-process chain's, with each
+    release once on the shuffled topic and no job, job server or harness left."""
     before = job_states(flink_cluster)
     name = "flink-split"
     flags = topics.flags(name)
-    runner = ["--runner=FlinkRunner", f"--flink_master={flink_cluster.rest}", f"--job_endpoint={job_server.endpoint}",
-              "--parallelism=2", *harness_options]
+    own = ["--runner=FlinkRunner", f"--flink_master={flink_cluster.rest}", "--parallelism=2", *harness_options]
+    runner = [*own, f"--job_endpoint={job_server.endpoint}"]
     state = topics.base / name / "state"
-    accounting = {}
+    accounting, killed = {}, {}
     for stage in ("encode", "shuffle", "analyze"):
         stage_flags = [f for f in flags if not f.startswith("--state_dir=")] + [f"--state_dir={state / stage}"]
+        if stage == "shuffle":
+            started = time.perf_counter()
+            killed = kill_driver_then_job_server(flink_cluster, flink_env, state / stage, [stage, *stage_flags, *own])
+            print(f"two shuffle attempts killed mid-run: {time.perf_counter() - started:.0f} s; {killed}")
         summary = esa(flink_env, stage, *stage_flags, *runner)
         assert summary["balanced"] is True, summary
         accounting[stage] = summary["accounting"]
     _check(topics, name, accounting, reference)
     jobs = _finished_jobs(flink_cluster, before)
-    assert len(jobs) == 3 and set(jobs.values()) == {"FINISHED"}, jobs
+    cancelled = {killed["second"]} | ({killed["orphan"]} if killed["orphan_end"] == "CANCELED" else set())
+    assert {jid: s for jid, s in jobs.items() if jid in cancelled} == dict.fromkeys(cancelled, "CANCELED"), jobs
+    finished = {jid: s for jid, s in jobs.items() if jid not in cancelled}
+    assert len(finished) == 3 + (killed["orphan_end"] == "FINISHED") and set(finished.values()) == {"FINISHED"}, jobs
+    assert not [j for j in jobs_named(flink_cluster, killed["name"]).values() if j["state"] not in TERMINAL]
+    released = sorted(r.key for r in read_topic(topics.bootstrap, f"{topics.stem}-{name}-shuf"))
+    assert released == sorted(r.key for r in read_topic(topics.bootstrap, f"{topics.stem}-fnapi-shuf"))
+    assert released and len(set(released)) == len(released)  # every batch of every release once
+    assert no_harness_left(flink_cluster) == []
 
 
 
