@@ -68,20 +68,26 @@ def drain(rest: str, beam_job_id: str) -> bool:
 
 def stop_with_savepoint(rest: str, jid: str, timeout_s: float = 600.0) -> str:
     """Stop the Flink job ``jid`` with a savepoint and no drain (its open windows stay in the savepoint, into the
-    cluster's ``state.savepoints.dir``): the savepoint's location once it completed."""
+    cluster's ``state.savepoints.dir``): the savepoint's location once it completed. A job that is restarting
+    (a TaskManager died) refuses savepoints until its tasks run again: asked again until ``timeout_s``."""
     import time
 
-    trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": False})["request-id"]
     deadline = time.monotonic() + timeout_s
+    failure: object = None
     while time.monotonic() < deadline:
-        status = _call(rest, f"/jobs/{jid}/savepoints/{trigger}")
-        if status["status"]["id"] == "COMPLETED":
-            operation = status.get("operation", {})
-            if "location" not in operation:
-                raise RuntimeError(f"the savepoint of Flink job {jid} failed: {operation.get('failure-cause')}")
+        trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": False})["request-id"]
+        while time.monotonic() < deadline:
+            status = _call(rest, f"/jobs/{jid}/savepoints/{trigger}")
+            if status["status"]["id"] == "COMPLETED":
+                break
+            time.sleep(1.0)
+        operation = status.get("operation", {})
+        if "location" in operation:
             return str(operation["location"])
-        time.sleep(1.0)
-    raise RuntimeError(f"the savepoint of Flink job {jid} did not complete within {timeout_s:.0f} s")
+        failure = (operation.get("failure-cause") or {}).get("stack-trace", operation)
+        LOG.warning("the savepoint of Flink job %s failed (asked again in 5 s): %s", jid, str(failure)[:300])
+        time.sleep(5.0)
+    raise RuntimeError(f"no savepoint of Flink job {jid} within {timeout_s:.0f} s: {str(failure)[:500]}")
 
 
 def restarted(rest: str, jid: str) -> bool:

@@ -166,7 +166,11 @@ class PipelineThread:
         if self._flink_rest is None or jid is None:
             LOG.warning("a suspend (SIGUSR1) needs a job on a Flink cluster: ignored")
             return None
-        return stop_with_savepoint(self._flink_rest, jid)
+        try:
+            return stop_with_savepoint(self._flink_rest, jid)
+        except Exception as err:  # the job goes on: the operator can signal again, or drain
+            LOG.error("could not suspend job %s into a savepoint; it keeps running: %s", jid, err)
+            return None
 
     def counters_complete(self) -> bool:
         """Whether the runner's counters cover the whole job: not after a Flink failover or restore."""
