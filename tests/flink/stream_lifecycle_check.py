@@ -61,6 +61,17 @@ def _produce(chain, spec, n: int, windows: int, start_ms: int, seed: int) -> Non
     run_inline(chain, ("encode",))  # the encoder appends to the reports topic, in transactions
 
 
+def _patient(predicate):
+    """``predicate``, False while the JobManager is too busy to answer its REST call in time (a loaded machine
+    right after a TaskManager died): asked again at the next poll."""
+    def asked() -> bool:
+        try:
+            return bool(predicate())
+        except OSError:
+            return False
+    return asked
+
+
 def _restored_and_checkpointing(cluster: LocalFlinkCluster, job_id: str) -> bool:
     """Every task RUNNING again after a restore from a checkpoint, and a checkpoint completed since."""
     details = cluster.get(f"/jobs/{job_id}")
@@ -106,12 +117,12 @@ def test_a_taskmanager_kill_a_savepoint_a_cluster_restart_and_a_resume_change_no
         except AssertionError as held:
             print(f"window 1 NOT released while running: {held}")
         flink_cluster.kill(victim)  # SIGKILL, with window 2 open in the job's state
-        wait(lambda: bool(flink_cluster.get(f"/jobs/{job_id}/exceptions")["exceptionHistory"]["entries"]),
+        wait(_patient(lambda: bool(flink_cluster.get(f"/jobs/{job_id}/exceptions")["exceptionHistory"]["entries"])),
              "the job to notice the TaskManager died", RUN_S, proc, log)
         flink_cluster.start_taskmanager(2)
         flink_cluster.wait_ready(2)
-        wait(lambda: _restored_and_checkpointing(flink_cluster, job_id), "the job restored from its checkpoint and "
-             "checkpointing again", RUN_S, proc, log)
+        wait(_patient(lambda: _restored_and_checkpointing(flink_cluster, job_id)),
+             "the job restored from its checkpoint and checkpointing again", RUN_S, proc, log)
         proc.send_signal(signal.SIGUSR1)  # suspend: stop the job into a savepoint, window 2 open in it
         out, _ = proc.communicate(timeout=RUN_S)
     finally:
