@@ -173,8 +173,10 @@ def _report_run(command: str, summary: object, max_dead_fraction: float) -> int:
     # Runs with nothing new to read (and, for the shuffler, no window that may have closed) are skipped.
     names = [n for n, s in stages.items() if getattr(s, "extra", {}).get("skipped")]
     skipped = {"skipped": names} if names else {}
+    # the streaming shuffler suspended into a Flink savepoint: where the next run resumes (--savepoint_path)
+    savepoint = {"savepoint": summary.extra["savepoint"]} if getattr(summary, "extra", {}).get("savepoint") else {}
     print_out(json.dumps({"stage": summary.stage, "accounting": summary.accounting, "balanced": summary.balanced,
-                       "dead_letter_fraction": round(fraction, 6), **outputs, **skipped}))
+                       "dead_letter_fraction": round(fraction, 6), **outputs, **skipped, **savepoint}))
     if not summary.balanced:
         print(f"esa {command}: error: the record accounting does not balance: {summary.accounting}", file=sys.stderr)
         return int(ExitCode.UNEXPECTED)

@@ -64,3 +64,39 @@ def drain(rest: str, beam_job_id: str) -> bool:
         return False
     LOG.info("asked Flink to drain job %s (request %s)", jid, trigger.get("request-id"))
     return True
+
+
+def stop_with_savepoint(rest: str, jid: str, timeout_s: float = 600.0) -> str:
+    """Stop the Flink job ``jid`` with a savepoint and no drain (its open windows stay in the savepoint, into the
+    cluster's ``state.savepoints.dir``): the savepoint's location once it completed. A job that is restarting
+    (a TaskManager died) refuses savepoints until its tasks run again: asked again until ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    failure: object = None
+    while time.monotonic() < deadline:
+        trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": False})["request-id"]
+        while time.monotonic() < deadline:
+            status = _call(rest, f"/jobs/{jid}/savepoints/{trigger}")
+            if status["status"]["id"] == "COMPLETED":
+                break
+            time.sleep(1.0)
+        operation = status.get("operation", {})
+        if "location" in operation:
+            return str(operation["location"])
+        failure = (operation.get("failure-cause") or {}).get("stack-trace", operation)
+        LOG.warning("the savepoint of Flink job %s failed (asked again in 5 s): %s", jid, str(failure)[:300])
+        time.sleep(5.0)
+    raise RuntimeError(f"no savepoint of Flink job {jid} within {timeout_s:.0f} s: {str(failure)[:500]}")
+
+
+def restarted(rest: str, jid: str) -> bool:
+    """Whether the Flink job ever failed over or was restored from a checkpoint or savepoint: then the runner's
+    counters hold its last attempt only. Unknown (the cluster does not answer) counts as restarted."""
+    try:
+        failures = _call(rest, f"/jobs/{jid}/exceptions")["exceptionHistory"]["entries"]
+        restored = (_call(rest, f"/jobs/{jid}/checkpoints").get("latest") or {}).get("restored")
+    except Exception as err:
+        LOG.warning("could not ask %s whether job %s restarted (taken as restarted): %s", rest, jid, err)
+        return True
+    return bool(failures) or restored is not None

@@ -137,22 +137,30 @@ class RunSummary:
     # Where this stage's dead letters went: its own state directory (``STATE/dead_letters``), never the output
     # directory, which several jobs started in one working directory would share (``./out`` by default).
     dead_letters_dir: Path | None = None
+    # Records consumed, when not the runner's counter: the streaming shuffler after a runner restart counts them
+    # from the committed offsets (``pipelines.stream_accounting``); None: ``kafka_records_read``.
+    records_read: int | None = None
 
     def count(self, name: str) -> int:
         return int(self.counters.get(name, 0))
 
     @property
+    def read(self) -> int:
+        return self.count("kafka_records_read") if self.records_read is None else self.records_read
+
+    @property
     def accounting(self) -> dict[str, int]:
-        return {"read": self.count("kafka_records_read"), **self.parts}
+        return {"read": self.read, **self.parts}
 
     @property
     def balanced(self) -> bool:
         """Every consumed record is used (or held for its window), deliberately deleted, or dead-lettered, once."""
-        return self.count("kafka_records_read") == sum(self.parts.values())
+        return self.read == sum(self.parts.values())
 
     def records_read_and_dead(self) -> tuple[int, int]:
         """(records read, records dead-lettered): what the dead-letter bar of the CLI is measured on."""
-        return self.count("kafka_records_read"), self.count("dead_lettered")
+        dead = self.count("dead_lettered") if self.records_read is None else self.parts.get("dead_lettered", 0)
+        return self.read, dead
 
     @property
     def estimates_path(self) -> Path:

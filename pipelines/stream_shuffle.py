@@ -38,6 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from pipelines import stream_accounting
 from pipelines.exit_codes import JobUsageError
 from pipelines.job import esa_counters, locked, require_outputs, staging_root, use_filesystem_options
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary
@@ -52,7 +53,7 @@ from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.kafka.unbounded import ReadFromKafkaUnbounded, SourceClock, wall_ms
 from transforms.io.staging import is_url, join, write_staged
-from transforms.shuffler.release_agent import ReleaseAgent, progress
+from transforms.shuffler.release_agent import AgentTotals, ReleaseAgent, progress
 from transforms.shuffler.release_step import STAGE, republish_unpublished, shuffler_prf_key
 from transforms.shuffler.streaming import STOP_FILE, SetEventTimes, StreamShuffle, WallClockTimePolicy
 from transforms.state.files import create_exclusive, read_json
@@ -99,6 +100,8 @@ class PipelineThread:
         from pipelines.flink_drain import flink_rest
 
         self._flink_rest = flink_rest(options)  # read before Beam's runner touches the options
+        self._flink_jid: str | None = None
+        self._looked_for_jid = 0.0
         runner = FnApiRunner() if local_runner_requested(options) else None
         self._pipeline = beam.Pipeline(runner=runner, options=options)
         build_fn(self._pipeline)
@@ -135,6 +138,48 @@ class PipelineThread:
             LOG.warning("no Beam job id to drain on %s (stop the job by hand: flink stop --drain)", self._flink_rest)
             return
         drain(self._flink_rest, str(job_id))
+
+    def _beam_job_id(self) -> str | None:
+        job_id = getattr(self._result, "_job_id", None) or getattr(self._result, "job_id", None)
+        return str(job_id) if job_id else None
+
+    def find_flink_job(self) -> str | None:
+        """The Flink job's id, looked up (at most every 5 s) while it runs, kept for after it ended."""
+        from pipelines.flink_drain import flink_job_id
+
+        beam_id = self._beam_job_id()
+        if self._flink_rest and beam_id and self._flink_jid is None and time.monotonic() - self._looked_for_jid > 5:
+            self._looked_for_jid = time.monotonic()
+            try:
+                self._flink_jid = flink_job_id(self._flink_rest, beam_id)
+            except Exception as err:  # looked for again later
+                LOG.debug("Flink job of %s not found yet: %s", beam_id, err)
+        return self._flink_jid
+
+    def suspend(self) -> str | None:
+        """Stop the Flink job with a savepoint, no drain (open windows stay in it): its location, or None
+        where there is no cluster job to suspend."""
+        from pipelines.flink_drain import stop_with_savepoint
+
+        self._looked_for_jid = 0.0
+        jid = self.find_flink_job()
+        if self._flink_rest is None or jid is None:
+            LOG.warning("a suspend (SIGUSR1) needs a job on a Flink cluster: ignored")
+            return None
+        try:
+            return stop_with_savepoint(self._flink_rest, jid)
+        except Exception as err:  # the job goes on: the operator can signal again, or drain
+            LOG.error("could not suspend job %s into a savepoint; it keeps running: %s", jid, err)
+            return None
+
+    def counters_complete(self) -> bool:
+        """Whether the runner's counters cover the whole job: not after a Flink failover or restore."""
+        from pipelines.flink_drain import restarted
+
+        if self._flink_rest is None:
+            return True
+        jid = self._flink_jid
+        return jid is not None and not restarted(self._flink_rest, jid)
 
     def cancel(self) -> None:
         """Cancel a submitted job (a cluster's; the local runner's thread ends with this process)."""
@@ -230,13 +275,20 @@ def _catch_up(config: JobConfig) -> None:
 
 
 def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: JobConfig, started: float,
-           start_committed: int, metrics: JobMetrics | None = None) -> dict[str, int]:
-    """The release agent's loop, until the pipeline ends; a signal writes the stop file (a drain)."""
+           start_committed: int, metrics: JobMetrics | None = None) -> tuple[dict[str, int], str | None]:
+    """The release agent's loop, until the pipeline ends; SIGINT/SIGTERM write the stop file (a drain), SIGUSR1
+    suspends the job into a savepoint. The counters and the savepoint, if suspended."""
     last_log = last_metrics = last_registry = time.monotonic()
-    with stop_request() as stop:
+    savepoint: str | None = None
+    with stop_request() as stop, stream_accounting.suspend_request() as suspend:
         stopping = False
         while pipeline.running():
             agent.step()
+            pipeline.find_flink_job()
+            if suspend[0] and not stopping:
+                suspend[0] = False
+                savepoint = pipeline.suspend()
+                stopping = savepoint is not None
             if stop.requested and not stopping:
                 stopping = True
                 if metrics is not None:
@@ -257,7 +309,7 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
             time.sleep(AGENT_POLL_SECONDS_URL if is_url(root) else AGENT_POLL_SECONDS)
         counters = pipeline.counters()
         agent.step()  # the windows the end of the source fired
-    return counters
+    return counters, savepoint
 
 
 def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary:
@@ -274,6 +326,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         target = release_target(config)
         republish_unpublished(target, ledger)
         claim_group(config)
+        savepoint = stream_accounting.savepoint_path(options)
+        lineage = stream_accounting.begin(config, savepoint)  # where this job's source starts, for the accounting
         catch_up_job(config)  # before any worker verifies a set (pipelines.registry)
         use_filesystem_options(options)
         root = join(staging_root(config, STAGE), "stream")
@@ -283,6 +337,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         run_key = f"stream-{secrets.token_hex(6)}"
         agent = ReleaseAgent(target, config.specs, ledger, root, run_key)
         agent.step()  # what a previous driver left staged
+        agent.totals = AgentTotals()  # ... was accounted for by that driver's lineage, not this one's
         start_committed = committed_total(config)
         LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,
                  config.shuffled_topic, config.group_id, root)
@@ -294,7 +349,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                 metrics.set_status("running")
             pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
             try:
-                counters = _serve(pipeline, agent, root, config, started, start_committed, metrics)
+                counters, suspended = _serve(pipeline, agent, root, config, started, start_committed, metrics)
             except BaseException:
                 pipeline.cancel()  # a cluster job must not outlive the driver that releases its windows
                 raise
@@ -308,8 +363,18 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
              "duplicate": counters.get("sets_duplicate", 0),
              "released": counters.get("sets_released", 0)}
     totals = agent.totals
-    return RunSummary(counters, config.out_dir, seconds, STAGE, parts,
-                      {"releases": totals.released, "conflicts": totals.conflicts, "withheld": totals.withheld,
-                       "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters,
-                       "dummies": totals.dummies},
-                      dead_letters_dir=config.state_layout.dead_letters)
+    extra: dict[str, Any] = {"releases": totals.released, "conflicts": totals.conflicts, "withheld": totals.withheld,
+                             "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters,
+                             "dummies": totals.dummies}
+    read = None
+    if suspended is not None or savepoint is not None or not pipeline.counters_complete():
+        # The counters hold the last attempt only (or the job goes on from a savepoint): durable facts instead
+        extra["accounting_from"] = "durable facts (committed offsets, staged set counts, dead letters)"
+        read, parts = stream_accounting.durable(config, lineage, totals, counters)
+        if suspended is not None:  # the sets of the windows still open are in the savepoint
+            parts["held"] = read - sum(parts.values())
+            stream_accounting.suspend(config, lineage, totals, counters, suspended)
+            extra["savepoint"] = suspended
+    return RunSummary(counters, config.out_dir, seconds, STAGE, parts, extra,
+                      dead_letters_dir=config.state_layout.dead_letters, records_read=read)
+

@@ -1,7 +1,8 @@
 """NOT COLLECTED by the suite (not named ``test_*``): run it by its path, ``pytest
 tests/flink/stream_on_cluster_check.py``. It passed alone and after the savepoint test's cluster restart (122 s
 for the two, load 1-3, 2026-12-02), but in one run of the whole Flink folder the streaming job read nothing for
-5 minutes (reader started at offsets 0, 125 checkpoints completed, no commit); the cause is not found yet.
+5 minutes (reader started at offsets 0, 125 checkpoints completed, no commit): the keyed stage of the splittable
+DoFn never started a bundle (docs/deployment.md, "The stalled read"); the cause is not found yet.
 
 The streaming shuffler (``esa shuffle --kafka_io sdf --streaming``) of the Beam 2.62.0 environment on the local
 Flink 1.19.3 cluster, SDK harnesses as processes the TaskManagers start, checkpoints every 2 s: it must release

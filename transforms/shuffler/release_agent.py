@@ -60,6 +60,11 @@ class AgentTotals:
     conflicts: int = 0
     dead_letters: int = 0
     dummies: int = 0  # the blanket's dummy reports in the releases published
+    # Sets that reached a threshold decision in the windows this agent sealed (released + deleted, withheld
+    # windows included): staged by the workers with each part, so it survives a runner restart that resets the
+    # runner's counters. None once a part without the count (staged by an older esa) was seen.
+    sets_decided: int | None = 0
+    sets_released: int = 0  # the real sets in the releases this agent sealed first
     windows: list[tuple[str, str | None, int]] = field(default_factory=list)
 
 
@@ -85,6 +90,9 @@ class ReleaseAgent:
         self._signer: tuple | None = None
         self._blankets = Blankets(target, specs)
         self.totals = AgentTotals()
+        # Letters already collected, by their content-derived names: a runner that restarts from a checkpoint
+        # stages again the letters of the bundles it replays, and each must be counted (and published) once.
+        self._letters_seen: set[str] = set()
 
     def step(self) -> int:
         """Handle every release whose marker is staged, then collect staged dead letters; returns the releases
@@ -104,6 +112,13 @@ class ReleaseAgent:
             raise StagingError(f"staged release {directory} has parts {subkeys} but its marker "
                                f"lists {list(marker.subkeys)}: the staging location is damaged")
         key = parts.key
+        decided = [h.sets_in for h in parts.headers]
+        fresh = self._ledger.get(key) is None  # a window sealed before (a replay) counts once, when first sealed
+        if fresh:
+            if None in decided or self.totals.sets_decided is None:
+                self.totals.sets_decided = None
+            else:
+                self.totals.sets_decided += sum(decided)  # type: ignore[arg-type]
         if parts.withheld:
             self._ledger.seal_many([withheld_entry(key, marker.source_ends, self._run_key)])
             self.totals.withheld += 1
@@ -114,6 +129,7 @@ class ReleaseAgent:
             if seal_written(self._target, self._ledger, written, marker.source_ends, self._run_key):
                 self.totals.released += 1
                 self.totals.dummies += written.dummies
+                self.totals.sets_released += written.n_sets if fresh else 0
                 self.totals.windows.append((key.spec_id, key.crowd_id, key.window_end_ms))
                 LOG.info("released window ending %d of %s crowd %s (%d sets)", key.window_end_ms, key.spec_id,
                          key.crowd_id, written.n_sets)
@@ -128,8 +144,11 @@ class ReleaseAgent:
         letters: dict[str, dict[str, Any]] = {}
         for path in files:
             for entry in staged_entries(path):
-                if entry.name not in letters:
+                if entry.name not in letters and entry.name not in self._letters_seen:
                     letters[entry.name] = entry.load()
+        if not letters:
+            _remove(files)
+            return
         ordered = [letters[name] for name in sorted(letters)]
         digest = hashlib.sha256("\n".join(sorted(letters)).encode()).hexdigest()[:16]
         directory = self._target.state.dead_letters
@@ -141,6 +160,7 @@ class ReleaseAgent:
             write_records(self._target.dead_letter_stream,
                           (encode_record("DeadLetter", letter, check=False) for letter in ordered))
         _remove(files)
+        self._letters_seen.update(letters)
         self.totals.dead_letters += len(ordered)
 
 

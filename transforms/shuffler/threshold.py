@@ -67,6 +67,9 @@ class ReleasePart(NamedTuple):
     messages: Sequence[Message]  # a PackedMessages when released by ReleaseFn; () when withheld
     n_sets: int
     deleted: int | None  # devices the threshold deleted from this sub-crowd, if the spec publishes it
+    # Every set of the sub-crowd that reached its threshold decision (released + deleted): the streaming driver's
+    # accounting after a runner restart, when the runner's counters hold only the last attempt (None: unknown).
+    sets_in: int | None = None
 
 
 
@@ -85,6 +88,7 @@ class PartHeader(NamedTuple):
     n_messages: int
     width: int | None  # the payload length of every message; None if they differ (or there is none)
     channels: tuple[int, int] | None  # (lowest, highest) channel; None without messages
+    sets_in: int | None = None  # as ReleasePart.sets_in
 
 
 def part_header(part: ReleasePart) -> PartHeader:
@@ -92,7 +96,7 @@ def part_header(part: ReleasePart) -> PartHeader:
     width = messages.width()
     channels = (int(messages.channels.min()), int(messages.channels.max())) if len(messages) else None
     return PartHeader(part.spec_id, part.crowd_id, part.window_end_ms, part.subkey, part.n_sets, part.deleted,
-                      len(messages), width, channels)
+                      len(messages), width, channels, part.sets_in)
 
 
 class Decision(NamedTuple):
@@ -180,7 +184,7 @@ class ReleaseFn(beam.DoFn):
             self._deleted.inc(total_sets)
             # An empty part says "this window closed and released nothing": the driver records it in the
             # ledger, so later reports for the window are late instead of forming a new crowd.
-            yield ReleasePart(spec_id, crowd, window_end, subkey, (), 0, None)
+            yield ReleasePart(spec_id, crowd, window_end, subkey, (), 0, None, total_sets)
             return
         rng = keyed_generator(self._key, "release", spec_id, str(crowd), subkey, window_end)
         survivors = rng.permutation(len(units))[decision:]  # one draw: which devices survive
@@ -193,5 +197,5 @@ class ReleaseFn(beam.DoFn):
         published = self._specs[spec_id].crowd.publish_deletions
         messages: PackedMessages = units.messages.take(rows[order])
         yield ReleasePart(spec_id, crowd, window_end, subkey, messages, released_sets,
-                          decision if published else None)
+                          decision if published else None, total_sets)
 

@@ -49,8 +49,8 @@ from transforms.io.kafka.writer import WriteToKafka, produce_records  # re-expor
 
 __all__ = ["CLIENT_ID", "DEFAULT_CLIENT", "KafkaReadError", "KafkaRecord", "KafkaWriteError", "PartitionRange",
            "ReadFromKafkaBounded", "RewoundLogError", "WriteToKafka", "commit_plan", "committed_offsets",
-           "consumer_lag", "ensure_topics", "open_transactions", "plan_bounded_read", "produce_records",
-           "read_from_kafka", "read_topic", "run_and_commit", "wait_for_partitions"]
+           "consumer_lag", "count_records", "ensure_topics", "open_transactions", "plan_bounded_read",
+           "produce_records", "read_from_kafka", "read_topic", "run_and_commit", "wait_for_partitions"]
 
 _log = logging.getLogger(__name__)
 _BATCH_ELEMENT = 2_000  # records per element when batched: large enough for numpy, small enough to spread
@@ -217,6 +217,16 @@ def read_from_kafka(pipeline_or_pbegin: beam.Pipeline | beam.pvalue.PBegin, *, b
 
 def _row_to_record(row: Any) -> KafkaRecord:
     return KafkaRecord(row.topic, row.partition, row.offset, row.timestamp, row.key, row.value)
+
+
+def count_records(bootstrap: str, ranges: list[PartitionRange], *, timeout_s: float = 60.0,
+                  consumer_config: Mapping[str, Any] | None = None, client: str = DEFAULT_CLIENT) -> int:
+    """Records a read_committed consumer reads in ``ranges`` (commit markers and aborted records excluded)."""
+    reader = consumer(client, bootstrap, **dict(consumer_config or {}))
+    try:
+        return sum(len(batch) for r in ranges for batch in _read_range(reader, r, timeout_s))
+    finally:
+        reader.close()
 
 
 def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 30.0,

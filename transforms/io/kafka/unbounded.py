@@ -147,6 +147,7 @@ class ReadKafkaTopicFn(beam.DoFn, RestrictionProvider):
         self._clock, self._batched = clock, batched
         self._poll_s, self._bundle_s, self._defer_s = poll_seconds, max_bundle_seconds, defer_seconds
         self._stop_path, self._stop_checked = stop_path, 0.0
+        self._started = False  # the first bundle of this instance is logged: where a stalled read stands
         self._restrictions = _TopicRestrictions(bootstrap, group_id, self._config, self._client)
         self._read = Metrics.counter("esa", "kafka_records_read")
         self._commits = Metrics.counter("esa", "kafka_offsets_committed")
@@ -210,6 +211,9 @@ class ReadKafkaTopicFn(beam.DoFn, RestrictionProvider):
         at = tracker.current_restriction().of()
         start = dict(at)
         reader = self._seek(topic, dict(at))
+        if not self._started:
+            self._started = True
+            LOG.info("%s: first bundle of this reader, at offsets %s", topic, at)
         deadline = time.monotonic() + self._bundle_s
         got, split = 0, False
         while not split and time.monotonic() < deadline:
