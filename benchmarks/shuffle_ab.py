@@ -36,7 +36,7 @@ def _config(tree: Path, params: dict) -> object:
     return JobConfig(bootstrap=params["bootstrap"], specs=(bench_spec(params["mechanism"]),),
                      out_dir=Path(params["out"]), keys_dir=Path(params["keys"]), group_id=params["group"],
                      drain=True, raw_topic=params["raw"], reports_topic=params["reports"],
-                     shuffled_topic=params["shuffled"])
+                     shuffled_topic=params["shuffled"], **params.get("config", {}))
 
 
 def child(tree: Path, params: dict) -> None:
@@ -45,9 +45,37 @@ def child(tree: Path, params: dict) -> None:
     os.chdir(tree)
     from benchmarks.stage_process import run_stage
 
-    result = run_stage(params["stage"], _config(tree, params), params.get("beam_args", []))
+    if os.environ.get("SHUFFLE_AB_PHASES"):  # CPU seconds of the job's phases, to stderr (this process, no spawn)
+        _time_phases(params["stage"])
+        from benchmarks.stage_process import _child
+
+        result = _child(params["stage"], _config(tree, params), params.get("beam_args", []))
+    else:
+        result = run_stage(params["stage"], _config(tree, params), params.get("beam_args", []))
     print(json.dumps({"seconds": result.seconds, "records": result.records, "messages": result.messages,
                       "rss": result.peak_rss_mb, "cpu": result.cpu_seconds}))
+
+
+def _time_phases(stage: str) -> None:
+    """Wrap the job module's steps so each prints the process CPU seconds it took (all threads)."""
+    import importlib
+    import time as clock
+
+    module = importlib.import_module(f"pipelines.{stage}")
+    for name in ("plan_run", "catch_up_job", "run_pipeline", "seal_run", "finish_run", "keep_dead_letters",
+                 "republish_unpublished", "load_staged"):
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+
+        def timed(*a, _fn=fn, _name=name, **k):
+            started = clock.process_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                print(f"phase {_name}: {clock.process_time() - started:.3f} s CPU", file=sys.stderr, flush=True)
+
+        setattr(module, name, timed)
 
 
 def run_in(tree: Path, params: dict, profile: str | None = None) -> dict:
@@ -60,6 +88,9 @@ def run_in(tree: Path, params: dict, profile: str | None = None) -> dict:
         command = [str(spy), "record", "--subprocesses", "--gil", "--format", "raw", "-o", profile, "--", *command]
     done = subprocess.run(command,
                           env=env, cwd=tree, check=True, capture_output=True, text=True)
+    for line in done.stderr.splitlines():
+        if line.startswith("phase "):
+            print("   ", line)
     return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
 
 
@@ -69,13 +100,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--mechanism", default="olh")
     parser.add_argument("--trees", nargs="+", default=["."],
-                        help="source trees, each with its own .venv; TREE@FLAGS adds job flags to that tree's runs, "
-                             "e.g. .@--crypto_threads=1")
+                        help="source trees, each with its own .venv; TREE@SETTINGS sets JobConfig fields for that "
+                             "tree's runs, e.g. .@crypto_threads=1")
     parser.add_argument("--stages", nargs="+", default=["shuffle"], choices=["shuffle", "analyze"])
     parser.add_argument("--beam_args", default="")
     parser.add_argument("--profile", help="a directory: each run under py-spy, its raw profile written there")
     args = parser.parse_args()
-    variants = [(Path(t.partition("@")[0]).resolve(), t.partition("@")[2].split()) for t in args.trees]
+    variants = [(Path(t.partition("@")[0]).resolve(), dict(kv.split("=", 1) for kv in t.partition("@")[2].split()))
+                for t in args.trees]
     trees = [tree for tree, _ in variants]
     sys.path.insert(0, str(trees[0]))
     from benchmarks.crypto_ceiling import floor_seconds
@@ -110,7 +142,8 @@ def main() -> None:
                 ensure_topics(broker.bootstrap, [shuffled], partitions=3)
                 params = {"bootstrap": broker.bootstrap, "mechanism": args.mechanism, "keys": str(keys),
                           "raw": "raw", "reports": "rep", "shuffled": shuffled,
-                          "beam_args": args.beam_args.split() + flags}
+                          "beam_args": args.beam_args.split(),
+                          "config": {k: int(v) if v.isdigit() else v for k, v in flags.items()}}
                 for stage in args.stages:
                     out = base / f"{stage}-{tag}"
                     if stage == "analyze":  # the analyzer reads what this tree's shuffler released
