@@ -7,7 +7,7 @@ each tree's shuffle job runs in a fresh process of that tree (``benchmarks/stage
 output directory and consumer group, so every run reads the whole topic from the start.
 
     python benchmarks/shuffle_ab.py --clients 100000 --repeats 3 --trees /path/to/before .
-    py-spy record --subprocesses --format raw -o prof.txt -- python benchmarks/shuffle_ab.py --clients 20000
+    python benchmarks/shuffle_ab.py --clients 20000 --profile /tmp/prof   # each run under py-spy (GIL-holding)
 
 Printed per run and as medians: CPU µs per set (the job's threads and reaped workers), the single-threaded floor
 (``benchmarks/crypto_ceiling.py``: open the envelope + verify the signature), floor / CPU, wall seconds, peak RSS.
@@ -85,7 +85,8 @@ def run_in(tree: Path, params: dict, profile: str | None = None) -> dict:
     command = [str(python), str(Path(__file__).resolve()), CHILD, str(tree), json.dumps(params)]
     if profile:  # py-spy beside this interpreter: the job's process and its workers, raw stacks
         spy = Path(sys.executable).with_name("py-spy")
-        command = [str(spy), "record", "--subprocesses", "--gil", "--format", "raw", "-o", profile, "--", *command]
+        command = [str(spy), "record", "--subprocesses", "--gil", "--rate", "500", "--format", "raw", "-o", profile,
+                   "--", *command]
     done = subprocess.run(command,
                           env=env, cwd=tree, check=True, capture_output=True, text=True)
     for line in done.stderr.splitlines():
