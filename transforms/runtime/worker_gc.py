@@ -39,10 +39,7 @@ def tune_worker_gc(mode: str = "tuned") -> bool:
     if mode == "default":
         return False
     if _tuned_in != os.getpid():
-        # What is garbage now is not frozen with the rest; the young generations only: a full collection walks
-        # every object Beam and its imports created (0.13 s of CPU per job run, measured in the shuffle job at
-        # setup) to find a few dozen more garbage objects (74 there), which stay frozen, a few kB, once.
-        gc.collect(1)
+        gc.collect()  # what is garbage now is not frozen with the rest
         gc.freeze()
         gc.set_threshold(YOUNG_THRESHOLD, *_OLDER_THRESHOLDS)
         _tuned_in = os.getpid()
