@@ -98,8 +98,8 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     ``ReleaseFile`` counts real sets and messages and its ``dummies`` apart.
     """
     from schemas import encode_record  # noqa: F401  (schemas must import before trust's encoders)
-    from transforms.trust.message_set import SealedMessage
-    from transforms.trust.release import ReleaseBatch, encode_release_batch, release_id_of, sign_release_batch
+    from transforms.trust.release import ReleaseBatch, release_id_of
+    from transforms.trust.release_packed import signed_batch_bytes
 
     if not len(parts) or (headers is not None and len(headers) != len(parts)):
         raise ValueError("write_release needs at least one part (and one header per part, if headers are given)")
@@ -117,20 +117,15 @@ def write_release(directory: Path, parts: Sequence[ReleasePart], key_id: str, si
     digest = hashlib.sha256()
     try:
         with open(temp, "wb") as handle:
-            stream = _messages(parts, first, headers)  # one part at a time (the first maybe already in hand)
-            if dummies is not None:
-                stream = interleave(stream, dummies)
+            # one part at a time (the first maybe already in hand), cut into the batches' message arrays
+            chunks = _chunks(_packs(parts, first, headers), bounds, dummies, rid)
             del first
-            for i, (start, stop) in enumerate(bounds):
-                chunk = tuple(SealedMessage(c, m) for c, m in itertools.islice(stream, stop - start))
-                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets + m, n_messages + m,
-                                     deleted, chunk)
-                data = encode_release_batch(sign_release_batch(batch, key_id, signer))
+            for i, chunk in enumerate(chunks):
+                batch = ReleaseBatch(rid, spec_id, crowd, end, i, len(bounds), n_sets + m, n_messages + m, deleted, ())
+                data = signed_batch_bytes(batch, chunk.channels, chunk.offsets, chunk.payload, key_id, signer)
                 for piece in (FRAME.pack(len(data)), data):
                     handle.write(piece)
                     digest.update(piece)
-            if next(stream, None) is not None:
-                raise ValueError(f"release {rid} has more messages than its parts' headers say")
             handle.flush()
             os.fsync(handle.fileno())
     except BaseException:
@@ -205,18 +200,60 @@ def _layout_of_parts(parts: Sequence[ReleasePart], blanket: ReleaseBlanket | Non
             dummies)
 
 
-def _messages(parts: Sequence[ReleasePart], first: ReleasePart | None,
-              headers: Sequence[PartHeader] | None) -> Iterator[tuple[int, bytes]]:
-    """The messages of ``parts`` in order, ``parts[0]`` being ``first`` if given (not read again), each part
-    checked against its header if given; each part is let go before the next is read."""
+def _packs(parts: Sequence[ReleasePart], first: ReleasePart | None,
+           headers: Sequence[PartHeader] | None) -> Iterator[PackedMessages]:
+    """The messages of ``parts`` in order, a pack per part, ``parts[0]`` being ``first`` if given (not read again),
+    each part checked against its header if given; each part is let go before the next is read."""
     held, first = first, None
     for i in range(len(parts)):
         part, held = (held if i == 0 and held is not None else parts[i]), None
         if headers is not None and part_header(part) != headers[i]:
             raise ValueError(f"staged part {i} of release {part.spec_id}/{part.crowd_id}/{part.window_end_ms} does "
                              "not match its staged header: the staging location is damaged")
-        yield from PackedMessages.of(part.messages)
+        yield PackedMessages.of(part.messages)
         del part
+
+
+def _chunks(packs: Iterator[PackedMessages], bounds: Sequence[tuple[int, int]], dummies: Dummies | None,
+            rid: str) -> Iterator[PackedMessages]:
+    """The messages of each batch (``bounds``) as one pack, cut from the parts' packs (the dummies, if any, at
+    their slots); an error if the parts hold fewer or more messages than the bounds."""
+    if dummies is not None:  # a blanket's release: message by message, through interleave
+        stream = interleave((m for pack in packs for m in pack), dummies)
+        for start, stop in bounds:
+            chunk = PackedMessages.of(itertools.islice(stream, stop - start))
+            if len(chunk) != stop - start:
+                raise ValueError(f"release {rid} has fewer messages than its parts' headers say")
+            yield chunk
+        if next(stream, None) is not None:
+            raise ValueError(f"release {rid} has more messages than its parts' headers say")
+        return
+    pending: list[PackedMessages] = []  # pieces of the batch being filled
+    current, at = PackedMessages.of(()), 0  # the part being cut and the first of its messages not yet used
+    for start, stop in bounds:
+        need = stop - start
+        while need:
+            if at == len(current):
+                current = None  # let the used part go before the next is read
+                current, at = next(packs, None), 0
+                if current is None:
+                    raise ValueError(f"release {rid} has fewer messages than its parts' headers say")
+                continue
+            take = min(need, len(current) - at)
+            pending.append(_slice(current, at, at + take))
+            at, need = at + take, need - take
+        yield PackedMessages.concat(pending) if pending else PackedMessages.of(())
+        pending = []
+    if at < len(current) or any(len(rest) for rest in packs):
+        raise ValueError(f"release {rid} has more messages than its parts' headers say")
+
+
+def _slice(pack: PackedMessages, start: int, stop: int) -> PackedMessages:
+    """Messages ``start:stop`` of ``pack``, sharing no array with it (a batch may outlive the part it was cut
+    from: the writer holds one part at a time)."""
+    offsets = pack.offsets[start:stop + 1]
+    return PackedMessages(pack.channels[start:stop].copy(), offsets - offsets[0],
+                          pack.payload[int(offsets[0]):int(offsets[-1])])
 
 
 def message_bytes(header: PartHeader) -> int | None:

@@ -74,11 +74,16 @@ def release_id_of(spec_id: str, crowd_id: str | None, window_end_ms: int) -> str
 
 def release_signing_bytes(batch: ReleaseBatch) -> bytes:
     """What the shuffler signs: every field but the signature, messages as a digest of their ordered list."""
-    digest = hashlib.sha256(messages_bytes(batch.messages)).digest()
+    return signing_bytes_of(batch, len(batch.messages), hashlib.sha256(messages_bytes(batch.messages)).digest())
+
+
+def signing_bytes_of(batch: ReleaseBatch, count: int, digest: bytes) -> bytes:
+    """``release_signing_bytes`` of ``batch`` holding ``count`` messages whose ``messages_bytes`` hash to
+    ``digest`` (``batch.messages`` is not read: ``transforms.trust.release_packed`` keeps them in arrays)."""
     return tagged(RELEASE_BATCH_TAG, text(batch.key_id), text(batch.release_id), text(batch.spec_id),
                   optional_text(batch.crowd_id), i64(batch.window_end_ms), i64(batch.batch_index),
                   i64(batch.batch_count), i64(batch.n_sets), i64(batch.n_messages), optional_i64(batch.deleted),
-                  i64(len(batch.messages)), digest)
+                  i64(count), digest)
 
 
 def sign_release_batch(batch: ReleaseBatch, key_id: str, signer: Ed25519PrivateKey) -> ReleaseBatch:

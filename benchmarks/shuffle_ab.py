@@ -1,0 +1,180 @@
+"""The shuffle job of two source trees, side by side on the same encoded reports: CPU per set against the floor.
+
+Why: CPU seconds per record are robust to the machine's load, but still move a few percent with it; two trees
+measured in one invocation, alternating on the same input topic, give a ratio both sides paid under the same
+load. One broker and one encoded population (the encode job runs once, from the first tree); then, per repeat,
+each tree's shuffle job runs in a fresh process of that tree (``benchmarks/stage_process.py``), with its own
+output directory and consumer group, so every run reads the whole topic from the start.
+
+    python benchmarks/shuffle_ab.py --clients 100000 --repeats 3 --trees /path/to/before .
+    python benchmarks/shuffle_ab.py --clients 20000 --profile /tmp/prof   # each run under py-spy (GIL-holding)
+
+Printed per run and as medians: CPU µs per set (the job's threads and reaped workers), the single-threaded floor
+(``benchmarks/crypto_ceiling.py``: open the envelope + verify the signature), floor / CPU, wall seconds, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = "child"
+
+
+def _config(tree: Path, params: dict) -> object:
+    from benchmarks.pipeline import bench_spec
+    from pipelines.job_config import JobConfig
+
+    return JobConfig(bootstrap=params["bootstrap"], specs=(bench_spec(params["mechanism"]),),
+                     out_dir=Path(params["out"]), keys_dir=Path(params["keys"]), group_id=params["group"],
+                     drain=True, raw_topic=params["raw"], reports_topic=params["reports"],
+                     shuffled_topic=params["shuffled"], **params.get("config", {}))
+
+
+def child(tree: Path, params: dict) -> None:
+    """In a process of ``tree``: run one stage, print its StageResult as JSON."""
+    sys.path.insert(0, str(tree))
+    os.chdir(tree)
+    from benchmarks.stage_process import run_stage
+
+    if os.environ.get("SHUFFLE_AB_PHASES"):  # CPU seconds of the job's phases, to stderr (this process, no spawn)
+        _time_phases(params["stage"])
+        from benchmarks.stage_process import _child
+
+        result = _child(params["stage"], _config(tree, params), params.get("beam_args", []))
+    else:
+        result = run_stage(params["stage"], _config(tree, params), params.get("beam_args", []))
+    print(json.dumps({"seconds": result.seconds, "records": result.records, "messages": result.messages,
+                      "rss": result.peak_rss_mb, "cpu": result.cpu_seconds}))
+
+
+def _time_phases(stage: str) -> None:
+    """Wrap the job module's steps so each prints the process CPU seconds it took (all threads)."""
+    import importlib
+    import time as clock
+
+    module = importlib.import_module(f"pipelines.{stage}")
+    for name in ("plan_run", "catch_up_job", "run_pipeline", "seal_run", "finish_run", "keep_dead_letters",
+                 "republish_unpublished", "load_staged"):
+        fn = getattr(module, name, None)
+        if fn is None:
+            continue
+
+        def timed(*a, _fn=fn, _name=name, **k):
+            started = clock.process_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                print(f"phase {_name}: {clock.process_time() - started:.3f} s CPU", file=sys.stderr, flush=True)
+
+        setattr(module, name, timed)
+
+
+def run_in(tree: Path, params: dict, profile: str | None = None) -> dict:
+    python = tree / ".venv" / "bin" / "python"
+    python = python if python.exists() else Path(sys.executable)
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    command = [str(python), str(Path(__file__).resolve()), CHILD, str(tree), json.dumps(params)]
+    if profile:  # py-spy beside this interpreter: the job's process and its workers, raw stacks
+        spy = Path(sys.executable).with_name("py-spy")
+        command = [str(spy), "record", "--subprocesses", "--gil", "--rate", "500", "--format", "raw", "-o", profile,
+                   "--", *command]
+    done = subprocess.run(command,
+                          env=env, cwd=tree, check=True, capture_output=True, text=True)
+    for line in done.stderr.splitlines():
+        if line.startswith("phase "):
+            print("   ", line)
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--mechanism", default="olh")
+    parser.add_argument("--trees", nargs="+", default=["."],
+                        help="source trees, each with its own .venv; TREE@SETTINGS sets JobConfig fields for that "
+                             "tree's runs, e.g. .@crypto_threads=1")
+    parser.add_argument("--stages", nargs="+", default=["shuffle"], choices=["shuffle", "analyze"])
+    parser.add_argument("--beam_args", default="")
+    parser.add_argument("--profile", help="a directory: each run under py-spy, its raw profile written there")
+    args = parser.parse_args()
+    variants = [(Path(t.partition("@")[0]).resolve(), dict(kv.split("=", 1) for kv in t.partition("@")[2].split()))
+                for t in args.trees]
+    trees = [tree for tree, _ in variants]
+    sys.path.insert(0, str(trees[0]))
+    from benchmarks.crypto_ceiling import floor_seconds
+    from benchmarks.pipeline import bench_spec
+    from benchmarks.stage_process import run_stage
+    from pipelines.broker import LocalBroker
+    from pipelines.demo.population import synthesize
+    from pipelines.demo.simulate import produce_population
+    from pipelines.enrolment import enrol_simulated
+    from pipelines.job_config import JobConfig
+    from transforms.io.kafka.bounded import ensure_topics
+
+    spec = bench_spec(args.mechanism)
+    rows: dict[tuple[str, str], list[dict]] = {}
+    with LocalBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        window_ms = spec.window_seconds * 1000
+        start = (int(time.time() * 1000) // window_ms - 3) * window_ms
+        population = synthesize(spec, args.clients, start_ms=start, seed=7)
+        keys = base / "keys"
+        enrol_simulated(keys, population.client_ids.tolist())
+        ensure_topics(broker.bootstrap, ["rep"], partitions=3)
+        produce_population(broker.bootstrap, spec, population, raw_topic="raw", reports_topic="rep")
+        encoder = JobConfig(bootstrap=broker.bootstrap, specs=(spec,), out_dir=base / "encode", keys_dir=keys,
+                            group_id="g-encode", drain=True, raw_topic="raw", reports_topic="rep",
+                            shuffled_topic="shuf-encode")
+        print(f"encoded {run_stage('encode', encoder).records} sets", flush=True)
+        for r in range(args.repeats):
+            for t, (tree, flags) in enumerate(variants):
+                tag = f"{r}-{t}"
+                shuffled = f"shuf-{tag}"
+                ensure_topics(broker.bootstrap, [shuffled], partitions=3)
+                params = {"bootstrap": broker.bootstrap, "mechanism": args.mechanism, "keys": str(keys),
+                          "raw": "raw", "reports": "rep", "shuffled": shuffled,
+                          "beam_args": args.beam_args.split(),
+                          "config": {k: int(v) if v.isdigit() else v for k, v in flags.items()}}
+                for stage in args.stages:
+                    out = base / f"{stage}-{tag}"
+                    if stage == "analyze":  # the analyzer reads what this tree's shuffler released
+                        out = base / f"shuffle-{tag}"
+                    profile = str(Path(args.profile) / f"{stage}-{tag}.txt") if args.profile else None
+                    result = run_in(tree, params | {"stage": stage, "out": str(out), "group": f"g-{stage}-{tag}"},
+                                    profile)
+                    floor = floor_seconds(1.0)[stage]
+                    units = result["messages"] if stage == "analyze" else result["records"]
+                    cpu_us = 1e6 * result["cpu"] / max(units, 1)
+                    row = {"cpu_us": cpu_us, "floor_us": 1e6 * floor, "of_floor": 1e6 * floor / cpu_us,
+                           "wall": result["seconds"], "rss": result["rss"], "units": units,
+                           "load": os.getloadavg()[0]}
+                    rows.setdefault((args.trees[t], stage), []).append(row)
+                    print(f"run {r} {tree} {stage}: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()),
+                          flush=True)
+            shutil.rmtree(base / f"shuffle-{r}-0", ignore_errors=True) if args.repeats > 3 else None
+    print("\nmedians (of floor over the median floor of all runs)")
+    floors = {s: statistics.median(x["floor_us"] for (_, st), v in rows.items() if st == s for x in v)
+              for s in args.stages}
+    for (name, stage), runs in rows.items():
+        cpu = statistics.median(x["cpu_us"] for x in runs)
+        print(f"{name:<32}{stage:<9} CPU us {cpu:7.1f} ({min(x['cpu_us'] for x in runs):.1f}-"
+              f"{max(x['cpu_us'] for x in runs):.1f})  floor {floors[stage]:6.1f}  of floor {floors[stage] / cpu:.2f}"
+              f"  wall {statistics.median(x['wall'] for x in runs):7.1f} s  rss {max(x['rss'] for x in runs):,.0f} MB"
+              f"  load {statistics.median(x['load'] for x in runs):.1f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
+        child(Path(sys.argv[2]), json.loads(sys.argv[3]))
+    else:
+        main()
