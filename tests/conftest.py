@@ -1,48 +1,51 @@
-"""Shared fixtures: one real Apache Kafka broker per test session (per pytest-xdist worker), unique topic names
-per test; and the grouping that keeps costly shared fixtures whole when the suite runs on several workers."""
+"""Shared fixtures: one real Apache Kafka broker per test session (one per pytest-xdist worker), unique topic
+names per test; and how the suite is split between workers (`pytest -n 2 --dist loadfile`, README)."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from pipelines.broker import BrokerError, LocalBroker
 
-TESTS = Path(__file__).resolve().parent
-ONE_WORKER_FOLDERS = ("flink",)  # a folder whose tests share a costly session (one Flink cluster, one job server)
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist is a dev extra; without it the suite runs serially
+    LoadFileScheduling = None
+
+ONE_WORKER_FOLDER = "tests/flink/"  # one Flink cluster and one job server for the folder (tests/flink/conftest.py)
 
 
-def xdist_group_of(item: pytest.Item) -> str | None:
-    """The group whose tests one pytest-xdist worker runs (``--dist loadgroup``), or None to spread freely.
+def work_unit(nodeid: str) -> str:
+    """What one worker runs whole: the Flink folder, else a test file.
 
-    Why: each worker is its own session, so a fixture wider than a test is made once per worker that needs it.
-    The Flink folder shares one cluster and job server (tests/flink/conftest.py), costly and memory-hungry: its
-    tests go to one worker. A module whose tests share a module (or class) fixture -- typically a pipeline run
-    whose outputs several tests check -- stays on one worker so that run happens once. Session fixtures of the
-    root conftest (the broker) and pytest's own are meant per worker: they do not group."""
-    try:
-        parts = Path(item.path).resolve().relative_to(TESTS).parts
-    except ValueError:
-        return None
-    if parts[0] in ONE_WORKER_FOLDERS:
-        return parts[0]
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    if any(chain[-1].scope in ("module", "class", "package") for chain in defs if chain):
-        return "/".join(parts)
-    return None
+    Why whole files: each worker is its own session, so a module fixture (a pipeline run whose outputs several
+    tests check) split over two workers would run twice. Why the Flink folder whole: its files share one
+    session cluster and job server, costly and memory-hungry. Why not pytest-xdist's ``--dist loadgroup`` with
+    ``xdist_group`` marks: with pytest 9.2 its node id suffix no longer takes and the marks are silently
+    ignored (pytest-dev/pytest-xdist issue 1386)."""
+    return ONE_WORKER_FOLDER if nodeid.startswith(ONE_WORKER_FOLDER) else nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks into the node ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+if LoadFileScheduling is not None:
+
+    class FolderOrFileScheduling(LoadFileScheduling):
+        """``--dist loadfile`` with the Flink folder as one unit, handed out first: the longest unit started
+        first leaves the other worker the many short files to balance the end of the run."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if ONE_WORKER_FOLDER in self.workqueue:
+                self.workqueue.move_to_end(ONE_WORKER_FOLDER, last=False)
+            super()._assign_work_unit(node)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadFileScheduling | None:
+        return FolderOrFileScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session")
