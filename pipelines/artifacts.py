@@ -58,46 +58,57 @@ def _last_error(output: str) -> str:
 
 
 def maven_jar(coordinates: str) -> Path:
-    """``group:artifact:version`` as a jar in the cache (fetched with ``mvn`` the first time)."""
+    """``group:artifact:version`` as a jar in the cache (fetched with ``mvn`` the first time, under a lock: two
+    test workers fetching at once would run two ``mvn`` into one local repository and copy into one file)."""
     group, artifact, version = coordinates.split(":")
     target = cache_dir() / "maven" / f"{artifact}-{version}.jar"
     if target.is_file():
         return target
     if shutil.which("mvn") is None:
         raise ArtifactUnavailableError(f"{coordinates}: not in {target.parent} and no mvn on PATH to fetch it")
-    # -U: a refusal Maven cached earlier is asked again (the artifact may be served by now)
-    done = subprocess.run(["mvn", "-q", "-B", "-U", "dependency:get", "-Dtransitive=false",
-                           f"-Dartifact={coordinates}"], capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
-    local = Path.home() / ".m2" / "repository" / Path(*group.split(".")) / artifact / version
-    local = local / f"{artifact}-{version}.jar"
-    if done.returncode != 0 or not local.is_file():
-        why = _last_error(done.stdout + done.stderr)
-        raise ArtifactUnavailableError(f"{coordinates} could not be fetched with mvn: {why}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".part")
-    shutil.copyfile(local, partial)
-    partial.replace(target)
+    with _locked(f"maven-{artifact}-{version}"):
+        if target.is_file():  # fetched by whoever held the lock before us
+            return target
+        # -U: a refusal Maven cached earlier is asked again (the artifact may be served by now)
+        done = subprocess.run(["mvn", "-q", "-B", "-U", "dependency:get", "-Dtransitive=false",
+                               f"-Dartifact={coordinates}"], capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
+        local = Path.home() / ".m2" / "repository" / Path(*group.split(".")) / artifact / version
+        local = local / f"{artifact}-{version}.jar"
+        if done.returncode != 0 or not local.is_file():
+            why = _last_error(done.stdout + done.stderr)
+            raise ArtifactUnavailableError(f"{coordinates} could not be fetched with mvn: {why}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".part")
+        shutil.copyfile(local, partial)
+        partial.replace(target)
     return target
 
 
 def go_binary(package: str, version: str, name: str) -> Path:
-    """``go install package@version`` into the cache as ``bin/NAME-VERSION`` (built the first time)."""
+    """``go install package@version`` into the cache as ``bin/NAME-VERSION`` (built the first time).
+
+    Locked like the other fetches: two test workers (pytest-xdist) or a demo beside a test session asking on a
+    cold cache would otherwise build into the same ``GOBIN`` at once, and one's rename would take the other's
+    binary from under it."""
     target = cache_dir() / "bin" / f"{name}-{version.lstrip('v')}"
     if target.is_file():
         return target
     if shutil.which("go") is None:
         raise ArtifactUnavailableError(f"{package}@{version}: not in {target.parent} and no go on PATH to build it")
-    build = cache_dir() / "gobuild"
-    build.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, GOBIN=str(build))
-    done = subprocess.run(["go", "install", f"{package}@{version}"], capture_output=True, text=True, env=env,
-                          timeout=FETCH_TIMEOUT_S)
-    built = build / package.rsplit("/", 1)[1]
-    if done.returncode != 0 or not built.is_file():
-        why = _last_error(done.stderr + done.stdout)
-        raise ArtifactUnavailableError(f"go install {package}@{version} failed: {why}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    built.replace(target)
+    with _locked(f"go-{name}"):
+        if target.is_file():  # built by whoever held the lock before us
+            return target
+        build = cache_dir() / "gobuild"
+        build.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, GOBIN=str(build))
+        done = subprocess.run(["go", "install", f"{package}@{version}"], capture_output=True, text=True, env=env,
+                              timeout=FETCH_TIMEOUT_S)
+        built = build / package.rsplit("/", 1)[1]
+        if done.returncode != 0 or not built.is_file():
+            why = _last_error(done.stderr + done.stdout)
+            raise ArtifactUnavailableError(f"go install {package}@{version} failed: {why}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        built.replace(target)
     return target
 
 
