@@ -21,6 +21,8 @@ OTHER_PROGRAMS = {
     "--mechanisms": REPO / "benchmarks" / "pipeline.py",
     "--jobs_only": REPO / "benchmarks" / "profile_summary.py",
     "--large": REPO / "benchmarks" / "shuffle_rest_leak.py",
+    "--trees": REPO / "benchmarks" / "shuffle_ab.py",
+    "--stages": REPO / "benchmarks" / "shuffle_ab.py",
     "--subprocesses": "py-spy record",
     "--flink-master": "Flink job server image",
     "--net": "docker run",
