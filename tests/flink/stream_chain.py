@@ -19,6 +19,8 @@ from tests.e2e.chain_harness import Chain, estimate_rows, ledger_entries, new_ch
 from transforms.io.kafka.bounded import committed_offsets, ensure_topics
 
 SEED = 29
+SUBMIT_S = 900  # a job submission ships ~150 MB of jars to the cluster: minutes on a loaded 2-core machine
+RUN_S = 900  # a phase of a streaming check on the cluster, loaded
 # Allowed lateness 0: a window closes when the watermark passes its end, so the cluster must fire windows
 # from the source's watermark while the job runs (nothing held by a side input), not only at a drain.
 SPEC_TOML = """\

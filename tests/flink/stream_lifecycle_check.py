@@ -27,6 +27,8 @@ from pipelines.flink_cluster import LocalFlinkCluster
 from tests.e2e.chain_harness import ledger_entries, recent_start, run_inline, topic_records
 from tests.flink.conftest import run_script
 from tests.flink.stream_chain import (
+    RUN_S,
+    SUBMIT_S,
     SEED,
     SPEC_TOML,
     committed,
@@ -43,8 +45,6 @@ from tests.flink.stream_chain import (
 
 pytestmark = pytest.mark.slow
 N = 300  # clients per window in the first phase; N // 2 more for window 2 after the resume
-SUBMIT_S = 900  # a job submission ships ~150 MB of jars to the cluster: minutes on a loaded 2-core machine
-RUN_S = 900
 WINDOW_1_S = 180
 OPEN = ["--idle_timeout_seconds", "3600"]  # window 2 stays open until the drain: no idle clock closes it
 

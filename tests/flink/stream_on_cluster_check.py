@@ -28,6 +28,8 @@ from pipelines.flink_cluster import LocalFlinkCluster
 from tests.e2e.chain_harness import ledger_entries, topic_records
 from tests.flink.cluster import completed_checkpoints
 from tests.flink.stream_chain import (
+    RUN_S,
+    SUBMIT_S,
     committed,
     flink_jobs,
     reference,
@@ -44,8 +46,6 @@ from transforms.io.kafka.planning import consumer_lag
 
 pytestmark = pytest.mark.slow
 N = 300  # clients per window, two windows
-SUBMIT_S = 900  # a job submission ships ~150 MB of jars to the cluster: minutes on a loaded 2-core machine
-RUN_S = 900
 
 
 @pytest.fixture(scope="module")
