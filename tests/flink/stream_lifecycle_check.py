@@ -28,9 +28,9 @@ from tests.e2e.chain_harness import ledger_entries, recent_start, run_inline, to
 from tests.flink.conftest import run_script
 from tests.flink.stream_chain import (
     RUN_S,
-    SUBMIT_S,
     SEED,
     SPEC_TOML,
+    SUBMIT_S,
     committed,
     flink_jobs,
     running_job,
