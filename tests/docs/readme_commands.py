@@ -8,13 +8,17 @@ README command cannot go untested.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+QUICK_START_CLIENTS = "2000"  # the Quick start's --clients in the tests
 GUIDE = REPO / "docs" / "guide.md"
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -156,3 +160,28 @@ def replace_option(argv: list[str], flag: str, value: str) -> list[str]:
 
 def by_class(kind: str) -> list[Command]:
     return [c for c in bash_commands() if classify(c) == kind]
+
+
+@dataclass(frozen=True)
+class QuickStart:
+    """Where the Quick start's demo ran (its ``--out`` is relative to ``cwd``, as in the README) and its output."""
+
+    cwd: Path
+    done: subprocess.CompletedProcess[str]
+
+    @property
+    def out(self) -> Path:
+        (command,) = by_class("quickstart-demo")
+        return self.cwd / str(option(command.argv, "--out"))
+
+
+def run_quick_start(cwd: Path) -> QuickStart:
+    """The README's Quick start demo as written but for ``--clients``, run by this interpreter in ``cwd``."""
+    (command,) = by_class("quickstart-demo")
+    head, *args = replace_option(list(command.argv), "--clients", QUICK_START_CLIENTS)
+    assert head in ("esa", ".venv/bin/esa"), command.argv
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, f"{command.line}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return QuickStart(cwd, done)

@@ -22,10 +22,10 @@ def _blocks() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def out(broker, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("query") / "out"
     run_demo(clients=3000, mechanism=None, epsilon=None, out=out, kind="kv_mean", seed=4, bad_per_kind=0,
-             direct=True)  # the querying doc is under test, not ingestion
+             bootstrap=broker.bootstrap, direct=True)  # the querying doc is under test, not ingestion or a broker
     return out
 
 

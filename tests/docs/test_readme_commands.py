@@ -22,6 +22,7 @@ from tests.docs.readme_commands import (
     REPO,
     Block,
     Command,
+    QuickStart,
     bash_commands,
     blocks,
     by_class,
@@ -33,7 +34,6 @@ from tests.docs.readme_commands import (
 )
 
 ESA = [sys.executable, "-m", "pipelines.cli"]
-SMALL_CLIENTS = 2000
 TIMEOUT_S = 300
 
 
@@ -109,16 +109,12 @@ def test_readme_test_command_is_what_ci_runs() -> None:
 
 
 @pytest.mark.slow
-def test_quick_start_demo(tmp_path: Path) -> None:
-    (command,) = by_class("quickstart-demo")
-    argv = replace_option(list(command.argv), "--clients", str(SMALL_CLIENTS))
-    out = tmp_path / "demo"
-    argv = replace_option(argv, "--out", str(out))
-    done = _run(_argv(argv), cwd=tmp_path)
-    summary = json.loads((out / "summary.json").read_text())
+def test_quick_start_demo(quick_start: QuickStart) -> None:
+    """The Quick start's demo (tests/docs/conftest.py: run once, as written but for --clients)."""
+    summary = json.loads((quick_start.out / "summary.json").read_text())
     assert summary["accounting_balanced"] is True, summary["accounting"]
     _balanced(summary["accounting"])
-    assert "balanced" in done.stdout
+    assert "balanced" in quick_start.done.stdout
 
 
 def test_privacy_commands_as_written(tmp_path: Path) -> None:
