@@ -9,6 +9,13 @@ output directory and consumer group, so every run reads the whole topic from the
     python benchmarks/shuffle_ab.py --clients 100000 --repeats 3 --trees /path/to/before .
     python benchmarks/shuffle_ab.py --clients 20000 --profile /tmp/prof   # each run under py-spy (GIL-holding)
 
+The shuffler's device store (``STATE/registry/devices.sqlite``) is kept between runs by default (``--registry
+kept``): the enrolled devices are imported into it once, before the runs (that import's CPU is printed apart),
+and each shuffle run starts from a copy of it, as a production shuffler starts every run from the state
+directory it keeps (``pipelines.registry``: the legacy file is imported once per version of it, the devices
+topic read from where the last run stopped). ``--registry fresh``: every run imports every device again, as
+``benchmarks/pipeline.py`` does (3-4 µs of CPU per device, counted in the run's CPU per set).
+
 Printed per run and as medians: CPU µs per set (the job's threads and reaped workers), the single-threaded floor
 (``benchmarks/crypto_ceiling.py``: open the envelope + verify the signature), floor / CPU, wall seconds, peak RSS.
 """
@@ -44,6 +51,13 @@ def child(tree: Path, params: dict) -> None:
     sys.path.insert(0, str(tree))
     os.chdir(tree)
     from benchmarks.stage_process import run_stage
+
+    if params.get("registry") and params["stage"] == "shuffle":  # the kept device store (see the module doc)
+        from pipelines.registry import store_path
+
+        store = store_path(_config(tree, params).for_stage("shuffle").state)
+        store.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(params["registry"], store)
 
     if os.environ.get("SHUFFLE_AB_PHASES"):  # CPU seconds of the job's phases, to stderr (this process, no spawn)
         _time_phases(params["stage"])
@@ -106,6 +120,9 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", default=["shuffle"], choices=["shuffle", "analyze"])
     parser.add_argument("--beam_args", default="")
     parser.add_argument("--profile", help="a directory: each run under py-spy, its raw profile written there")
+    parser.add_argument("--registry", choices=["kept", "fresh"], default="kept",
+                        help="kept: each shuffle run starts from a device store the devices were imported into "
+                             "once (as a production shuffler's kept state); fresh: every run imports them again")
     args = parser.parse_args()
     variants = [(Path(t.partition("@")[0]).resolve(), dict(kv.split("=", 1) for kv in t.partition("@")[2].split()))
                 for t in args.trees]
@@ -119,6 +136,7 @@ def main() -> None:
     from pipelines.demo.simulate import produce_population
     from pipelines.enrolment import enrol_simulated
     from pipelines.job_config import JobConfig
+    from pipelines.registry import catch_up, store_path
     from transforms.io.kafka.bounded import ensure_topics
 
     spec = bench_spec(args.mechanism)
@@ -136,6 +154,14 @@ def main() -> None:
                             group_id="g-encode", drain=True, raw_topic="raw", reports_topic="rep",
                             shuffled_topic="shuf-encode")
         print(f"encoded {run_stage('encode', encoder).records} sets", flush=True)
+        registry = None
+        if args.registry == "kept":
+            started = time.process_time()
+            seeded = catch_up(base / "registry", bootstrap=broker.bootstrap, topic=None,
+                              legacy_registry=encoder.keys_layout.device_registry)
+            registry = str(store_path(base / "registry"))
+            print(f"device store: {seeded.devices:,} devices imported once, {time.process_time() - started:.2f} s "
+                  "CPU (not in the runs' CPU)", flush=True)
         for r in range(args.repeats):
             for t, (tree, flags) in enumerate(variants):
                 tag = f"{r}-{t}"
@@ -143,7 +169,7 @@ def main() -> None:
                 ensure_topics(broker.bootstrap, [shuffled], partitions=3)
                 params = {"bootstrap": broker.bootstrap, "mechanism": args.mechanism, "keys": str(keys),
                           "raw": "raw", "reports": "rep", "shuffled": shuffled,
-                          "beam_args": args.beam_args.split(),
+                          "beam_args": args.beam_args.split(), "registry": registry,
                           "config": {k: int(v) if v.isdigit() else v for k, v in flags.items()}}
                 for stage in args.stages:
                     out = base / f"{stage}-{tag}"

@@ -23,6 +23,8 @@ OTHER_PROGRAMS = {
     "--large": REPO / "benchmarks" / "shuffle_rest_leak.py",
     "--trees": REPO / "benchmarks" / "shuffle_ab.py",
     "--stages": REPO / "benchmarks" / "shuffle_ab.py",
+    "--registry": REPO / "benchmarks" / "shuffle_ab.py",
+    "--no_raw_rates": REPO / "benchmarks" / "pipeline.py",
     "--subprocesses": "py-spy record",
     "--flink-master": "Flink job server image",
     "--net": "docker run",

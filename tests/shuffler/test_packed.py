@@ -85,7 +85,8 @@ def test_a_release_does_not_depend_on_how_devices_were_bucketed() -> None:
 def test_scale_out_grows_with_the_run_in_powers_of_two_within_bounds() -> None:
     spec = spec_from_dict({"analysis": {"name": "s", "metric": "s"}, "domain": {"size": 8},
                            "mechanism": {"name": "grr", "epsilon": 2.0}, "crowd": {"subkeys": 16}}, source="test")
-    assert (ScaleOut(0).buckets, ScaleOut(0).subkeys(spec)) == (64, 16)  # small runs: the defaults
+    assert (ScaleOut(0).buckets, ScaleOut(0).subkeys(spec)) == (1, 16)  # small runs: one bucket
+    assert (ScaleOut(100_000).buckets, ScaleOut(100_000).subkeys(spec)) == (8, 16)
     assert (ScaleOut(1_000_000).buckets, ScaleOut(1_000_000).subkeys(spec)) == (64, 16)
     assert (ScaleOut(10_000_000).buckets, ScaleOut(10_000_000).subkeys(spec)) == (512, 64)
     assert (ScaleOut(10**12).buckets, ScaleOut(10**12).subkeys(spec)) == (65_536, 4096)

@@ -196,6 +196,22 @@ def test_another_key_gives_another_release(prf_runs: tuple[list, list, list]) ->
     assert other and [p.messages for p in other] != [p.messages for p in same]
 
 
+@pytest.mark.parametrize("buckets", [1, 8])
+def test_the_dedupe_bucket_count_changes_no_release(tmp_path: Path, two_windows: TwoWindows, buckets: int) -> None:
+    """``ScaleOut`` gives a small run few dedupe buckets (the fixture's run has 64): the same releases, byte for
+    byte, the same dead letters and counters, duplicates of one device meeting in whichever bucket holds it."""
+    t = two_windows
+    run = shuffle_run(tmp_path, [SPEC], t.devices, t.records, buckets=buckets)
+    key = lambda p: (p.window_end_ms, p.subkey)  # noqa: E731
+    fewer, default = sorted(run.values("released"), key=key), sorted(t.run.values("released"), key=key)
+    assert fewer and [p._replace(messages=list(p.messages)) for p in fewer] == \
+        [p._replace(messages=list(p.messages)) for p in default]
+    assert sorted(run.values("dead"), key=lambda d: d["offset"]) == \
+        sorted(t.run.values("dead"), key=lambda d: d["offset"])
+    for name in ("sets_released", "sets_deleted", "sets_duplicate", "dead_lettered", "sets_valid", "distinct_devices"):
+        assert run.count(name) == t.run.count(name), name
+
+
 # --- crowd threshold -----------------------------------------------------------------------------------------
 
 def test_a_crowd_below_the_threshold_releases_nothing(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from tests.beam_harness import PipelineRun, run_pipeline
 from transforms.device.wire import ShufflerKey
 from transforms.io.kafka.bounded import KafkaRecord
 from transforms.mechanisms.randomness import job_key_from_seed
-from transforms.shuffler.elements import DEAD, TIMES, TimePolicy
+from transforms.shuffler.elements import DEAD, DEDUPE_BUCKETS, TIMES, TimePolicy
 from transforms.shuffler.graph import ReleasePart, Shuffle, WindowClock
 from transforms.shuffler.ingress import IngressFn
 from transforms.spec import AnalysisSpec, spec_from_dict
@@ -169,7 +169,7 @@ def ingress_fn(specs: Sequence[AnalysisSpec], devices: Devices, prior: PriorRuns
 def shuffle_run(tmp_path: Path, specs: Sequence[AnalysisSpec], devices: Devices, records: list[KafkaRecord], *,
                 key: bytes = KEY, clock: WindowClock | None = None, prior: PriorRuns | None = None,
                 times: TimePolicy = TIMES_POLICY, batch: int = 25, spill: Path | None = None,
-                spill_bytes: int | None = None) -> PipelineRun:
+                spill_bytes: int | None = None, buckets: int = DEDUPE_BUCKETS) -> PipelineRun:
     """IngressFn + Shuffle as ``pipelines.shuffle.build`` wires them; outputs released, held, dead, times.
 
     ``spill``: the sets and units go through files there (as the shuffle job runs), not through Beam."""
@@ -177,8 +177,8 @@ def shuffle_run(tmp_path: Path, specs: Sequence[AnalysisSpec], devices: Devices,
 
     def build(p: beam.Pipeline) -> dict[str, beam.PCollection]:
         ingress = (p | beam.Create(batches, reshuffle=False)
-                   | beam.ParDo(IngressFn(list(specs), devices.registry, prior or PriorRuns(), times, spill=spill,
-                                          spill_bytes=spill_bytes, keys_dir=str(devices.keys_dir)))
+                   | beam.ParDo(IngressFn(list(specs), devices.registry, prior or PriorRuns(), times, buckets=buckets,
+                                          spill=spill, spill_bytes=spill_bytes, keys_dir=str(devices.keys_dir)))
                    .with_outputs(DEAD, TIMES, main="sets"))
         released, held, dead, run_times = (ingress.sets, ingress[TIMES]) | Shuffle(specs, key, clock or drain_clock(),
                                                                                    spill=spill)

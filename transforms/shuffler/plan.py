@@ -10,7 +10,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from transforms.shuffler.elements import DEDUPE_BUCKETS
 from transforms.spec import AnalysisSpec
 from transforms.state.run_state import watermark_ms
 
@@ -30,7 +29,10 @@ class ScaleOut:
 
     ``buckets``: device-hash buckets per (crowd, window) for dedupe, so each dedupe group stays near
     ``RECORDS_PER_BUCKET`` sets even when a whole run is one window; a distributed runner spreads groups over
-    workers. Releases do not depend on it (units are put in rank order), so any run may pick any value.
+    workers. Releases do not depend on it (units are put in rank order), so any run may pick any value. A small
+    run gets few buckets (one below ``RECORDS_PER_BUCKET`` records): ingress packs, and dedupe handles, every
+    (window, bucket) of a batch apart, each paying numpy's per-call overhead, so 64 buckets for a run of 100,000
+    sets (the former floor) cost more CPU per set than the packing and the dedupe themselves.
     ``subkeys(spec)``: sub-keys per crowd, at least the spec's ``[crowd] subkeys``, more for a run above
     ``RECORDS_PER_SUBKEY`` sets per spec sub-key, so no worker holds more than a bounded slice of a crowd.
     The sub-key count is part of a release (deletions are allotted per sub-crowd), hence powers of two: a
@@ -41,7 +43,7 @@ class ScaleOut:
 
     @property
     def buckets(self) -> int:
-        return min(max(_pow2_at_least(self.records / RECORDS_PER_BUCKET), DEDUPE_BUCKETS), MAX_BUCKETS)
+        return min(_pow2_at_least(self.records / RECORDS_PER_BUCKET), MAX_BUCKETS)
 
     def subkeys(self, spec: AnalysisSpec) -> int:
         derived = _pow2_at_least(self.records / RECORDS_PER_SUBKEY)
