@@ -6,6 +6,7 @@ these classes register them with Beam.
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -30,6 +31,17 @@ class EsaFlinkStreamingOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         add_flags(parser, FLINK_STREAMING)
+        # Set by the streaming driver (``finish_bundles_before_checkpoints``), not an esa flag: Beam's own name.
+        parser.add_argument("--finish_bundle_before_checkpointing", action="store_true", help=argparse.SUPPRESS)
+
+
+def finish_bundles_before_checkpoints(options: PipelineOptions) -> None:
+    """Beam's Flink ``finishBundleBeforeCheckpointing`` for a streaming job: a bundle still open when a checkpoint
+    starts is finished before the barrier, its outputs sent on. By default they are buffered in the checkpoint
+    and sent only when the operator's next bundle starts, and the stage that emits the Kafka read's one element
+    (after an ``Impulse`` that never sends anything again) has no next bundle: the read never starts (the
+    stalled read, docs/deployment.md)."""
+    options.view_as(EsaFlinkStreamingOptions).finish_bundle_before_checkpointing = True
 
 
 class EsaOptions(PipelineOptions):
