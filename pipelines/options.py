@@ -6,7 +6,6 @@ these classes register them with Beam.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -31,8 +30,6 @@ class EsaFlinkStreamingOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
         add_flags(parser, FLINK_STREAMING)
-        # Set by the streaming driver (``finish_bundles_before_checkpoints``), not an esa flag: Beam's own name.
-        parser.add_argument("--finish_bundle_before_checkpointing", action="store_true", help=argparse.SUPPRESS)
 
 
 def finish_bundles_before_checkpoints(options: PipelineOptions) -> None:
