@@ -81,6 +81,10 @@ FLINK_STREAMING = (
     _flag("--checkpointing_interval", WINDOWED, type=int, default=-1,
           help="Flink: milliseconds between checkpoints (-1: the cluster's setting); needed by --kafka_io sdf on "
                "Flink, whose offsets are committed on checkpoints"),
+    _flag("--finish_bundle_before_checkpointing", WINDOWED, action="store_true", default=False,
+          help="Flink: finish a bundle before a checkpoint's barrier rather than buffer its outputs in the "
+               "checkpoint (Beam's finishBundleBeforeCheckpointing); --kafka_io sdf sets it on Flink by itself: "
+               "see docs/deployment.md, the stalled read"),
     _flag("--savepoint_path", frozenset({"shuffle"}), default=None, metavar="URL",
           help="Flink, --kafka_io sdf: resume the streaming job from this savepoint (the one a suspended run, "
                "SIGUSR1, printed): its open windows included, the accounting continued; see docs/deployment.md"),

@@ -32,6 +32,15 @@ class EsaFlinkStreamingOptions(PipelineOptions):
         add_flags(parser, FLINK_STREAMING)
 
 
+def finish_bundles_before_checkpoints(options: PipelineOptions) -> None:
+    """Beam's Flink ``finishBundleBeforeCheckpointing`` for a streaming job: a bundle still open when a checkpoint
+    starts is finished before the barrier, its outputs sent on. By default they are buffered in the checkpoint
+    and sent only when the operator's next bundle starts, and the stage that emits the Kafka read's one element
+    (after an ``Impulse`` that never sends anything again) has no next bundle: the read never starts (the
+    stalled read, docs/deployment.md)."""
+    options.view_as(EsaFlinkStreamingOptions).finish_bundle_before_checkpointing = True
+
+
 class EsaOptions(PipelineOptions):
     """What to analyze and where results go."""
     @classmethod

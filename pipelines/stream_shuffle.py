@@ -43,7 +43,7 @@ from pipelines.exit_codes import JobUsageError
 from pipelines.job import esa_counters, locked, require_outputs, staging_root, use_filesystem_options
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.metrics import JobMetrics
-from pipelines.options import local_runner_requested
+from pipelines.options import finish_bundles_before_checkpoints, local_runner_requested
 from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
 from pipelines.runners import runner_name
@@ -103,6 +103,8 @@ class PipelineThread:
         self._flink_jid: str | None = None
         self._looked_for_jid = 0.0
         runner = FnApiRunner() if local_runner_requested(options) else None
+        if runner_name(options) == "FlinkRunner":
+            finish_bundles_before_checkpoints(options)
         self._pipeline = beam.Pipeline(runner=runner, options=options)
         build_fn(self._pipeline)
         self._result: Any = None

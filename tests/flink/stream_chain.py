@@ -1,26 +1,34 @@
-"""Helpers of the streaming shuffler's cluster tests: one population whose reports the bounded in-process chain
-(``esa shuffle --drain``, newest Beam) shuffles as the reference, and the streaming shuffler of the Beam 2.62.0
-environment (``esa shuffle --kafka_io sdf --streaming``) on the Flink cluster as a real process over the same
-reports, into its own group, state and topic; what the two are compared on (ledger digests, estimate rows) and
-what the cluster says about the job (state, checkpoints)."""
+"""Helpers of the streaming shuffler's cluster test: the streaming shuffler of the Beam 2.62.0 environment
+(``esa shuffle --kafka_io sdf --streaming``) on the Flink cluster as a real process over the reports of a bounded
+in-process chain (``esa shuffle --drain``, newest Beam: the reference), into its own group, state and topic; what
+the two are compared on (ledger digests, estimate rows); what the cluster says about the job (state, checkpoints,
+whether its reader started)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipelines.flink_cluster import LocalFlinkCluster
-from tests.e2e.chain_harness import Chain, estimate_rows, ledger_entries, new_chain, recent_start, run_inline
+from tests.e2e.chain_harness import Chain, estimate_rows, ledger_entries
+from tests.flink.cluster import completed_checkpoints
 from transforms.io.kafka.bounded import committed_offsets, ensure_topics
+from transforms.io.kafka.unbounded import FIRST_BUNDLE
 
 SEED = 29
-SUBMIT_S = 900  # a job submission ships ~150 MB of jars to the cluster: minutes on a loaded 2-core machine
-RUN_S = 900  # a phase of a streaming check on the cluster, loaded
+# Measured (2026-12-02, 2-core EPYC): the job RUNNING 85 s after the driver started, each phase of the streaming
+# test within 60 s (load 8-18); the lifecycle check's whole first half 277 s (load 26-28). A stalled phase costs
+# its time-out, so these are about 3 times the loaded figures, not 15 minutes.
+SUBMIT_S = 600  # a job submission ships ~150 MB of jars to the cluster: minutes on a loaded 2-core machine
+RUN_S = 480  # a phase of the streaming test on the cluster, loaded
+STALL_S = 120  # first completed checkpoint to the first bundle: 0 s measured (the bundle came first; load ~20)
 # Allowed lateness 0: a window closes when the watermark passes its end, so the cluster must fire windows
 # from the source's watermark while the job runs (nothing held by a side input), not only at a drain.
 SPEC_TOML = """\
@@ -47,27 +55,6 @@ subkeys = 4
 [privacy]
 delta = 1e-6
 """
-
-
-def reference(bootstrap: str, base: Path, n_clients: int) -> tuple[Chain, dict[str, Any]]:
-    """Two recent closed windows of ``n_clients`` reports each (plus one bad set of each kind on the reports
-    topic), run through the bounded chain in this process: the releases every streaming run must equal."""
-    from pipelines.demo.population import synthesize
-    from pipelines.demo.simulate import produce_population
-    from pipelines.enrolment import enrol_simulated
-    from transforms.spec import load_spec
-
-    base.mkdir(parents=True, exist_ok=True)
-    spec_path = base / "flink_stream.toml"
-    spec_path.write_text(SPEC_TOML)
-    spec = load_spec(spec_path)
-    chain = new_chain(bootstrap, base, "bounded", spec_path=str(spec_path), seed=SEED)
-    population = synthesize(spec, n_clients, windows=2, start_ms=recent_start(spec.window_seconds * 1000, back=4),
-                            seed=SEED)
-    enrol_simulated(chain.keys, population.client_ids.tolist())
-    produce_population(bootstrap, spec, population, raw_topic=chain.raw, reports_topic=chain.reports,
-                       bad_per_kind=1, seed=SEED)
-    return chain, run_inline(chain)
 
 
 def twin(bounded: Chain, out: Path) -> Chain:
@@ -125,14 +112,57 @@ def running_job(cluster: LocalFlinkCluster, known: set[str], timeout_s: float, p
     raise AssertionError(f"no new RUNNING job within {timeout_s:.0f} s: {log.read_text()[-3000:]}")
 
 
-def wait(predicate: Any, what: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> float:
-    """Poll ``predicate`` until true (the driver must stay alive); the seconds it took."""
+def wait(predicate: Any, what: str, timeout_s: float, proc: subprocess.Popen, log: Path, alive: bool = True) -> float:
+    """Poll ``predicate`` until true (the driver must stay alive, unless not ``alive``); the seconds it took."""
     started = time.monotonic()
     while not predicate():
-        assert proc.poll() is None, f"the driver exited while waiting for {what}: {log.read_text()[-4000:]}"
+        assert not alive or proc.poll() is None, \
+            f"the driver exited while waiting for {what}: {log.read_text()[-4000:]}"
         assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s:.0f} s"
         time.sleep(1)
     return time.monotonic() - started
+
+
+def reader_starts(cluster: LocalFlinkCluster, topic: str) -> int:
+    """How often a reader of ``topic`` logged its first bundle in the TaskManagers' logs (SDK harnesses log
+    through the runner; the logs are appended to across TaskManager and cluster restarts)."""
+    return sum(log.read_text(errors="replace").count(f"{topic}: {FIRST_BUNDLE}")
+               for log in cluster.log_dir.glob("taskmanager-*.log"))
+
+
+def read_started(cluster: LocalFlinkCluster, job_id: str, topic: str, before: int, proc: subprocess.Popen,
+                 log: Path, keep: Path) -> float:
+    """Wait for a reader of the RUNNING job to start its first bundle; the seconds from the job's first completed
+    checkpoint (every task running by then). Fail ``STALL_S`` after that checkpoint naming the stalled read
+    (docs/deployment.md), the cluster's and driver's logs kept in ``keep``, rather than wait out a phase's
+    time-out on a read that never begins."""
+    checkpointed = None
+    while reader_starts(cluster, topic) <= before:
+        assert proc.poll() is None, f"the driver exited before its read started: {log.read_text()[-4000:]}"
+        if checkpointed is None and completed_checkpoints(cluster, job_id) >= 1:
+            checkpointed = time.monotonic()
+        if checkpointed is not None and time.monotonic() - checkpointed > STALL_S:
+            kept = keep / "stalled-read-logs"
+            shutil.copytree(cluster.log_dir, kept, dirs_exist_ok=True)
+            shutil.copy(log, kept / log.name)
+            raise AssertionError(
+                f"the stalled read (docs/deployment.md): job {job_id} checkpointing for {STALL_S} s and no reader "
+                f"of {topic} logged '{FIRST_BUNDLE}': the keyed SDF stage never started a bundle; TaskManager "
+                f"and driver logs in {kept}")
+        time.sleep(1)
+    return time.monotonic() - checkpointed if checkpointed is not None else 0.0
+
+
+def cancel_left(cluster: LocalFlinkCluster, job_ids: list[str]) -> None:
+    """Cancel those of ``job_ids`` still running (a failed test's), so later tests have the cluster's slots."""
+    try:
+        states = flink_jobs(cluster)
+    except OSError:
+        return  # the cluster is gone (stopped mid-restart): nothing runs on it
+    for jid in job_ids:
+        if states.get(jid) in {"RUNNING", "RESTARTING", "CREATED", "INITIALIZING"}:
+            request = urllib.request.Request(f"http://{cluster.rest}/jobs/{jid}?mode=cancel", method="PATCH")
+            urllib.request.urlopen(request, timeout=30).close()
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 600) -> str:

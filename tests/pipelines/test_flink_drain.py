@@ -1,6 +1,6 @@
 """The streaming shuffler's drain on a Flink cluster (``pipelines.flink_drain``): which runs it applies to, and
 that a cluster it cannot reach is a logged warning, not a failed stop. The drain itself runs on a real cluster in
-``tests/flink/stream_on_cluster_check.py``."""
+``tests/flink/test_stream_on_cluster.py``."""
 
 from __future__ import annotations
 

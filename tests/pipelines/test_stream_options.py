@@ -67,3 +67,20 @@ def test_the_bounded_stages_refuse_sdf_rather_than_ignore_it(tmp_path: Path, sta
     with pytest.raises(ConfigError, match=f"esa {stage} runs bounded: drop --kafka_io sdf"):
         job.run_from_argv(["--spec", SPEC, "--output_dir", str(tmp_path / "out"), "--kafka_io", "sdf",
                            "--stop_after_idle_seconds", "1", "--kafka_bootstrap", "127.0.0.1:1"])
+
+
+def test_the_streaming_driver_asks_flink_to_finish_bundles_before_checkpoints() -> None:
+    """What the portable runner sends the Flink job server: ``finishBundleBeforeCheckpointing`` once the driver
+    set it (the stalled read, docs/deployment.md), nothing of it before."""
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    from pipelines.options import finish_bundles_before_checkpoints
+
+    def sent(options: PipelineOptions) -> dict:
+        return dict(JobServiceHandle.encode_pipeline_options(options.get_all_options(drop_default=True)))
+
+    options = PipelineOptions(["--runner", "FlinkRunner", "--checkpointing_interval", "2000"])
+    assert "beam:option:finish_bundle_before_checkpointing:v1" not in sent(options)
+    finish_bundles_before_checkpoints(options)
+    assert sent(options)["beam:option:finish_bundle_before_checkpointing:v1"] is True
+    assert sent(options)["beam:option:checkpointing_interval:v1"] == "2000"

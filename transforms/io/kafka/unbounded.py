@@ -68,6 +68,7 @@ __all__ = ["END", "EventTimes", "KafkaTimestamps", "PartitionWatermark", "ReadFr
 LOG = logging.getLogger(__name__)
 END = 2**63 - 1  # an unbounded partition: OffsetRange's stop
 READ_CHUNK = 20_000  # records asked of one poll
+FIRST_BUNDLE = "first bundle of this reader"  # logged once per reader: whether a read started (the stalled read)
 DEFAULT_CLOCK = SourceClock()
 
 
@@ -213,7 +214,7 @@ class ReadKafkaTopicFn(beam.DoFn, RestrictionProvider):
         reader = self._seek(topic, dict(at))
         if not self._started:
             self._started = True
-            LOG.info("%s: first bundle of this reader, at offsets %s", topic, at)
+            LOG.info("%s: %s, at offsets %s", topic, FIRST_BUNDLE, at)
         deadline = time.monotonic() + self._bundle_s
         got, split = 0, False
         while not split and time.monotonic() < deadline:
