@@ -1,8 +1,4 @@
-"""NOT COLLECTED by the suite (not named ``test_*``): run it by its path, ``pytest
-tests/flink/orphan_stream_check.py``. It becomes a collected test once it has passed twice, once in a
-whole-folder run.
-
-A streaming shuffler's driver killed mid-run, and the same command run again (``pipelines.stream_orphan``): the
+"""A streaming shuffler's driver killed mid-run, and the same command run again (``pipelines.stream_orphan``): the
 driver (``esa shuffle --kafka_io sdf --streaming``, Beam 2.62.0 environment, PROCESS harnesses, checkpoints
 every 2 s, no idle time-out, so the last window stays open) reads every report, then its whole process group is
 killed with SIGKILL; its Flink job is left RUNNING with a window open in its state. The rerun finds that job by
