@@ -50,20 +50,36 @@ def flink_job_id(rest: str, beam_job_id: str) -> str | None:
     return None
 
 
-def drain(rest: str, beam_job_id: str) -> bool:
-    """Ask the cluster to stop the job with a drain (into its configured savepoint directory); whether it was
-    asked. A failure is logged, not raised: the operator can still drain by hand (``flink stop --drain``)."""
+def drain(rest: str, beam_job_id: str) -> tuple[str, str] | None:
+    """Ask the cluster to stop the job with a drain (into its configured savepoint directory): the Flink job id
+    and the request's id, to follow with ``drain_failure``. A failure is logged, not raised (None): the caller
+    asks again, the operator can drain by hand (``flink stop --drain``)."""
     try:
         jid = flink_job_id(rest, beam_job_id)
         if jid is None:
-            LOG.warning("no running Flink job for %s on %s: nothing to drain", beam_job_id, rest)
-            return False
+            LOG.warning("no running Flink job for %s on %s: nothing to drain yet", beam_job_id, rest)
+            return None
         trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": True})
     except Exception as err:
         LOG.warning("could not ask %s to drain the job (stop it by hand: flink stop --drain): %s", rest, err)
-        return False
+        return None
     LOG.info("asked Flink to drain job %s (request %s)", jid, trigger.get("request-id"))
-    return True
+    return jid, str(trigger.get("request-id"))
+
+
+def drain_failure(rest: str, jid: str, request_id: str) -> str | None:
+    """Why the drain ``request_id`` of job ``jid`` failed, once it did; None while it runs or when it succeeded.
+    A job whose tasks are not all running yet (just submitted or restored, or restarting) refuses the drain's
+    savepoint ("Not all required tasks are currently running"), and the job goes on: it must be asked again."""
+    try:
+        status = _call(rest, f"/jobs/{jid}/savepoints/{request_id}")
+    except Exception as err:  # the JobManager is busy, or the job ended and its trigger is gone: asked later
+        LOG.debug("drain request %s of job %s not readable: %s", request_id, jid, err)
+        return None
+    cause = (status.get("operation") or {}).get("failure-cause")
+    if status.get("status", {}).get("id") != "COMPLETED" or not cause:
+        return None
+    return str(cause.get("stack-trace") or cause).splitlines()[0][:300]
 
 
 def stop_with_savepoint(rest: str, jid: str, timeout_s: float = 600.0) -> str:

@@ -19,7 +19,12 @@ releases are right (measured: ``read: 0`` after a TaskManager kill). Then the te
 
 A **lineage** is one streaming job and the jobs resumed from its savepoints: ``STATE/stream_lineage.json`` holds
 where it started and what its suspended runs accounted for, so the run that finally drains it checks the rule
-over the whole lineage.
+over the whole lineage. It also names the run key of the driver that is live (``live``): a driver killed
+mid-run (SIGKILL) accounts for nothing itself, so the driver that stops its orphaned job into a savepoint and
+resumes it (``pipelines.stream_orphan``) carries the dead run's part from what it left durably (``adopt``): the
+decided and released sets of the windows it sealed (their ledger entries, under its run key) and the dead
+letters it collected (the counts files named by its run key). Its exact copies and re-reads died with it: if
+it had any, the check fails (exit 1), never passes wrongly.
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from pipelines.job_config import JobConfig
 from transforms.io.kafka.bounded import count_records
 from transforms.io.kafka.clients import consumer
 from transforms.io.kafka.planning import PartitionRange, committed_offsets
+from transforms.shuffler.release_agent import DECIDED
+from transforms.state.dead_letters import ReasonCounts
 from transforms.state.files import atomic_write_json, read_json
+from transforms.state.ledger import WITHHELD, ReleaseLedger
 
 LOG = logging.getLogger("esa.stream_accounting")
 LINEAGE_FILE = "stream_lineage.json"
@@ -54,17 +62,20 @@ class Lineage:
     start: dict[int, int]
     carried: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CARRIED, 0))
     savepoint: str | None = None
+    live: str | None = None  # the run key of the driver running the lineage's job now
 
     def save(self, state: Path) -> None:
         atomic_write_json(state / LINEAGE_FILE, {"start": {str(p): o for p, o in self.start.items()},
-                                                 "carried": self.carried, "savepoint": self.savepoint})
+                                                 "carried": self.carried, "savepoint": self.savepoint,
+                                                 "live": self.live})
 
 
 def _load(state: Path) -> Lineage | None:
     found = read_json(state / LINEAGE_FILE)
     if found is None:
         return None
-    return Lineage({int(p): int(o) for p, o in found["start"].items()}, dict(found["carried"]), found["savepoint"])
+    return Lineage({int(p): int(o) for p, o in found["start"].items()}, dict(found["carried"]), found["savepoint"],
+                   found.get("live"))
 
 
 def source_positions(config: JobConfig) -> dict[int, int]:
@@ -79,8 +90,8 @@ def source_positions(config: JobConfig) -> dict[int, int]:
     return {p: begin[p] if committed.get(p) is None else max(int(committed[p]), begin[p]) for p in partitions}
 
 
-def begin(config: JobConfig, savepoint: str | None) -> Lineage:
-    """The lineage this run continues (resumed from ``savepoint``) or starts (a fresh job)."""
+def begin(config: JobConfig, savepoint: str | None, run_key: str) -> Lineage:
+    """The lineage this run (``run_key``) continues (resumed from ``savepoint``) or starts (a fresh job)."""
     found = _load(config.state)
     if savepoint is None:
         lineage = Lineage(source_positions(config))
@@ -90,9 +101,39 @@ def begin(config: JobConfig, savepoint: str | None) -> Lineage:
                             f"{held}; resume from the savepoint its last run printed (esa shuffle, SIGUSR1)")
     else:
         lineage = found
-    lineage.savepoint = None
+    lineage.savepoint, lineage.live = None, run_key
     lineage.save(config.state)
     return lineage
+
+
+def adopt(config: JobConfig, ledger: ReleaseLedger, savepoint: str) -> None:
+    """The job of a dead driver was stopped into ``savepoint``: carry the dead run's durable part of the
+    accounting (see the module doc) and let the next ``begin`` resume the lineage from that savepoint."""
+    lineage = _load(config.state)
+    if lineage is None or lineage.live is None:  # an older esa's lineage: what the dead run did is not known
+        LOG.warning("the state directory %s names no live run: the accounting cannot cover the dead driver's run "
+                    "and will not balance", config.state)
+        lineage = lineage or Lineage(source_positions(config))
+    else:
+        dead = dead_run(config, ledger, lineage.live)
+        LOG.info("the dead driver's run %s accounted for %s", lineage.live, json.dumps(dead))
+        lineage.carried = {k: lineage.carried.get(k, 0) + dead.get(k, 0) for k in CARRIED}
+    lineage.savepoint, lineage.live = savepoint, None
+    lineage.save(config.state)
+
+
+def dead_run(config: JobConfig, ledger: ReleaseLedger, run_key: str) -> dict[str, int]:
+    """What a killed driver's run accounted for, from what it left durably: its windows' ledger entries and its
+    dead-letter counts."""
+    decided = released = 0
+    for entry in ledger.entries():
+        if entry.run_key == run_key:
+            released += 0 if entry.status == WITHHELD else entry.n_sets
+            decided += int(entry.extra.get(DECIDED, entry.n_sets))
+    counts = config.state_layout.dead_letters / "counts"
+    letters = sum(ReasonCounts.from_rows(read_json(path)["counts"]).total()
+                  for path in counts.glob(f"dead-letter-counts-{run_key}-*.json"))
+    return {"decided": decided, "released": released, "dead_lettered": letters}
 
 
 def records_between(config: JobConfig, start: dict[int, int], end: dict[int, int]) -> int:
@@ -130,7 +171,7 @@ def suspend(config: JobConfig, lineage: Lineage, totals: Any, counters: dict[str
     """The run was stopped into ``savepoint``: carry what it accounted for to the run that resumes it."""
     now = this_run(totals, counters)
     lineage.carried = {k: lineage.carried.get(k, 0) + now[k] for k in CARRIED}
-    lineage.savepoint = savepoint
+    lineage.savepoint, lineage.live = savepoint, None
     lineage.save(config.state)
     LOG.warning("suspended into %s: resume with --savepoint_path %s", savepoint, savepoint)
 

@@ -48,6 +48,7 @@ from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
 from pipelines.runners import runner_name
 from pipelines.service import StopRequest
+from pipelines.stream_orphan import resume_orphan
 from pipelines.targets import release_target
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.topic_policy import check_topics
@@ -66,6 +67,7 @@ LOG = logging.getLogger("esa.stream_shuffle")
 AGENT_POLL_SECONDS = 0.5  # between two looks at a local staging directory
 AGENT_POLL_SECONDS_URL = 5.0  # ... at an object store (each look is a listing request)
 PROGRESS_SECONDS = 10.0
+DRAIN_RETRY_S = 5.0  # between two looks at a drain the job may have refused
 METRICS_SECONDS = 2.0  # between two updates of the metrics endpoint (each asks the broker for offsets)
 GROUP_FILE = "stream_group.json"
 
@@ -102,6 +104,8 @@ class PipelineThread:
         self._flink_rest = flink_rest(options)  # read before Beam's runner touches the options
         self._flink_jid: str | None = None
         self._looked_for_jid = 0.0
+        self._drain: tuple[str, str] | None = None  # the Flink job id and the request of the drain asked
+        self._drain_asked = 0.0
         runner = FnApiRunner() if local_runner_requested(options) else None
         if runner_name(options) == "FlinkRunner":
             finish_bundles_before_checkpoints(options)
@@ -130,16 +134,34 @@ class PipelineThread:
 
     def drain(self) -> None:
         """On a Flink cluster, ask Flink to drain the job (``pipelines.flink_drain``): there, the end of the read
-        alone does not end the job. Other runners end it by themselves once the source finishes."""
+        alone does not end the job. Other runners end it by themselves once the source finishes. Called again
+        while the job runs (``drain_again``): a drain the job refused is asked again."""
         from pipelines.flink_drain import drain
 
         if self._flink_rest is None:
             return
-        job_id = getattr(self._result, "_job_id", None) or getattr(self._result, "job_id", None)
+        job_id = self._beam_job_id()
         if not job_id:
             LOG.warning("no Beam job id to drain on %s (stop the job by hand: flink stop --drain)", self._flink_rest)
             return
-        drain(self._flink_rest, str(job_id))
+        self._drain_asked = time.monotonic()
+        self._drain = drain(self._flink_rest, job_id)
+
+    def drain_again(self) -> None:
+        """A drain asked earlier and refused (the job's tasks were not all running: measured when SIGTERM came
+        while a resumed job was still restoring), or not asked because the job was not found: ask again, at
+        most every ``DRAIN_RETRY_S``."""
+        from pipelines.flink_drain import drain_failure
+
+        if self._flink_rest is None or time.monotonic() - self._drain_asked < DRAIN_RETRY_S:
+            return
+        if self._drain is not None:
+            failure = drain_failure(self._flink_rest, *self._drain)
+            if failure is None:
+                self._drain_asked = time.monotonic()  # running, or done: the job ends by itself
+                return
+            LOG.warning("Flink refused the drain of job %s (%s): asking again", self._drain[0], failure)
+        self.drain()
 
     def _beam_job_id(self) -> str | None:
         job_id = getattr(self._result, "_job_id", None) or getattr(self._result, "job_id", None)
@@ -291,6 +313,8 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
                 suspend[0] = False
                 savepoint = pipeline.suspend()
                 stopping = savepoint is not None
+            if stopping and savepoint is None:
+                pipeline.drain_again()
             if stop.requested and not stopping:
                 stopping = True
                 if metrics is not None:
@@ -328,18 +352,20 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         target = release_target(config)
         republish_unpublished(target, ledger)
         claim_group(config)
-        savepoint = stream_accounting.savepoint_path(options)
-        lineage = stream_accounting.begin(config, savepoint)  # where this job's source starts, for the accounting
+        # names the Flink job; a dead driver's job still running is stopped into a savepoint, resumed from here
+        savepoint = resume_orphan(config, ledger, options) or stream_accounting.savepoint_path(options)
+        run_key = f"stream-{secrets.token_hex(6)}"
+        lineage = stream_accounting.begin(config, savepoint, run_key)  # where the source starts, for the accounting
         catch_up_job(config)  # before any worker verifies a set (pipelines.registry)
         use_filesystem_options(options)
         root = join(staging_root(config, STAGE), "stream")
         if not is_url(root):
             Path(root).mkdir(parents=True, exist_ok=True)
         remove_stop_file(root)
-        run_key = f"stream-{secrets.token_hex(6)}"
         agent = ReleaseAgent(target, config.specs, ledger, root, run_key)
-        agent.step()  # what a previous driver left staged
-        agent.totals = AgentTotals()  # ... was accounted for by that driver's lineage, not this one's
+        agent.step()  # what a previous driver left staged: a killed driver's job staged it for this lineage
+        if savepoint is None:  # ... a new lineage's source starts after it: the abandoned lineage's part
+            agent.totals = AgentTotals()
         start_committed = committed_total(config)
         LOG.info("streaming shuffle %s: %s -> %s, group %s, staging %s", run_key, config.reports_topic,
                  config.shuffled_topic, config.group_id, root)

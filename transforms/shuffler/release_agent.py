@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from transforms.state.ledger import ReleaseLedger
 from transforms.trust.keys import load_shuffler_signer
 
 LOG = logging.getLogger("esa.release_agent")
+DECIDED = "sets_decided"  # the ledger entry's extra: the sets counted into the window's threshold decisions
 
 
 @dataclass
@@ -119,14 +120,18 @@ class ReleaseAgent:
                 self.totals.sets_decided = None
             else:
                 self.totals.sets_decided += sum(decided)  # type: ignore[arg-type]
+        # The window's decided sets ride in its ledger entry: a driver killed after sealing it leaves them
+        # there for the driver that resumes its job (``pipelines.stream_accounting.adopt``).
+        extra = {DECIDED: sum(decided)} if None not in decided else {}  # type: ignore[arg-type]
         if parts.withheld:
-            self._ledger.seal_many([withheld_entry(key, marker.source_ends, self._run_key)])
+            self._ledger.seal_many([replace(withheld_entry(key, marker.source_ends, self._run_key), extra=extra)])
             self.totals.withheld += 1
         else:
             self._signer = self._signer or load_shuffler_signer(self._target.keys)
             written = self._blankets.write(parts, *self._signer)
             del parts
-            if seal_written(self._target, self._ledger, written, marker.source_ends, self._run_key):
+            if seal_written(self._target, self._ledger, written, marker.source_ends, self._run_key,
+                            extra):
                 self.totals.released += 1
                 self.totals.dummies += written.dummies
                 self.totals.sets_released += written.n_sets if fresh else 0
@@ -155,7 +160,8 @@ class ReleaseAgent:
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(directory / f"dead-letters-stream-{digest}.avro",
                            avro_bytes("DeadLetter", ordered, digest.encode()))
-        write_counts(directory / "counts", f"stream-{digest}", ReasonCounts().add_letters(ordered))
+        # named by the run: a driver killed after collecting them leaves the count to the one resuming its job
+        write_counts(directory / "counts", f"{self._run_key}-{digest}", ReasonCounts().add_letters(ordered))
         if self._target.dead_letter_stream is not None:
             write_records(self._target.dead_letter_stream,
                           (encode_record("DeadLetter", letter, check=False) for letter in ordered))

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from transforms.io.kafka.writer import FencedError, KafkaTarget, transactional_writer
 from transforms.io.staging import (
@@ -198,7 +199,7 @@ def is_withheld(parts: Sequence[PartHeader | ReleasePart]) -> bool:
 
 
 def seal_written(target: ReleaseTarget, ledger: ReleaseLedger, written: ReleaseFile, source_ends: dict[str, int],
-                 run_key: str) -> bool:
+                 run_key: str, extra: dict[str, Any] | None = None) -> bool:
     """One release written to its durable file (not withheld): ledger seal -> publish -> mark published.
 
     False when the window was already sealed with another digest (by an earlier or a racing run): this
@@ -214,7 +215,7 @@ def seal_written(target: ReleaseTarget, ledger: ReleaseLedger, written: ReleaseF
     written.commit()
     entry = ReleaseEntry(key=key, release_id=written.release_id, digest=written.digest, n_sets=written.n_sets,
                          n_messages=written.n_messages, batches=written.batches, source_ends=source_ends,
-                         run_key=run_key, sealed_at_ms=int(time.time() * 1000))
+                         run_key=run_key, sealed_at_ms=int(time.time() * 1000), extra=dict(extra or {}))
     stored, created = ledger.seal(entry)
     if not created and stored.digest != written.digest:
         LOG.error("window %s of %s crowd %s was already released by run %s; this run's release is discarded",

@@ -1,0 +1,88 @@
+"""The streaming shuffler's Flink job outlives a killed driver: the next driver of the state directory finds it,
+stops it into a savepoint and resumes it.
+
+A SIGKILLed driver (its process group, a pod deleted, an OOM kill) leaves its Flink job RUNNING on the cluster:
+the job keeps reading, committing offsets at checkpoints and staging releases that no driver seals, and its
+open windows live only in its state. A rerun that simply submitted would put a second job in the same consumer
+group. Cancelling the orphan would lose its open windows (their records' offsets are committed). So, as the
+bounded runs do (``pipelines.flink_jobs``), each streaming run names its Flink job after its state directory,
+``esa-stream-<id>`` (one driver holds the directory's lock: a live job of that name is an earlier driver's
+orphan), and before it submits:
+
+- stops such an orphan **with a savepoint and no drain** (REST ``POST /jobs/<id>/stop``): its open windows
+  stay in the savepoint, none fires early;
+- carries the dead run's part of the record accounting (``pipelines.stream_accounting.adopt``);
+- resumes from that savepoint (``--savepoint_path`` set for this run), logging one line that says so.
+
+This is what docs/deployment.md told the operator to do by hand, done by the one process that holds the state
+lock; refusing instead would leave the orphan staging releases nobody seals until someone acts, and the quick
+manual action (cancel) is the one that loses windows. A savepoint that cannot be taken (the job keeps failing
+over) stops the run with exit 10 and the exact commands, the orphan left running.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+from pipelines import stream_accounting
+from pipelines.exit_codes import RunnerLostError
+from pipelines.flink_drain import flink_rest, stop_with_savepoint
+from pipelines.flink_jobs import job_name, live_jobs
+from pipelines.job_config import JobConfig
+from transforms.state.ledger import ReleaseLedger
+
+LOG = logging.getLogger("esa.stream_orphan")
+STAGE = "stream"  # esa-stream-<id>: not the bounded shuffle's name, whose rerun cancels (loses open windows)
+
+
+def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str | None:
+    """Name this run's Flink job; if a dead driver of this state directory left one running, stop it into a
+    savepoint, carry the dead run's accounting and return the savepoint to resume from (else None)."""
+    rest = flink_rest(options) if options is not None else None
+    if rest is None:
+        return None
+    cloud = options.view_as(GoogleCloudOptions)
+    name = job_name(config, STAGE, cloud.job_name or None)
+    cloud.job_name = name
+    try:
+        jobs = live_jobs(rest, name)
+    except OSError as err:  # unreachable: the submission will say so
+        LOG.warning("could not list the jobs on %s (%s): an earlier driver's job cannot be checked for", rest, err)
+        return None
+    if not jobs:
+        return None
+    if len(jobs) > 1:
+        raise RunnerLostError(f"{len(jobs)} live Flink jobs named {name} on {rest} "
+                              f"({', '.join(j['jid'] for j in jobs)}): stop all but one with a savepoint by hand "
+                              "(flink stop <jid>) and run again")
+    jid = jobs[0]["jid"]
+    try:
+        savepoint = stop_with_savepoint(rest, jid)
+    except Exception as err:
+        raise RunnerLostError(f"the Flink job {name} ({jid}) an earlier driver of {config.state} left on {rest} "
+                              f"could not be stopped into a savepoint ({str(err)[:200]}); it is still running: "
+                              f"stop it by hand (flink stop {jid}, or REST POST /jobs/{jid}/stop) and run again "
+                              "with --savepoint_path <its savepoint>") from None
+    stream_accounting.adopt(config, ledger, savepoint)
+    set_savepoint(options, savepoint)
+    LOG.warning("the Flink job %s (%s) of a dead driver of %s was still running on %s: stopped into savepoint %s; "
+                "resuming from it (its open windows included)", name, jid, config.state, rest, savepoint)
+    return savepoint
+
+
+def set_savepoint(options: Any, savepoint: str) -> None:
+    """``--savepoint_path`` for this run. Beam 2.62 passes it to the job server as an unknown flag (no option
+    class declares it), so it is added to the options' flags, which every view shares; one given on the command
+    line is dropped (the orphan's savepoint is newer)."""
+    flags = options._flags  # Beam's options keep their command line here, read at submission
+    kept, skip = [], False
+    for flag in flags:
+        if skip or flag.startswith("--savepoint_path"):
+            LOG.warning("%s replaced by the dead driver's job's newer savepoint", flag)
+            skip = flag == "--savepoint_path"  # its value is the next token
+            continue
+        kept.append(flag)
+    flags[:] = [*kept, f"--savepoint_path={savepoint}"]
