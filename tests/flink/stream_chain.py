@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.flink_cluster import LocalFlinkCluster
-from tests.e2e.chain_harness import Chain, estimate_rows, ledger_entries
+from tests.e2e.chain_harness import Chain, estimate_rows, ledger_entries, new_chain, recent_start, run_inline
 from tests.flink.cluster import completed_checkpoints
 from transforms.io.kafka.bounded import committed_offsets, ensure_topics
 from transforms.io.kafka.unbounded import FIRST_BUNDLE
@@ -55,6 +55,27 @@ subkeys = 4
 [privacy]
 delta = 1e-6
 """
+
+
+def reference(bootstrap: str, base: Path, n_clients: int) -> tuple[Chain, dict[str, Any]]:
+    """Two recent closed windows of ``n_clients`` reports each (plus one bad set of each kind on the reports
+    topic), run through the bounded chain in this process: the releases every streaming run must equal."""
+    from pipelines.demo.population import synthesize
+    from pipelines.demo.simulate import produce_population
+    from pipelines.enrolment import enrol_simulated
+    from transforms.spec import load_spec
+
+    base.mkdir(parents=True, exist_ok=True)
+    spec_path = base / "flink_stream.toml"
+    spec_path.write_text(SPEC_TOML)
+    spec = load_spec(spec_path)
+    chain = new_chain(bootstrap, base, "bounded", spec_path=str(spec_path), seed=SEED)
+    population = synthesize(spec, n_clients, windows=2, start_ms=recent_start(spec.window_seconds * 1000, back=4),
+                            seed=SEED)
+    enrol_simulated(chain.keys, population.client_ids.tolist())
+    produce_population(bootstrap, spec, population, raw_topic=chain.raw, reports_topic=chain.reports,
+                       bad_per_kind=1, seed=SEED)
+    return chain, run_inline(chain)
 
 
 def twin(bounded: Chain, out: Path) -> Chain:
