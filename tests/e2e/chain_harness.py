@@ -129,14 +129,22 @@ def _forked(stage: str, payload: str, env: dict[str, str], logs: str) -> None:
         sys.stderr.flush()
 
 
-def wait_job(job: JobProcess, timeout: float = 180) -> JobResult:
-    job.process.join(timeout)
-    if job.process.exitcode is None:
-        raise subprocess.TimeoutExpired(f"job {job.pid}", timeout)
-    out, err = ((job.logs / name).read_text() if (job.logs / name).exists() else "" for name in ("stdout", "stderr"))
-    shutil.rmtree(job.logs, ignore_errors=True)
+def wait_job(job: JobProcess | subprocess.Popen, timeout: float = 180) -> JobResult:
+    """The job's exit code, its RunSummary line and its stderr; ``job`` forked here or started as a fresh
+    interpreter (``subprocess.Popen`` with piped text output: tests/deploy/staging_child.py's jobs)."""
+    if isinstance(job, subprocess.Popen):
+        out, err = job.communicate(timeout=timeout)
+        code = job.returncode
+    else:
+        job.process.join(timeout)
+        if job.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"job {job.pid}", timeout)
+        out, err = ((job.logs / name).read_text() if (job.logs / name).exists() else ""
+                    for name in ("stdout", "stderr"))
+        shutil.rmtree(job.logs, ignore_errors=True)
+        code = job.process.exitcode
     lines = [line for line in out.splitlines() if line.startswith("{")]
-    return JobResult(job.process.exitcode, json.loads(lines[-1]) if lines else None, err)
+    return JobResult(code, json.loads(lines[-1]) if lines else None, err)
 
 
 def run_job(chain: Chain, stage: str, crash_at: str | None = None) -> JobResult:
