@@ -1,5 +1,5 @@
 """Shared fixtures: one real Apache Kafka broker per test session (one per pytest-xdist worker), unique topic
-names per test; and, for `pytest -n 2 --dist loadfile` (pytest-xdist), how the suite is split between workers."""
+names per test; and how the suite is split between workers (`pytest -n 2 --dist loadfile`, README)."""
 
 from __future__ import annotations
 
