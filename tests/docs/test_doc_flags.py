@@ -26,6 +26,7 @@ OTHER_PROGRAMS = {
     "--registry": REPO / "benchmarks" / "shuffle_ab.py",
     "--no_raw_rates": REPO / "benchmarks" / "pipeline.py",
     "--subprocesses": "py-spy record",
+    "--dist": "pytest-xdist",
     "--flink-master": "Flink job server image",
     "--net": "docker run",
     "--worker_pool": "Beam SDK harness image",
