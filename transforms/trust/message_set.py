@@ -110,6 +110,12 @@ def signing_bytes(ms: MessageSet) -> bytes:
             and (crowd_id is None or type(crowd_id) is str)):
         return tagged(MESSAGE_SET_TAG, text(spec_id), optional_text(crowd_id), text(device_id), i64(event_time),
                       blob(nonce), text(key_id), messages_bytes(ms.messages))
+    return _plain_signing_bytes(spec_id, crowd_id, device_id, event_time, nonce, key_id, messages_bytes(ms.messages))
+
+
+def _plain_signing_bytes(spec_id: str, crowd_id: str | None, device_id: str, event_time: int, nonce: bytes,
+                         key_id: str, *messages: bytes) -> bytes:
+    """``signing_bytes`` of fields of their plain types, ``messages`` the parts of ``messages_bytes``."""
     spec, device, key = spec_id.encode("utf-8"), device_id.encode("utf-8"), key_id.encode("utf-8")
     if crowd_id is None:
         crowd = b"\x00"
@@ -117,8 +123,7 @@ def signing_bytes(ms: MessageSet) -> bytes:
         raw = crowd_id.encode("utf-8")
         crowd = b"\x01" + _U32.pack(len(raw)) + raw
     return b"".join((_TAG_BLOB, _U32.pack(len(spec)), spec, crowd, _U32.pack(len(device)), device,
-                     _I64_U32.pack(event_time, len(nonce)), nonce, _U32.pack(len(key)), key,
-                     messages_bytes(ms.messages)))
+                     _I64_U32.pack(event_time, len(nonce)), nonce, _U32.pack(len(key)), key, *messages))
 
 
 def sign_message_set(ms: MessageSet, signer: Signer) -> MessageSet:
@@ -264,12 +269,5 @@ def decode_signed_set(data: bytes) -> tuple[str, str | None, str, int, tuple[tup
             return None
         append(_I64_U32.pack(channel, len(sealed)))
         append(sealed)
-    spec, device, key = spec_id.encode("utf-8"), device_id.encode("utf-8"), key_id.encode("utf-8")
-    if crowd_id is None:
-        crowd = b"\x00"
-    else:
-        raw = crowd_id.encode("utf-8")
-        crowd = b"\x01" + _U32.pack(len(raw)) + raw
-    signed = b"".join((_TAG_BLOB, _U32.pack(len(spec)), spec, crowd, _U32.pack(len(device)), device,
-                       _I64_U32.pack(event_time, len(nonce)), nonce, _U32.pack(len(key)), key, *parts))
+    signed = _plain_signing_bytes(spec_id, crowd_id, device_id, event_time, nonce, key_id, *parts)
     return spec_id, crowd_id, device_id, event_time, tuple(messages), signature, signed
