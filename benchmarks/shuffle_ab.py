@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 CHILD = "child"
@@ -59,15 +61,57 @@ def child(tree: Path, params: dict) -> None:
         store.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(params["registry"], store)
 
-    if os.environ.get("SHUFFLE_AB_PHASES"):  # CPU seconds of the job's phases, to stderr (this process, no spawn)
-        _time_phases(params["stage"])
+    threads = _sample_threads() if os.environ.get("SHUFFLE_AB_THREADS") else None
+    if os.environ.get("SHUFFLE_AB_PHASES") or threads:  # the job in this process, no spawn
+        if os.environ.get("SHUFFLE_AB_PHASES"):  # CPU seconds of the job's phases, to stderr
+            _time_phases(params["stage"])
         from benchmarks.stage_process import _child
 
         result = _child(params["stage"], _config(tree, params), params.get("beam_args", []))
     else:
         result = run_stage(params["stage"], _config(tree, params), params.get("beam_args", []))
+    if threads:
+        threads()
     print(json.dumps({"seconds": result.seconds, "records": result.records, "messages": result.messages,
                       "rss": result.peak_rss_mb, "cpu": result.cpu_seconds}))
+
+
+def _sample_threads() -> Callable[[], None]:
+    """Sample this process's threads every 0.2 s (exited ones keep their last sample); the returned call prints
+    each thread's user and system CPU seconds and context switches to stderr, as ``thread`` lines."""
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK")
+    seen: dict[str, tuple[str, float, float, int, int]] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+                status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
+                              if ":\t" in line)
+            except OSError:
+                continue
+            comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            seen[task.name] = (comm, int(fields[11]) / tick, int(fields[12]) / tick,
+                               int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"]))
+
+    def loop() -> None:
+        while not stop.wait(0.2):
+            sample()
+
+    threading.Thread(target=loop, daemon=True, name="ab-sampler").start()
+
+    def report() -> None:
+        stop.set()
+        sample()
+        for tid, (comm, user, system, vol, invol) in sorted(seen.items(), key=lambda kv: -kv[1][1] - kv[1][2]):
+            if user + system >= 0.05:
+                print(f"thread {comm:<16} {tid:>7} user {user:6.2f} s  sys {system:5.2f} s  "
+                      f"switches {vol:>8} voluntary {invol:>7} forced", file=sys.stderr, flush=True)
+        print(f"thread load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    return report
 
 
 def _time_phases(stage: str) -> None:
@@ -92,19 +136,31 @@ def _time_phases(stage: str) -> None:
         setattr(module, name, timed)
 
 
-def run_in(tree: Path, params: dict, profile: str | None = None) -> dict:
+@contextmanager
+def busy_loops(n: int) -> Iterator[None]:
+    """``n`` processes spinning in Python for the duration of the block: load the machine on purpose."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def run_in(tree: Path, params: dict, profile: str | None = None, gil_only: bool = True) -> dict:
     python = tree / ".venv" / "bin" / "python"
     python = python if python.exists() else Path(sys.executable)
     env = dict(os.environ, PYTHONPATH=str(tree))
     command = [str(python), str(Path(__file__).resolve()), CHILD, str(tree), json.dumps(params)]
     if profile:  # py-spy beside this interpreter: the job's process and its workers, raw stacks
         spy = Path(sys.executable).with_name("py-spy")
-        command = [str(spy), "record", "--subprocesses", "--gil", "--rate", "500", "--format", "raw", "-o", profile,
-                   "--", *command]
+        command = [str(spy), "record", "--subprocesses", *(["--gil"] if gil_only else []), "--rate", "500",
+                   "--format", "raw", "-o", profile, "--", *command]
     done = subprocess.run(command,
                           env=env, cwd=tree, check=True, capture_output=True, text=True)
     for line in done.stderr.splitlines():
-        if line.startswith("phase "):
+        if line.startswith(("phase ", "thread ")):
             print("   ", line)
     return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
 
@@ -120,9 +176,14 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", default=["shuffle"], choices=["shuffle", "analyze"])
     parser.add_argument("--beam_args", default="")
     parser.add_argument("--profile", help="a directory: each run under py-spy, its raw profile written there")
+    parser.add_argument("--profile_threads", choices=["gil", "all"], default="gil",
+                        help="gil: only the GIL-holding thread is sampled; all: every thread on a CPU")
     parser.add_argument("--registry", choices=["kept", "fresh"], default="kept",
                         help="kept: each shuffle run starts from a device store the devices were imported into "
                              "once (as a production shuffler's kept state); fresh: every run imports them again")
+    parser.add_argument("--stress", type=int, default=0, metavar="N",
+                        help="run every tree twice per repeat: as is, and beside N busy-looping processes this "
+                             "benchmark starts and stops (CPU per unit at low against high load)")
     args = parser.parse_args()
     variants = [(Path(t.partition("@")[0]).resolve(), dict(kv.split("=", 1) for kv in t.partition("@")[2].split()))
                 for t in args.trees]
@@ -162,9 +223,12 @@ def main() -> None:
             registry = str(store_path(base / "registry"))
             print(f"device store: {seeded.devices:,} devices imported once, {time.process_time() - started:.2f} s "
                   "CPU (not in the runs' CPU)", flush=True)
+        runs = [(t, tree, flags, busy) for t, (tree, flags) in enumerate(variants)
+                for busy in ([0, args.stress] if args.stress else [0])]
         for r in range(args.repeats):
-            for t, (tree, flags) in enumerate(variants):
-                tag = f"{r}-{t}"
+            for t, tree, flags, busy in runs:
+                tag = f"{r}-{t}-{busy}"
+                name = args.trees[t] + (f" +{busy} busy" if busy else "")
                 shuffled = f"shuf-{tag}"
                 ensure_topics(broker.bootstrap, [shuffled], partitions=3)
                 params = {"bootstrap": broker.bootstrap, "mechanism": args.mechanism, "keys": str(keys),
@@ -176,18 +240,22 @@ def main() -> None:
                     if stage == "analyze":  # the analyzer reads what this tree's shuffler released
                         out = base / f"shuffle-{tag}"
                     profile = str(Path(args.profile) / f"{stage}-{tag}.txt") if args.profile else None
-                    result = run_in(tree, params | {"stage": stage, "out": str(out), "group": f"g-{stage}-{tag}"},
-                                    profile)
+                    with busy_loops(busy):
+                        result = run_in(tree, params | {"stage": stage, "out": str(out),
+                                                        "group": f"g-{stage}-{tag}"}, profile,
+                                        args.profile_threads == "gil")
                     floor = floor_seconds(1.0)[stage]
                     units = result["messages"] if stage == "analyze" else result["records"]
                     cpu_us = 1e6 * result["cpu"] / max(units, 1)
                     row = {"cpu_us": cpu_us, "floor_us": 1e6 * floor, "of_floor": 1e6 * floor / cpu_us,
                            "wall": result["seconds"], "rss": result["rss"], "units": units,
                            "load": os.getloadavg()[0]}
-                    rows.setdefault((args.trees[t], stage), []).append(row)
+                    rows.setdefault((name, stage), []).append(row)
                     print(f"run {r} {tree} {stage}: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()),
                           flush=True)
-            shutil.rmtree(base / f"shuffle-{r}-0", ignore_errors=True) if args.repeats > 3 else None
+            if args.repeats > 3:
+                for t, _, _, busy in runs:
+                    shutil.rmtree(base / f"shuffle-{r}-{t}-{busy}", ignore_errors=True)
     print("\nmedians (of floor over the median floor of all runs)")
     floors = {s: statistics.median(x["floor_us"] for (_, st), v in rows.items() if st == s for x in v)
               for s in args.stages}

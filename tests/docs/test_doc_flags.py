@@ -24,6 +24,7 @@ OTHER_PROGRAMS = {
     "--trees": REPO / "benchmarks" / "shuffle_ab.py",
     "--stages": REPO / "benchmarks" / "shuffle_ab.py",
     "--registry": REPO / "benchmarks" / "shuffle_ab.py",
+    "--stress": REPO / "benchmarks" / "shuffle_ab.py",
     "--no_raw_rates": REPO / "benchmarks" / "pipeline.py",
     "--subprocesses": "py-spy record",
     "--dist": "pytest-xdist",

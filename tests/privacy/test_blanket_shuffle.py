@@ -35,9 +35,11 @@ from transforms.privacy.blanket_shuffle import (
     BOUND_BLANKET,
     BlanketDecomposition,
     best_epsilon,
+    blanket_pld_fits,
     blanket_shuffle_pld,
     epsilon_blanket_shuffle,
 )
+from transforms.privacy.shuffle_pld import PLDTooLargeError
 
 TOLERANCE = 1e-9
 
@@ -292,3 +294,34 @@ def test_olh_d64_at_n_1000() -> None:
     assert bound == BOUND_BLANKET
     assert 0.209 <= published <= 0.301
     assert published < epsilon_blanket_shuffle(1_000, dec, 2.0, 1e-6)
+
+
+@pytest.mark.parametrize("n", [1_000, 30_000, 100_000])
+def test_blanket_pld_fits_says_whether_its_pld_can_be_built(n: int) -> None:
+    # The odometer counts first and chooses between the pairs only where the blanket PLD can be built; at the
+    # odometer's grid for eps ~0.026 (2.56e-5) OLH d = 64 fits up to 30,000 clients and not at 100,000.
+    dec = dataclasses.replace(OLH(64, 2.0).blanket_decomposition(), classes=(), rule="")  # as a ledger keeps it
+    try:
+        blanket_shuffle_pld(n, dec, 2.56e-5)
+        built = True
+    except PLDTooLargeError:
+        built = False
+    assert blanket_pld_fits(n, dec, 2.56e-5) is built
+    assert built is (n < 100_000)
+
+
+def test_the_odometer_does_not_choose_a_pair_whose_pld_it_cannot_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transforms.privacy import window_release
+    from transforms.privacy.shuffle_pld import shuffle_pld
+
+    olh = OLH(64, 2.0)
+    dec = dataclasses.replace(olh.blanket_decomposition(), classes=(), rule="")
+    release = window_release.WindowRelease(olh.mixture_alpha, 2.0, 100_000, blanket=dec.as_tuple())
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("best_epsilon asked although the blanket PLD cannot be built")
+
+    monkeypatch.setattr(window_release, "best_epsilon", refuse)
+    got = window_release.reports_pld(release, 100_000, 2.56e-5, 1e-6)
+    want = shuffle_pld(100_000, olh.mixture_alpha, 2.0, 2.56e-5)
+    assert got.get_epsilon_for_delta(1e-6) == want.get_epsilon_for_delta(1e-6)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import transforms.trust.message_set as message_set_module
 from schemas import WireFormatError, decode_record, encode_record, load_schema
-from transforms.trust.message_set import SealedMessage, decode_message_set
+from transforms.trust.message_set import SealedMessage, decode_message_set, decode_signed_set, signed_parts
 from transforms.trust.message_set_reader import read_message_set
 
 HEADER = load_schema("MessageSet").header
@@ -90,6 +90,34 @@ def test_decode_has_the_outcome_of_the_fastavro_path(data: bytes) -> None:
     with pytest.MonkeyPatch.context() as m:
         expected = fastavro_outcome(data, m)
     assert outcome(data) == expected
+
+
+@SETTINGS
+@given(st.one_of(datums(), st.binary(max_size=200).map(lambda b: HEADER + b)))
+def test_the_shuffler_fast_path_reads_what_decode_and_signed_parts_read(data: bytes) -> None:
+    """``decode_signed_set`` gives a set's fields, (channel, sealed) pairs, signature and signed bytes exactly as
+    ``decode_message_set`` and ``signed_parts`` do, or declines: it never accepts what they refuse."""
+    fast = decode_signed_set(data)
+    if fast is None:
+        return
+    ms = decode_message_set(data)  # must not raise: the fast path accepted it
+    assert fast == (ms.spec_id, ms.crowd_id, ms.device_id, ms.event_time_ms,
+                    tuple((m.channel, m.sealed) for m in ms.messages), *signed_parts(ms))
+
+
+def test_the_shuffler_fast_path_takes_the_usual_set_and_declines_what_the_checks_refuse() -> None:
+    usual = encoded(record(messages=[{"channel": 0, "sealed": b"s" * 90}, {"channel": -1, "sealed": b"p"}]))
+    ms = decode_message_set(usual)
+    assert decode_signed_set(usual) == (ms.spec_id, None, "ab" * 16, ms.event_time_ms,
+                                        ((0, b"s" * 90), (-1, b"p")), b"g" * 64, signed_parts(ms)[1])
+    for refused in (record(device_id="AB" * 16), record(nonce=b"n" * 15), record(messages=[]),
+                    record(messages=[{"channel": -2, "sealed": b"s"}]), record(signature=b"g" * 63),
+                    record(event_time=-1), record(spec_id="")):
+        data = encoded(refused)
+        assert decode_signed_set(data) is None
+        with pytest.raises(WireFormatError):
+            decode_message_set(data)
+    assert decode_signed_set(bytearray(usual)) is None  # not bytes: the reference path converts it
 
 
 @SETTINGS

@@ -282,6 +282,15 @@ def _best_epsilon(n: int, alpha: float, eps_local: float, delta: float, dec: Bla
     return (blanket, BOUND_BLANKET, each) if blanket < generic else (generic, BOUND_GENERIC, each)
 
 
+def blanket_pld_fits(n: int, dec: BlanketDecomposition, interval: float) -> bool:
+    """Whether ``blanket_shuffle_pld(n, dec, interval)`` fits ``shuffle_pld.MAX_POINTS`` (counted, not built):
+    the odometer chooses between the pairs only where it could build this one."""
+    from .shuffle_pld import MAX_POINTS, PLD_WINDOW_SDS, binned_points  # dp_accounting: only when composing
+
+    m, a1, a2, _, _ = blanket_terms(n, dec, PLD_WINDOW_SDS, edges=_PLD_EDGES, exact=PLD_EXACT_BUCKETS)
+    return binned_points(m, a1, a2, interval) <= MAX_POINTS
+
+
 @lru_cache(maxsize=64)
 def blanket_shuffle_pld(n: int, dec: BlanketDecomposition, interval: float) -> pld_lib.PrivacyLossDistribution:
     """PLD of the blanket pair of n shuffled reports (a dominating pair: S revealed and rounded down to its

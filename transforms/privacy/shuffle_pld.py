@@ -48,8 +48,9 @@ from .crowd import crowd_threshold
 from .crowd_count import count_log_pmfs
 from .shuffle_bound import certified_alpha, check_mixture_alpha
 
-__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "binned_loss", "count_pld",
-           "crowd_count_pld", "crowd_count_pmfs", "pld_fits", "pld_from_binned", "shuffle_loss_pmf", "shuffle_pld"]
+__all__ = ["DEFAULT_INTERVAL", "MAX_POINTS", "PLD_WINDOW_SDS", "PLDTooLargeError", "binned_loss", "binned_points",
+           "count_pld", "crowd_count_pld", "crowd_count_pmfs", "pld_fits", "pld_from_binned", "shuffle_loss_pmf",
+           "shuffle_pld"]
 
 # Loss grid of the PLDs. Pessimistic rounding moves each window's loss up by less than one step, so W
 # composed windows overstate eps by at most W * interval (about half that on average): 1e-5 keeps the
@@ -194,6 +195,12 @@ def binned_loss(m: np.ndarray, a1: np.ndarray, a2: np.ndarray, interval: float, 
             break
     nonzero = np.flatnonzero(mass)
     return {int(i) - offset: float(mass[i]) for i in nonzero}, outside
+
+
+def binned_points(m: np.ndarray, a1: np.ndarray, a2: np.ndarray, interval: float,
+                  window_sds: float = PLD_WINDOW_SDS) -> int:
+    """The points ``binned_loss`` of these rows builds (counted, not built): above ``MAX_POINTS`` it raises."""
+    return int(_x_layout(m, a1, a2, window_sds, interval)[-1].sum())
 
 
 def pld_from_binned(pmf: dict[int, float], infinity: float, interval: float) -> pld_lib.PrivacyLossDistribution:

@@ -14,7 +14,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.pld.common import DifferentialPrivacyParameters
 
 from ._checks import check_delta, check_epsilon, check_int
-from .blanket_shuffle import BOUND_BLANKET, BlanketDecomposition, best_epsilon, blanket_shuffle_pld
+from .blanket_shuffle import BOUND_BLANKET, BlanketDecomposition, best_epsilon, blanket_pld_fits, blanket_shuffle_pld
 from .shuffle_bound import check_mixture_alpha, epsilon_central
 from .shuffle_pld import (
     DEFAULT_INTERVAL,
@@ -157,12 +157,15 @@ def reports_pld(release: WindowRelease, n: int, interval: float, reference_delta
     valid) and fits ``MAX_POINTS``; the generic clone pair otherwise."""
     if release.blanket is not None:
         dec = BlanketDecomposition(*release.blanket)
-        _, bound = best_epsilon(n, release.mechanism_alpha, release.eps_local, reference_delta, dec)
-        if bound == BOUND_BLANKET:
-            try:
-                return blanket_shuffle_pld(n, dec, interval)
-            except PLDTooLargeError:
-                pass
+        # Counted first: where the blanket pair's PLD cannot be built the generic one is taken whichever pair
+        # certifies less, so the choice (the blanket bound's bisection, ~0.25 s of CPU at n = 10^5) is skipped.
+        if blanket_pld_fits(n, dec, interval):
+            _, bound = best_epsilon(n, release.mechanism_alpha, release.eps_local, reference_delta, dec)
+            if bound == BOUND_BLANKET:
+                try:
+                    return blanket_shuffle_pld(n, dec, interval)
+                except PLDTooLargeError:
+                    pass
     return shuffle_pld(n, release.mechanism_alpha, release.eps_local, interval)
 
 

@@ -68,7 +68,7 @@ from transforms.trust.ed25519 import verify_detached
 from transforms.trust.envelope import SealError, open_envelopes
 from transforms.trust.files import KeyFileError
 from transforms.trust.keys import load_analyzer_publics, load_shuffler_sealing_private
-from transforms.trust.message_set import AuthError, decode_message_set, signed_parts
+from transforms.trust.message_set import AuthError, decode_message_set, decode_signed_set, signed_parts
 from transforms.trust.sealing import key_id_of
 from transforms.wire.elements import SourceRef
 from transforms.wire.rows import PRESENCE
@@ -342,29 +342,38 @@ class IngressFn(beam.DoFn):
             return "empty record"
         if isinstance(value, str):
             return value
-        try:
-            message_set = decode_message_set(value)
-        except WireFormatError as err:
-            return f"malformed message set: {err.reason}"
-        spec = self._specs.get(message_set.spec_id)
+        unsigned: AuthError | None = None
+        fast = decode_signed_set(value)  # the usual set, without a MessageSet object; None: the reference path
+        if fast is not None:
+            spec_id, crowd_id, device_id, event_ms, messages, signature, signed_bytes = fast
+        else:
+            try:
+                message_set = decode_message_set(value)
+            except WireFormatError as err:
+                return f"malformed message set: {err.reason}"
+            spec_id, crowd_id, device_id, event_ms = (message_set.spec_id, message_set.crowd_id,
+                                                      message_set.device_id, message_set.event_time_ms)
+            messages = tuple([(m.channel, m.sealed) for m in message_set.messages])
+            try:
+                signature, signed_bytes = signed_parts(message_set)
+            except AuthError as err:  # refused below, once its device is looked up (an unknown device first)
+                unsigned = err
+        spec = self._specs.get(spec_id)
         if spec is None:
             return "unknown spec_id (not served by this shuffler)"
         try:
-            crowd = spec.crowd_of(message_set.crowd_id)
+            crowd = spec.crowd_of(crowd_id)
         except ValueError as err:
             return str(err)
-        if crowd != message_set.crowd_id:
+        if crowd != crowd_id:
             return f"crowd_id given but {spec.name} has no crowd partition"
-        problem = self._times.problem(message_set.event_time_ms, self._prior.first_clock(pkey, record.offset))
-        messages = tuple([(m.channel, m.sealed) for m in message_set.messages])
+        problem = self._times.problem(event_ms, self._prior.first_clock(pkey, record.offset))
         problem = problem or self._channel_problem(spec, messages) or self._analyzer_key_problem(spec, messages)
         if problem:
             return problem
         signed: tuple[bytes, bytes] | str | None = None
-        try:
-            signature, signed_bytes = signed_parts(message_set)
-        except AuthError as err:  # refused once its device is looked up (an unknown device is the reason first)
-            signed = f"unauthenticated: {err}"
+        if unsigned is not None:
+            signed = f"unauthenticated: {unsigned}"
             digest = remembered = hashlib.sha256(value).digest()
         else:
             content = hashlib.sha256(_SIGNED_TAG)
@@ -374,9 +383,9 @@ class IngressFn(beam.DoFn):
             remembered = content.digest()  # covers all the signature check reads: a match verifies the same
             if not self._prior.verified.contains(pkey, record.offset, remembered):
                 signed = (signature, signed_bytes)
-        window_end = window_end_of(message_set.event_time_ms, spec.window_seconds * 1000)
-        return (SetElement(spec.spec_id, crowd, message_set.device_id, message_set.event_time_ms, window_end, digest,
-                           messages, SourceRef(record.topic, record.partition, record.offset)), signed, remembered)
+        window_end = window_end_of(event_ms, spec.window_seconds * 1000)
+        return (SetElement(spec.spec_id, crowd, device_id, event_ms, window_end, digest, messages,
+                           SourceRef(record.topic, record.partition, record.offset)), signed, remembered)
 
     def _public_keys(self, device_ids: list[str]) -> list[bytes | None]:
         """The registry's keys of a batch's devices; one id at a time if the batch lookup fails (a bug: logged)."""

@@ -28,6 +28,7 @@ __all__ = [
     "MessageSet",
     "SealedMessage",
     "decode_message_set",
+    "decode_signed_set",
     "encode_message_set",
     "sign_message_set",
     "signature_inputs",
@@ -109,6 +110,12 @@ def signing_bytes(ms: MessageSet) -> bytes:
             and (crowd_id is None or type(crowd_id) is str)):
         return tagged(MESSAGE_SET_TAG, text(spec_id), optional_text(crowd_id), text(device_id), i64(event_time),
                       blob(nonce), text(key_id), messages_bytes(ms.messages))
+    return _plain_signing_bytes(spec_id, crowd_id, device_id, event_time, nonce, key_id, messages_bytes(ms.messages))
+
+
+def _plain_signing_bytes(spec_id: str, crowd_id: str | None, device_id: str, event_time: int, nonce: bytes,
+                         key_id: str, *messages: bytes) -> bytes:
+    """``signing_bytes`` of fields of their plain types, ``messages`` the parts of ``messages_bytes``."""
     spec, device, key = spec_id.encode("utf-8"), device_id.encode("utf-8"), key_id.encode("utf-8")
     if crowd_id is None:
         crowd = b"\x00"
@@ -116,8 +123,7 @@ def signing_bytes(ms: MessageSet) -> bytes:
         raw = crowd_id.encode("utf-8")
         crowd = b"\x01" + _U32.pack(len(raw)) + raw
     return b"".join((_TAG_BLOB, _U32.pack(len(spec)), spec, crowd, _U32.pack(len(device)), device,
-                     _I64_U32.pack(event_time, len(nonce)), nonce, _U32.pack(len(key)), key,
-                     messages_bytes(ms.messages)))
+                     _I64_U32.pack(event_time, len(nonce)), nonce, _U32.pack(len(key)), key, *messages))
 
 
 def sign_message_set(ms: MessageSet, signer: Signer) -> MessageSet:
@@ -229,3 +235,39 @@ def decode_message_set(data: bytes) -> MessageSet:
     spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, messages, signature = fields
     checked = _checked_messages(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, signature, messages)
     return MessageSet(spec_id, crowd_id, device_id, event_time_ms, nonce, key_id, checked, signature)
+
+
+def _pair(channel: int, sealed: bytes) -> tuple[int, bytes]:
+    return channel, sealed
+
+
+def decode_signed_set(data: bytes) -> tuple[str, str | None, str, int, tuple[tuple[int, bytes], ...], bytes,
+                                            bytes] | None:
+    """The shuffler's fast path: ``(spec_id, crowd_id, device_id, event_time_ms, messages, signature, signed
+    bytes)`` of a set that ``decode_message_set`` accepts, each message as a ``(channel, sealed)`` pair, the
+    signed bytes equal to ``signing_bytes`` of that MessageSet; None for anything else (the caller then takes
+    ``decode_message_set`` and ``signed_parts``, whose outcome and reasons stay the reference).
+
+    Why: ingress decodes every set it reads, and building a ``MessageSet`` and a ``SealedMessage`` per message
+    (frozen dataclasses) only to take them apart again for the signed bytes and the packed sets cost ~2 of the
+    ~14 microseconds of Python per set on its main thread. Same checks, same bounds, same bytes."""
+    if type(data) is not bytes or len(data) > MAX_ENCODED_BYTES:
+        return None
+    fields = read_message_set(data, _pair)
+    if fields is None:
+        return None
+    spec_id, crowd_id, device_id, event_time, nonce, key_id, messages, signature = fields
+    if (not 1 <= len(spec_id) <= MAX_ID_CHARS or (crowd_id is not None and len(crowd_id) > MAX_ID_CHARS)
+            or not _DEVICE_ID.fullmatch(device_id) or not 0 <= event_time < MAX_TIME_MS
+            or len(nonce) != NONCE_BYTES or not 1 <= len(key_id) <= MAX_ID_CHARS
+            or len(signature) != SIGNATURE_BYTES or not 1 <= len(messages) <= MAX_MESSAGES):
+        return None
+    parts = [_I64.pack(len(messages))]
+    append = parts.append
+    for channel, sealed in messages:
+        if not MIN_CHANNEL <= channel <= MAX_CHANNEL or not 1 <= len(sealed) <= MAX_SEALED_BYTES:
+            return None
+        append(_I64_U32.pack(channel, len(sealed)))
+        append(sealed)
+    signed = _plain_signing_bytes(spec_id, crowd_id, device_id, event_time, nonce, key_id, *parts)
+    return spec_id, crowd_id, device_id, event_time, tuple(messages), signature, signed
