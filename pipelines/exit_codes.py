@@ -20,8 +20,9 @@
                           outcome of starting a second shuffler): this one stopped; what it had sealed stays in
                           its ledger, republished only if it is started again
    10  RUNNER_LOST        the runner lost the run: its Flink job server went away mid-run (killed, crashed),
-                          or an earlier driver's job on the cluster would not be cancelled; nothing was
-                          released or committed, the run's Flink job was cancelled: run the command again
+                          or an earlier driver's job on the cluster would not be cancelled; a bounded run
+                          released and committed nothing and its Flink job was cancelled, a streaming
+                          shuffler's job was stopped into a savepoint (or left running): run the command again
   130  INTERRUPTED        stopped by SIGINT (Ctrl-C) before it finished; what it had committed stays
                           committed, and a demo that sealed nothing can use the same --out again
   143  TERMINATED         stopped by SIGTERM, likewise (a --follow job stopped by either signal after its

@@ -141,6 +141,12 @@ def _unavailable(err: BaseException) -> bool:
     return callable(code) and getattr(code(), "name", "") == "UNAVAILABLE"
 
 
+def job_server_lost(err: BaseException, endpoint: str | None) -> bool:
+    """Whether a failed submission or wait means the job server went away: its stream dropped (UNAVAILABLE),
+    or it answers no Job API call now (an interrupt is never a lost job server)."""
+    return isinstance(err, Exception) and (_unavailable(err) or not job_server_answers(endpoint))
+
+
 @contextmanager
 def owned_flink_job(options: Any) -> Iterator[None]:
     """Around a bounded run's submission and wait: if they fail on a Flink cluster, cancel the run's Flink job
@@ -151,27 +157,27 @@ def owned_flink_job(options: Any) -> Iterator[None]:
     if not rest or not name:
         yield
         return
-    _quiet_message_thread()
+    quiet_message_thread()
     try:
         yield
     except BaseException as err:
-        lost = isinstance(err, Exception) and (_unavailable(err) or not job_server_answers(endpoint))
+        lost = job_server_lost(err, endpoint)
         why = ("its job server went away" if lost else f"its driver stopped ({type(err).__name__})")
         try:  # an interrupted driver waits briefly: its orchestrator's grace period is short; a rerun cancels too
             cancelled = cancel_jobs(rest, name, why, CANCEL_TIMEOUT_S if lost else 20.0)
             outcome = (f"its Flink job {name} on {rest} was cancelled ({', '.join(cancelled)})" if cancelled else
                        f"no job {name} is left running on {rest}")
         except (OSError, RunnerLostError) as cancel_err:
-            outcome = f"its Flink job {name} on {rest} could not be cancelled ({_one_line(cancel_err)}): the next " \
+            outcome = f"its Flink job {name} on {rest} could not be cancelled ({one_line(cancel_err)}): the next " \
                       "run cancels it"
             LOG.warning("%s", outcome)
         if not lost:
             raise
-        raise RunnerLostError(f"the Flink job server {endpoint} went away mid-run ({_one_line(err)}); {outcome}; "
+        raise RunnerLostError(f"the Flink job server {endpoint} went away mid-run ({one_line(err)}); {outcome}; "
                               "nothing was released or committed: run the same command again") from None
 
 
-def _quiet_message_thread() -> None:
+def quiet_message_thread() -> None:
     """Beam's thread that reads the job's messages dies with a traceback on stderr when the job server goes
     away (``wait_until_finish_read``: gRPC UNAVAILABLE), beside the one line this module reports: log it at
     DEBUG instead. Installed once per process; every other thread's uncaught exception is printed as before."""
@@ -182,7 +188,7 @@ def _quiet_message_thread() -> None:
     def hook(args: threading.ExceptHookArgs) -> None:
         if (args.thread is not None and args.thread.name == "wait_until_finish_read"
                 and type(args.exc_value).__module__.startswith("grpc")):
-            LOG.debug("Beam's job message stream ended: %s", _one_line(args.exc_value or Exception()))
+            LOG.debug("Beam's job message stream ended: %s", one_line(args.exc_value or Exception()))
             return
         previous(args)
 
@@ -190,7 +196,7 @@ def _quiet_message_thread() -> None:
     threading.excepthook = hook
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     """An error's first line; a gRPC error's status details (``Socket closed``, ``Connection refused``)."""
     details = getattr(err, "details", None)
     text = str((details() if callable(details) else None) or err)

@@ -63,11 +63,12 @@ class Lineage:
     carried: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CARRIED, 0))
     savepoint: str | None = None
     live: str | None = None  # the run key of the driver running the lineage's job now
+    resume: bool = False  # the next run resumes from ``savepoint`` unasked: its driver lost its job server
 
     def save(self, state: Path) -> None:
         atomic_write_json(state / LINEAGE_FILE, {"start": {str(p): o for p, o in self.start.items()},
                                                  "carried": self.carried, "savepoint": self.savepoint,
-                                                 "live": self.live})
+                                                 "live": self.live, "resume": self.resume})
 
 
 def _load(state: Path) -> Lineage | None:
@@ -75,7 +76,7 @@ def _load(state: Path) -> Lineage | None:
     if found is None:
         return None
     return Lineage({int(p): int(o) for p, o in found["start"].items()}, dict(found["carried"]), found["savepoint"],
-                   found.get("live"))
+                   found.get("live"), bool(found.get("resume")))
 
 
 def source_positions(config: JobConfig) -> dict[int, int]:
@@ -101,7 +102,7 @@ def begin(config: JobConfig, savepoint: str | None, run_key: str) -> Lineage:
                             f"{held}; resume from the savepoint its last run printed (esa shuffle, SIGUSR1)")
     else:
         lineage = found
-    lineage.savepoint, lineage.live = None, run_key
+    lineage.savepoint, lineage.live, lineage.resume = None, run_key, False
     lineage.save(config.state)
     return lineage
 
@@ -167,13 +168,22 @@ def this_run(totals: Any, counters: dict[str, int]) -> dict[str, int]:
             "duplicate": counters.get("sets_duplicate", 0), "reread": counters.get("records_reread", 0)}
 
 
-def suspend(config: JobConfig, lineage: Lineage, totals: Any, counters: dict[str, int], savepoint: str) -> None:
-    """The run was stopped into ``savepoint``: carry what it accounted for to the run that resumes it."""
+def suspend(config: JobConfig, lineage: Lineage, totals: Any, counters: dict[str, int], savepoint: str,
+            resume: bool = False) -> None:
+    """The run was stopped into ``savepoint``: carry what it accounted for to the run that resumes it (asked
+    with ``--savepoint_path``; with ``resume``, the next run of the command resumes it unasked)."""
     now = this_run(totals, counters)
     lineage.carried = {k: lineage.carried.get(k, 0) + now[k] for k in CARRIED}
-    lineage.savepoint, lineage.live = savepoint, None
+    lineage.savepoint, lineage.live, lineage.resume = savepoint, None, resume
     lineage.save(config.state)
-    LOG.warning("suspended into %s: resume with --savepoint_path %s", savepoint, savepoint)
+    if not resume:
+        LOG.warning("suspended into %s: resume with --savepoint_path %s", savepoint, savepoint)
+
+
+def resumable(state: Path) -> str | None:
+    """The savepoint the next run resumes from unasked (its driver lost its job server), if any."""
+    lineage = _load(state)
+    return lineage.savepoint if lineage is not None and lineage.resume else None
 
 
 @contextlib.contextmanager

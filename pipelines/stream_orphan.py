@@ -18,11 +18,17 @@ This is what docs/deployment.md told the operator to do by hand, done by the one
 lock; refusing instead would leave the orphan staging releases nobody seals until someone acts, and the quick
 manual action (cancel) is the one that loses windows. A savepoint that cannot be taken (the job keeps failing
 over) stops the run with exit 10 and the exact commands, the orphan left running.
+
+A driver that lives on while its job server dies (its wait fails) must not cancel its job either, for the same
+reason (``keep_lost_job``): it stops the job into a savepoint itself, carries its run's accounting, marks the
+lineage to be resumed by the next run unasked and exits 10; where the savepoint fails, the job is left running
+for the next run to stop and resume as above.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from apache_beam.options.pipeline_options import GoogleCloudOptions
@@ -30,12 +36,13 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions
 from pipelines import stream_accounting
 from pipelines.exit_codes import RunnerLostError
 from pipelines.flink_drain import flink_rest, stop_with_savepoint
-from pipelines.flink_jobs import job_name, live_jobs
+from pipelines.flink_jobs import job_name, live_jobs, one_line
 from pipelines.job_config import JobConfig
 from transforms.state.ledger import ReleaseLedger
 
 LOG = logging.getLogger("esa.stream_orphan")
 STAGE = "stream"  # esa-stream-<id>: not the bounded shuffle's name, whose rerun cancels (loses open windows)
+LOST_SAVEPOINT_S = 180.0  # a job restoring refuses savepoints for a while; the next run tries 10 more minutes
 
 
 def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str | None:
@@ -51,9 +58,9 @@ def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str
         jobs = live_jobs(rest, name)
     except OSError as err:  # unreachable: the submission will say so
         LOG.warning("could not list the jobs on %s (%s): an earlier driver's job cannot be checked for", rest, err)
-        return None
+        jobs = []
     if not jobs:
-        return None
+        return _resume_kept(config, options)
     if len(jobs) > 1:
         raise RunnerLostError(f"{len(jobs)} live Flink jobs named {name} on {rest} "
                               f"({', '.join(j['jid'] for j in jobs)}): stop all but one with a savepoint by hand "
@@ -71,6 +78,54 @@ def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str
     LOG.warning("the Flink job %s (%s) of a dead driver of %s was still running on %s: stopped into savepoint %s; "
                 "resuming from it (its open windows included)", name, jid, config.state, rest, savepoint)
     return savepoint
+
+
+def _resume_kept(config: JobConfig, options: Any) -> str | None:
+    """The savepoint the last driver stopped its job into when its job server went away, set for this run."""
+    kept = stream_accounting.resumable(config.state)
+    if kept is not None:
+        set_savepoint(options, kept)
+        LOG.warning("the last driver of %s lost its job server and stopped its Flink job into savepoint %s: "
+                    "resuming from it (its open windows included)", config.state, kept)
+    return kept
+
+
+@dataclass
+class JobServerLostError(Exception):
+    """The driver's wait on its cluster job failed because its job server went away (``keep_lost_job``)."""
+    rest: str  # the cluster's REST address
+    name: str  # the Flink job's name (``esa-stream-<id>``)
+    jid: str | None  # its id, if the driver had found it
+    endpoint: str | None  # the job server's
+    why: str  # the wait's error, one line
+
+
+def keep_lost_job(config: JobConfig, lineage: Any, agent: Any, lost: JobServerLostError) -> RunnerLostError:
+    """The job server went away under this live driver (its wait failed): stop its Flink job into a savepoint
+    (never cancel it: its open windows' offsets are committed), seal what the job staged before it stopped,
+    carry this run's accounting and mark the lineage to be resumed by the next run. The one-line error to exit
+    with (10). Where the job cannot be stopped into a savepoint it is left running (the next run stops and
+    resumes it, ``resume_orphan``); this run's part is then carried from its durable facts, as a dead driver's."""
+    rest, name, jid = lost.rest, lost.name, lost.jid
+    head = f"the Flink job server {lost.endpoint} went away mid-run ({lost.why}); its Flink job {name}"
+    try:
+        if jid is None:
+            jobs = live_jobs(rest, name)
+            if not jobs:
+                return RunnerLostError(f"{head} is not running on {rest}: run the same command again")
+            jid = str(jobs[0]["jid"])
+        savepoint = stop_with_savepoint(rest, jid, LOST_SAVEPOINT_S)
+    except Exception as err:  # unreachable REST, a savepoint refused for minutes: the job goes on
+        LOG.warning("could not stop Flink job %s (%s) into a savepoint: %s", name, jid, err)
+        return RunnerLostError(f"{head} ({jid}) on {rest} could not be stopped into a savepoint "
+                               f"({one_line(err)[:150]}); it is still running, its open windows in its state: run "
+                               "the same command again (it stops the job into a savepoint and resumes it)")
+    agent.step()  # the windows the job fired before it stopped
+    # This run's exact copies and re-reads were the runner's counters, gone with its job server: counted as 0,
+    # so if it had any the drain's check fails (exit 1), never passes wrongly (as for a dead driver's run).
+    stream_accounting.suspend(config, lineage, agent.totals, {}, savepoint, resume=True)
+    return RunnerLostError(f"{head} ({jid}) on {rest} was stopped into savepoint {savepoint}; its open windows are "
+                           "kept there: run the same command again (it resumes from it)")
 
 
 def set_savepoint(options: Any, savepoint: str) -> None:

@@ -35,11 +35,12 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, PortableOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from pipelines import stream_accounting
 from pipelines.exit_codes import JobUsageError
+from pipelines.flink_jobs import job_server_lost, one_line, quiet_message_thread
 from pipelines.job import esa_counters, locked, require_outputs, staging_root, use_filesystem_options
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.metrics import JobMetrics
@@ -48,7 +49,7 @@ from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
 from pipelines.runners import runner_name
 from pipelines.service import StopRequest
-from pipelines.stream_orphan import resume_orphan
+from pipelines.stream_orphan import JobServerLostError, keep_lost_job, resume_orphan
 from pipelines.targets import release_target
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.topic_policy import check_topics
@@ -102,6 +103,10 @@ class PipelineThread:
         from pipelines.flink_drain import flink_rest
 
         self._flink_rest = flink_rest(options)  # read before Beam's runner touches the options
+        self._endpoint = options.view_as(PortableOptions).job_endpoint
+        self._job_name = str(options.view_as(GoogleCloudOptions).job_name or "")
+        if self._flink_rest:
+            quiet_message_thread()  # Beam's message thread's traceback when the job server dies: logged, not printed
         self._flink_jid: str | None = None
         self._looked_for_jid = 0.0
         self._drain: tuple[str, str] | None = None  # the Flink job id and the request of the drain asked
@@ -215,7 +220,12 @@ class PipelineThread:
             LOG.warning("could not cancel the streaming pipeline: %s", err)
 
     def counters(self) -> dict[str, int]:
+        """The runner's counters once the job ended; JobServerLostError if the wait failed because the job
+        server went away while the cluster's job may well run on (``pipelines.stream_orphan.keep_lost_job``)."""
         self._thread.join()
+        if self._error is not None and self._flink_rest and job_server_lost(self._error, self._endpoint):
+            raise JobServerLostError(self._flink_rest, self._job_name, self._flink_jid, self._endpoint,
+                                     one_line(self._error))
         if self._error is not None:
             raise RuntimeError(f"the streaming pipeline failed: {self._error}") from self._error
         if str(self._state) not in {"DONE", "PipelineState.DONE"}:
@@ -378,6 +388,8 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
             pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
             try:
                 counters, suspended = _serve(pipeline, agent, root, config, started, start_committed, metrics)
+            except JobServerLostError as lost:  # never cancelled: its open windows' offsets are committed
+                raise keep_lost_job(config, lineage, agent, lost) from None
             except BaseException:
                 pipeline.cancel()  # a cluster job must not outlive the driver that releases its windows
                 raise

@@ -5,6 +5,11 @@ killed with SIGKILL; its Flink job is left RUNNING with a window open in its sta
 the state directory's name, stops it into a savepoint, resumes from it and is stopped with a drain. The
 releases must be the bounded ``--drain`` shuffler's, byte for byte, each window once, and the accounting of
 the lineage (the dead run's part carried from its ledger entries and dead-letter counts) must balance.
+
+Between the two, a job server killed under a live driver (``pipelines.stream_shuffle``, runner lost): the rerun
+is first started without ``--job_endpoint`` (its own job server, not the session's), and once it has resumed the
+orphan, its job server JVM alone is SIGKILLed. The driver must stop its job into a savepoint (never cancel it:
+the open windows would be lost) and exit 10 in one line; the command run again resumes from that savepoint.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import pytest
 
 from pipelines.flink_cluster import LocalFlinkCluster
 from tests.e2e.chain_harness import ledger_entries, topic_records
+from tests.flink.kills import group, job_server_jvm, no_harness_left, wait_gone
 from tests.flink.stream_chain import (
     RUN_S,
     SUBMIT_S,
@@ -74,12 +80,13 @@ def test_a_killed_streaming_drivers_job_is_stopped_into_a_savepoint_and_resumed_
     assert released_before < 2  # a window was open in the job's state
     assert flink_jobs(flink_cluster)[orphan] == "RUNNING"  # the orphan outlived its driver
 
+    resumed, kept = _lose_the_job_server(argv, flink_cluster, tmp_path, before, orphan)
+
     log2 = tmp_path / "rerun.log"
-    proc = _start(argv, log2)  # the same command
+    proc = _start(argv, log2)  # the same command (through the session's job server)
     try:
-        resumed = running_job(flink_cluster, before | {orphan}, SUBMIT_S, proc, log2)
-        assert flink_jobs(flink_cluster)[orphan] == "FINISHED"  # stopped into a savepoint, not cancelled
-        restored = flink_cluster.get(f"/jobs/{resumed}/checkpoints")["latest"]["restored"]
+        final = running_job(flink_cluster, before | {orphan, resumed}, SUBMIT_S, proc, log2)
+        restored = flink_cluster.get(f"/jobs/{final}/checkpoints")["latest"]["restored"]
         assert restored and restored["is_savepoint"] and "savepoint" in restored["external_path"]
         out = stop(proc)  # the drain: the open window fires and is released
     finally:
@@ -89,10 +96,54 @@ def test_a_killed_streaming_drivers_job_is_stopped_into_a_savepoint_and_resumed_
     text = log2.read_text()
     assert proc.returncode == 0, text[-4000:]
     adopted = [line for line in text.splitlines() if "of a dead driver of" in line]
-    assert len(adopted) == 1 and restored["external_path"] in adopted[0], text[-4000:]
+    if kept is not None:  # resumed from the savepoint its driver stopped the job into, with nothing to adopt
+        assert restored["external_path"] == kept and not adopted, text[-4000:]
+    else:  # the job was left running: this rerun stopped it into a savepoint and resumed it
+        assert len(adopted) == 1 and restored["external_path"] in adopted[0], text[-4000:]
     summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     print(f"rerun, resumed and drained in {time.monotonic() - killed_at:.0f} s: {json.dumps(summary)[:700]}")
     assert summary["balanced"] is True and summary["accounting"]["held"] == 0, summary
     assert len(ledger_entries(bounded, "shuffle")) == 2
     same_releases(stream, bounded)  # byte-identical releases, each window once, the same estimates
     print(f"orphan check: {time.monotonic() - started:.0f} s, load {Path('/proc/loadavg').read_text().strip()}")
+
+
+def _lose_the_job_server(argv: list[str], cluster: LocalFlinkCluster, tmp_path: Path, before: set[str],
+                         orphan: str) -> tuple[str, str | None]:
+    """The rerun with its own job server (no ``--job_endpoint``): it stops the orphan into a savepoint and
+    resumes it; then its job server JVM alone is SIGKILLed, the driver living on. The resumed job's id, and the
+    savepoint the driver says it stopped that job into (None if it says the job is still running)."""
+    own = [a for a in argv if not a.startswith("--job_endpoint")]
+    log = tmp_path / "job-server-lost.log"
+    proc = _start(own, log)
+    try:
+        resumed = running_job(cluster, before | {orphan}, SUBMIT_S, proc, log)
+        assert flink_jobs(cluster)[orphan] == "FINISHED"  # the orphan stopped into a savepoint, not cancelled
+        restored = cluster.get(f"/jobs/{resumed}/checkpoints")["latest"]["restored"]
+        assert restored and restored["is_savepoint"] and "savepoint" in restored["external_path"]
+        members = group(proc.pid)
+        assert len(members) == 3, members  # driver, job server watchdog, JVM
+        os.kill(job_server_jvm(proc.pid), signal.SIGKILL)  # the job server alone; the driver lives
+        lost_at = time.monotonic()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    lines = text.strip().splitlines()
+    state = flink_jobs(cluster)[resumed]
+    print(f"job server SIGKILLed: driver exit {proc.returncode} {time.monotonic() - lost_at:.0f} s later, "
+          f"job {state}; last line: {lines[-1] if lines else ''}")
+    assert proc.returncode == 10, text[-4000:]
+    assert "Traceback" not in text and lines[-1].startswith("esa shuffle: error: the Flink job server"), text[-4000:]
+    assert "run the same command again" in lines[-1] and "cancel" not in lines[-1], lines[-1]
+    adopted = [line for line in lines if "of a dead driver of" in line]
+    assert len(adopted) == 1 and restored["external_path"] in adopted[0], text[-4000:]  # it resumed the orphan
+    assert wait_gone(list(members)) == []  # no JVM, watchdog or driver of it left
+    if "stopped into savepoint" in lines[-1]:
+        assert state == "FINISHED", state  # stopped with a savepoint, not cancelled
+        assert no_harness_left(cluster) == []
+        return resumed, lines[-1].split("stopped into savepoint ", 1)[1].split(";", 1)[0]
+    assert "still running" in lines[-1] and state == "RUNNING", (state, lines[-1])
+    return resumed, None
