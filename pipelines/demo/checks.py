@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipelines.query.ranges import StoredTree, answer_quantile, trees_of
+from transforms.mechanisms.randomness import os_entropy_rng, seeded_stream
 from transforms.spec import AnalysisSpec
 
 RANDOM_RANGES = 1000
@@ -78,7 +79,7 @@ def _leaf_truth(rows: list[dict[str, Any]], bits: int, n_clients: int) -> np.nda
 def range_checks(spec: AnalysisSpec, estimates: pa.Table, comparison: pa.Table, truth: pa.Table,
                  seed: int | None) -> tuple[dict[str, Any], RangeEvidence | None]:
     """Random ranges within 3 stderr (all crowds), node z-statistics, and quantiles within their intervals."""
-    rng = np.random.default_rng(seed)
+    rng = seeded_stream(seed, "demo-range-checks") if seed is not None else os_entropy_rng()
     trees = trees_of(estimates, spec_id=spec.spec_id)
     z_ranges, quantiles, evidence = [], [], None
     for stored in trees:

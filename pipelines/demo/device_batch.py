@@ -24,7 +24,7 @@ from transforms.device.backstop import is_memoizing, prf_backstops
 from transforms.device.wire import EventRows, ShufflerKey, signed_message_sets
 from transforms.encoder.keys import EncoderKeys
 from transforms.mechanisms.base import encode_messages
-from transforms.mechanisms.randomness import os_entropy_rng
+from transforms.mechanisms.randomness import os_entropy_rng, seeded_stream
 from transforms.spec import AnalysisSpec
 from transforms.trust.devices import SimulatedFleet
 from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
@@ -46,7 +46,7 @@ def sealed_reports(spec: AnalysisSpec, population: Population, keys_dir: Path, *
     n = len(population)
     for index, start in enumerate(range(0, n, chunk)):
         stop = min(start + chunk, n)
-        rng = np.random.default_rng([seed, index]) if seed is not None else os_entropy_rng()
+        rng = seeded_stream(seed, "demo-device-chunk", index) if seed is not None else os_entropy_rng()
         yield _chunk(spec, population, start, stop, fleet, (key_id, analyzer), shuffler, backstop_key, rng,
                      seed is not None, threads)
 

@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from pipelines.demo.population import Population, avro_value
 from transforms.device import Budget, BudgetExceeded, Client
+from transforms.mechanisms.randomness import seeded_stream
 from transforms.spec import AnalysisSpec
 from transforms.trust.devices import SimulatedFleet
 from transforms.trust.keys import load_analyzer_public, load_shuffler_sealing_public
@@ -45,7 +44,7 @@ def device_messages(spec: AnalysisSpec, population: Population, device_root: Pat
     crowds = population.crowd_ids if population.crowd_ids is not None else [None] * len(population)
     for i, (cid, value, t, crowd) in enumerate(zip(population.client_ids, population.values,
                                                    population.event_times_ms, crowds, strict=True)):
-        rng = np.random.default_rng([seed, i]) if seed is not None else None
+        rng = seeded_stream(seed, "demo-device", i) if seed is not None else None
         client = Client(spec, Path(device_root) / cid, analyzer_public_key=analyzer, analyzer_key_id=key_id,
                         shuffler_public_key=shuffler, shuffler_key_id=shuffler_id,
                         budget=budget, signing_key=fleet.signing_key(cid), rng=rng)
