@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -28,6 +27,7 @@ from transforms.io.kafka.records import (
     split_element,
 )
 from transforms.io.kafka.retry import KafkaCallError
+from transforms.io.kafka.topic_ready import wait_for_leaders
 
 __all__ = ["CLIENT_ID", "MAX_RECORDS", "Consumer", "Element", "KafkaReadError", "KafkaRecord", "KafkaWriteError",
            "Producer", "consumer", "create_topics", "producer", "split_element"]
@@ -279,13 +279,12 @@ def _ck_create_topics(bootstrap: str, topics: Sequence[str], partitions: int, co
         for topic, exc in refused.items():
             if topic not in known or known[topic].error is not None:
                 raise KafkaCallError(f"cannot create topic {topic!r} on {bootstrap}: {retry.describe(exc)}", exc)
-    deadline = time.monotonic() + _TIMEOUT_S  # like kafka-python's wait_for_metadata
-    while time.monotonic() < deadline:
+    def leaders() -> dict[str, list[int] | None]:
         known = retry.call("metadata", lambda: admin.list_topics(timeout=_TIMEOUT_S)).topics
-        if all(t in known and known[t].error is None for t in topics):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"topics {list(topics)} were created but did not appear in the metadata of {bootstrap}")
+        return {t: None if t not in known or known[t].error is not None
+                else [p.leader if p.error is None else -1 for p in known[t].partitions.values()] for t in topics}
+
+    wait_for_leaders(leaders, topics, bootstrap, _TIMEOUT_S)
 
 
 # ---------------------------------------------------------------- selection

@@ -11,6 +11,9 @@ from typing import Any
 
 from transforms.io.kafka import retry
 from transforms.io.kafka.records import CLIENT_ID, MAX_RECORDS, Element, KafkaRecord, split_element
+from transforms.io.kafka.topic_ready import wait_for_leaders
+
+_LEADERS_S = 15.0  # a created topic's partitions get leaders within this, or creation fails clearly
 
 # what of --kafka_config the kafka-python admin client takes (connection and identity, not producer/consumer tuning)
 _ADMIN_KEYS = ("client_id", "security_protocol", "ssl_", "sasl_", "request_timeout_ms", "api_version",
@@ -129,5 +132,12 @@ def create_topics(bootstrap: str, topics: Sequence[str], partitions: int, config
                 if result["name"] not in known:
                     raise retry.KafkaCallError(f"cannot create topic {result['name']!r} on {bootstrap}: "
                                                f"{result.get('error_message') or result['error_code']}")
+
+        def leaders() -> dict[str, list[int] | None]:
+            described = retry.call("metadata", lambda: admin.describe_topics(list(topics)))
+            return {d["name"]: None if d["error_code"] else
+                    [p["leader_id"] if not p["error_code"] else -1 for p in d["partitions"]] for d in described}
+
+        wait_for_leaders(leaders, topics, bootstrap, _LEADERS_S)
     finally:
         admin.close()
