@@ -185,9 +185,11 @@ class PipelineThread:
                 LOG.debug("Flink job of %s not found yet: %s", beam_id, err)
         return self._flink_jid
 
-    def suspend(self) -> str | None:
+    def suspend(self, mark: Callable[[str | None], None]) -> str | None:
         """Stop the Flink job with a savepoint, no drain (open windows stay in it): its location, or None
-        where there is no cluster job to suspend."""
+        where there is no cluster job to suspend. ``mark`` records the job asked to stop before it is asked (and
+        None if the stop failed), so a driver killed while it waits leaves the next run able to find the
+        savepoint (``pipelines.stream_orphan``)."""
         from pipelines.flink_drain import stop_with_savepoint
 
         self._looked_for_jid = 0.0
@@ -195,9 +197,11 @@ class PipelineThread:
         if self._flink_rest is None or jid is None:
             LOG.warning("a suspend (SIGUSR1) needs a job on a Flink cluster: ignored")
             return None
+        mark(jid)
         try:
             return stop_with_savepoint(self._flink_rest, jid)
         except Exception as err:  # the job goes on: the operator can signal again, or drain
+            mark(None)
             LOG.error("could not suspend job %s into a savepoint; it keeps running: %s", jid, err)
             return None
 
@@ -321,7 +325,7 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
             pipeline.find_flink_job()
             if suspend[0] and not stopping:
                 suspend[0] = False
-                savepoint = pipeline.suspend()
+                savepoint = pipeline.suspend(lambda jid: stream_accounting.mark_stopping(config.state, jid))
                 stopping = savepoint is not None
             if stopping and savepoint is None:
                 pipeline.drain_again()
