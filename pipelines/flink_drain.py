@@ -68,6 +68,17 @@ def drain(rest: str, beam_job_id: str) -> tuple[str, str] | None:
     return jid, str(trigger.get("request-id"))
 
 
+def drain_job(rest: str, jid: str) -> None:
+    """Ask Flink to drain job ``jid`` unless a savepoint (a drain's) is under way; a failure is logged (debug):
+    the caller looks again (``pipelines.stream_orphan.finish_drain``)."""
+    try:
+        history = _call(rest, f"/jobs/{jid}/checkpoints").get("history") or []
+        if not any(h.get("is_savepoint") and h.get("status") == "IN_PROGRESS" for h in history):
+            _call(rest, f"/jobs/{jid}/stop", {"drain": True})
+    except Exception as err:  # the job ended meanwhile, or the cluster is busy
+        LOG.debug("drain of Flink job %s not asked: %s", jid, err)
+
+
 def drain_failure(rest: str, jid: str, request_id: str) -> str | None:
     """Why the drain ``request_id`` of job ``jid`` failed, once it did; None while it runs or when it succeeded.
     A job whose tasks are not all running yet (just submitted or restored, or restarting) refuses the drain's

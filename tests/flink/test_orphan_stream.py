@@ -12,7 +12,9 @@ orphan, its job server JVM alone is SIGKILLed. The driver must stop its job into
 the open windows would be lost) and exit 10 in one line; the command run again resumes from that savepoint.
 That run is asked to suspend (SIGUSR1) and SIGKILLed while Flink takes the savepoint, before its driver recorded
 where: the final run must find that savepoint on the cluster (the lineage names the job being stopped) and
-resume from it, rather than start afresh without the open window.
+resume from it, rather than start afresh without the open window. The final run, with its own job server, is
+stopped (SIGTERM: a drain) and its job server JVM SIGKILLed while the job drains: the driver must wait for the
+drain without it, seal the windows it fired and exit 0 with the lineage balanced.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from tests.flink.stream_chain import (
     running_job,
     same_releases,
     settled,
-    stop,
     stream_argv,
     twin,
     wait,
@@ -89,12 +90,17 @@ def test_a_killed_streaming_drivers_job_is_stopped_into_a_savepoint_and_resumed_
                                                 kept)
 
     log2 = tmp_path / "rerun.log"
-    proc = _start(argv, log2)  # the same command (through the session's job server)
+    proc = _start([a for a in argv if not a.startswith("--job_endpoint")], log2)  # its own job server
     try:
         final = running_job(flink_cluster, before | {orphan, resumed, stopped}, SUBMIT_S, proc, log2)
         restored = flink_cluster.get(f"/jobs/{final}/checkpoints")["latest"]["restored"]
         assert restored and restored["is_savepoint"] and "savepoint" in restored["external_path"]
-        out = stop(proc)  # the drain: the open window fires and is released
+        members = group(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the drain: the open window fires and is released ...
+        wait(lambda: _savepoint_under_way(flink_cluster, final), "the drain under way", RUN_S, proc, log2,
+             every_s=0.2)
+        os.kill(job_server_jvm(proc.pid), signal.SIGKILL)  # ... without the job server, killed meanwhile
+        out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -103,6 +109,8 @@ def test_a_killed_streaming_drivers_job_is_stopped_into_a_savepoint_and_resumed_
     assert proc.returncode == 0, text[-4000:]
     found = [line for line in text.splitlines() if "was killed while its Flink job" in line]
     assert restored["external_path"] == savepoint and len(found) == 1 and savepoint in found[0], text[-4000:]
+    assert "went away while the job drained" in text and "Traceback" not in text, text[-4000:]
+    assert wait_gone(list(members)) == [] and flink_jobs(flink_cluster)[final] == "FINISHED"
     summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     print(f"rerun, resumed and drained in {time.monotonic() - killed_at:.0f} s: {json.dumps(summary)[:700]}")
     assert summary["balanced"] is True and summary["accounting"]["held"] == 0, summary

@@ -5,7 +5,9 @@ leaves the job running and says so. The cluster itself is in tests/flink/test_or
 
 from __future__ import annotations
 
+import time
 import urllib.error
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -174,3 +176,49 @@ def test_a_stop_answered_by_an_earlier_requests_savepoint(monkeypatch) -> None:
     monkeypatch.setattr(flink_drain, "job_savepoint", lambda rest, jid: ("CANCELED", None))
     with pytest.raises(RuntimeError, match="Flink job jid-1 ended CANCELED without a savepoint: HTTP 409"):
         flink_drain.stop_with_savepoint(REST, "jid-1", 30.0)
+
+
+# ---------------------------------------------------------------- a drain the driver asked, then lost
+
+def _draining(config, monkeypatch, states: list[str], asked: list[int]) -> None:
+    """A job that reports ``states`` one look after another; ``drain_job`` counts the drains asked."""
+    Path(stream_orphan.stream_root(config)).mkdir(parents=True)
+    (Path(stream_orphan.stream_root(config)) / "STOP").write_bytes(b"stop\n")  # the stop file: a drain asked
+    looks = iter(states)
+    monkeypatch.setattr(stream_orphan, "job_savepoint", lambda rest, jid: (next(looks), "file:/sp/savepoint-drain"))
+    monkeypatch.setattr(stream_orphan, "drain_job", lambda rest, jid: asked.append(1))
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+
+
+def test_an_orphan_that_was_draining_finishes_its_drain_and_is_never_resumed(tmp_path, monkeypatch) -> None:
+    """Its driver was stopped (SIGTERM: the drain asked) and then killed (a grace period's SIGKILL): the drain's
+    final savepoint has every window fired and the read ended, so resuming from it would read nothing more."""
+    config, asked = _config(tmp_path), []
+    config.staging_location = None
+    _draining(config, monkeypatch, ["RUNNING", "RUNNING", "FINISHED"], asked)
+    monkeypatch.setattr(stream_orphan, "live_jobs", lambda rest, name: [{"jid": "jid-7"}])
+    monkeypatch.setattr(stream_orphan, "stop_with_savepoint", lambda *a, **k: pytest.fail("stopped, not drained"))
+    ledger = ReleaseLedger(config.state_layout.ledger)
+    assert stream_orphan.drain_asked(config)
+    assert stream_orphan.resume_orphan(config, ledger, _options()) is None  # a new lineage, nothing resumed
+    assert asked == [1]  # asked once (again, in case it had been refused), not every second
+
+
+@pytest.mark.parametrize("state", ["CANCELED", "UNKNOWN"])
+def test_a_drain_that_ends_otherwise_says_so(tmp_path, monkeypatch, state) -> None:
+    config = _config(tmp_path)
+    config.staging_location = None
+    _draining(config, monkeypatch, ["RUNNING", state], [])
+    with pytest.raises(RunnerLostError, match=rf"the draining Flink job jid-1 on {REST} ended {state}, not FINISHED"):
+        stream_orphan.finish_drain(REST, "jid-1", lambda: None)
+
+
+def test_a_job_server_lost_mid_drain_waits_for_the_drain_then_seals(tmp_path, monkeypatch) -> None:
+    config, steps, asked = _config(tmp_path), [], []
+    config.staging_location = None
+    _draining(config, monkeypatch, ["RUNNING", "FINISHED"], [])
+    stream_orphan.finish_lost_drain(LOST, _agent(steps), lambda: asked.append(1))
+    assert steps == [1] and asked == [1]
+    lost = stream_orphan.JobServerLostError(REST, "esa-stream-abc", None, "127.0.0.1:2", "Socket closed")
+    with pytest.raises(RunnerLostError, match="was never found"):
+        stream_orphan.finish_lost_drain(lost, _agent(steps), lambda: None)
