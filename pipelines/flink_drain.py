@@ -129,20 +129,29 @@ def stop_with_savepoint(rest: str, jid: str, timeout_s: float = 600.0) -> str:
     raise RuntimeError(f"no savepoint of Flink job {jid} within {timeout_s:.0f} s: {str(failure)[:500]}")
 
 
-def job_savepoint(rest: str, jid: str) -> tuple[str, str | None]:
+def job_savepoint(rest: str, jid: str, settle_s: float = 15.0) -> tuple[str, str | None]:
     """The state of Flink job ``jid`` and the location of its latest savepoint (None if it has none):
     ``("UNKNOWN", None)`` if the cluster does not know the job (its history forgets finished jobs after
-    ``jobstore.expiration-time``, an hour by default, and a restarted cluster forgets them all)."""
+    ``jobstore.expiration-time``, an hour by default, and a restarted cluster forgets them all). A job just
+    FINISHED may not show its final savepoint yet (the REST API's statistics are cached, ``web.refresh-interval``:
+    measured None right after a stop-with-savepoint's FINISHED): looked at again for up to ``settle_s``."""
+    import time
     import urllib.error
 
-    try:
-        state = str(_call(rest, f"/jobs/{jid}")["state"])
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
-            return "UNKNOWN", None
-        raise
-    latest = (_call(rest, f"/jobs/{jid}/checkpoints").get("latest") or {}).get("savepoint") or {}
-    return state, (str(latest["external_path"]) if latest.get("external_path") else None)
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            state = str(_call(rest, f"/jobs/{jid}")["state"])
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return "UNKNOWN", None
+            raise
+        latest = (_call(rest, f"/jobs/{jid}/checkpoints").get("latest") or {}).get("savepoint") or {}
+        if latest.get("external_path"):
+            return state, str(latest["external_path"])
+        if state != "FINISHED" or time.monotonic() >= deadline:
+            return state, None
+        time.sleep(1.0)
 
 
 def restarted(rest: str, jid: str) -> bool:

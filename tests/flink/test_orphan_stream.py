@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from pipelines.flink_cluster import LocalFlinkCluster
+from pipelines.flink_drain import job_savepoint
 from tests.e2e.chain_harness import ledger_entries, topic_records
 from tests.flink.kills import group, job_server_jvm, no_harness_left, wait_gone
 from tests.flink.stream_chain import (
@@ -193,7 +194,8 @@ def _kill_while_suspending(argv: list[str], cluster: LocalFlinkCluster, stream: 
     while flink_jobs(cluster)[jid] != "FINISHED":
         assert time.monotonic() < deadline and flink_jobs(cluster)[jid] == "RUNNING", flink_jobs(cluster)[jid]
         time.sleep(1)
-    savepoint = cluster.get(f"/jobs/{jid}/checkpoints")["latest"]["savepoint"]["external_path"]
+    state, savepoint = job_savepoint(cluster.rest, jid)  # as the next run asks the cluster
+    assert state == "FINISHED" and savepoint, (state, cluster.get(f"/jobs/{jid}/checkpoints"))
     print(f"driver SIGKILLed while suspending: job {jid} FINISHED into {savepoint}")
     return jid, savepoint
 
