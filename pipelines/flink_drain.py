@@ -20,6 +20,7 @@ from typing import Any
 
 LOG = logging.getLogger("esa.flink_drain")
 LOCAL_MASTERS = {"[local]", "[auto]", "[collection]", ""}
+TERMINAL = frozenset({"FINISHED", "FAILED", "CANCELED"})  # Flink's globally terminal job states
 
 
 def flink_rest(options: Any) -> str | None:
@@ -67,6 +68,17 @@ def drain(rest: str, beam_job_id: str) -> tuple[str, str] | None:
     return jid, str(trigger.get("request-id"))
 
 
+def drain_job(rest: str, jid: str) -> None:
+    """Ask Flink to drain job ``jid`` unless a savepoint (a drain's) is under way; a failure is logged (debug):
+    the caller looks again (``pipelines.stream_orphan.finish_drain``)."""
+    try:
+        history = _call(rest, f"/jobs/{jid}/checkpoints").get("history") or []
+        if not any(h.get("is_savepoint") and h.get("status") == "IN_PROGRESS" for h in history):
+            _call(rest, f"/jobs/{jid}/stop", {"drain": True})
+    except Exception as err:  # the job ended meanwhile, or the cluster is busy
+        LOG.debug("drain of Flink job %s not asked: %s", jid, err)
+
+
 def drain_failure(rest: str, jid: str, request_id: str) -> str | None:
     """Why the drain ``request_id`` of job ``jid`` failed, once it did; None while it runs or when it succeeded.
     A job whose tasks are not all running yet (just submitted or restored, or restarting) refuses the drain's
@@ -85,25 +97,61 @@ def drain_failure(rest: str, jid: str, request_id: str) -> str | None:
 def stop_with_savepoint(rest: str, jid: str, timeout_s: float = 600.0) -> str:
     """Stop the Flink job ``jid`` with a savepoint and no drain (its open windows stay in the savepoint, into the
     cluster's ``state.savepoints.dir``): the savepoint's location once it completed. A job that is restarting
-    (a TaskManager died) refuses savepoints until its tasks run again: asked again until ``timeout_s``."""
+    (a TaskManager died) refuses savepoints until its tasks run again: asked again until ``timeout_s``. A job
+    that an earlier request (a killed driver's, still in flight) stopped into a savepoint meanwhile: that one."""
     import time
+    import urllib.error
 
     deadline = time.monotonic() + timeout_s
     failure: object = None
     while time.monotonic() < deadline:
-        trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": False})["request-id"]
-        while time.monotonic() < deadline:
-            status = _call(rest, f"/jobs/{jid}/savepoints/{trigger}")
-            if status["status"]["id"] == "COMPLETED":
-                break
-            time.sleep(1.0)
-        operation = status.get("operation", {})
-        if "location" in operation:
-            return str(operation["location"])
-        failure = (operation.get("failure-cause") or {}).get("stack-trace", operation)
+        try:
+            trigger = _call(rest, f"/jobs/{jid}/stop", {"drain": False})["request-id"]
+            while time.monotonic() < deadline:
+                status = _call(rest, f"/jobs/{jid}/savepoints/{trigger}")
+                if status["status"]["id"] == "COMPLETED":
+                    break
+                time.sleep(1.0)
+            operation = status.get("operation", {})
+            if "location" in operation:
+                return str(operation["location"])
+            failure = (operation.get("failure-cause") or {}).get("stack-trace", operation)
+        except urllib.error.HTTPError as err:  # answered, and refused: the job may have ended meanwhile
+            failure = f"HTTP {err.code} {err.reason}"
+        state, savepoint = job_savepoint(rest, jid)
+        if state == "FINISHED" and savepoint:
+            LOG.warning("Flink job %s was stopped into savepoint %s by an earlier request", jid, savepoint)
+            return savepoint
+        if state in TERMINAL | {"UNKNOWN"}:
+            raise RuntimeError(f"Flink job {jid} ended {state} without a savepoint: {str(failure)[:300]}")
         LOG.warning("the savepoint of Flink job %s failed (asked again in 5 s): %s", jid, str(failure)[:300])
         time.sleep(5.0)
     raise RuntimeError(f"no savepoint of Flink job {jid} within {timeout_s:.0f} s: {str(failure)[:500]}")
+
+
+def job_savepoint(rest: str, jid: str, settle_s: float = 15.0) -> tuple[str, str | None]:
+    """The state of Flink job ``jid`` and the location of its latest savepoint (None if it has none):
+    ``("UNKNOWN", None)`` if the cluster does not know the job (its history forgets finished jobs after
+    ``jobstore.expiration-time``, an hour by default, and a restarted cluster forgets them all). A job just
+    FINISHED may not show its final savepoint yet (the REST API's statistics are cached, ``web.refresh-interval``:
+    measured None right after a stop-with-savepoint's FINISHED): looked at again for up to ``settle_s``."""
+    import time
+    import urllib.error
+
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            state = str(_call(rest, f"/jobs/{jid}")["state"])
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return "UNKNOWN", None
+            raise
+        latest = (_call(rest, f"/jobs/{jid}/checkpoints").get("latest") or {}).get("savepoint") or {}
+        if latest.get("external_path"):
+            return state, str(latest["external_path"])
+        if state != "FINISHED" or time.monotonic() >= deadline:
+            return state, None
+        time.sleep(1.0)
 
 
 def restarted(rest: str, jid: str) -> bool:

@@ -38,11 +38,10 @@ from typing import Any
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PortableOptions
 
 from pipelines.exit_codes import RunnerLostError
-from pipelines.flink_drain import flink_rest
+from pipelines.flink_drain import TERMINAL, flink_rest
 from transforms.state.files import create_exclusive
 
 LOG = logging.getLogger("esa.flink_jobs")
-TERMINAL = {"FINISHED", "FAILED", "CANCELED"}  # Flink's globally terminal job states; every other one is live
 CANCEL_TIMEOUT_S = 300.0  # a loaded 2-core machine: tasks close, harnesses stop
 REST_TIMEOUT_S = 30.0
 

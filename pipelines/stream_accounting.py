@@ -64,11 +64,13 @@ class Lineage:
     savepoint: str | None = None
     live: str | None = None  # the run key of the driver running the lineage's job now
     resume: bool = False  # the next run resumes from ``savepoint`` unasked: its driver lost its job server
+    stopping: str | None = None  # the Flink job a driver asked to stop into a savepoint, until it is recorded
 
     def save(self, state: Path) -> None:
         atomic_write_json(state / LINEAGE_FILE, {"start": {str(p): o for p, o in self.start.items()},
                                                  "carried": self.carried, "savepoint": self.savepoint,
-                                                 "live": self.live, "resume": self.resume})
+                                                 "live": self.live, "resume": self.resume,
+                                                 "stopping": self.stopping})
 
 
 def _load(state: Path) -> Lineage | None:
@@ -76,7 +78,7 @@ def _load(state: Path) -> Lineage | None:
     if found is None:
         return None
     return Lineage({int(p): int(o) for p, o in found["start"].items()}, dict(found["carried"]), found["savepoint"],
-                   found.get("live"), bool(found.get("resume")))
+                   found.get("live"), bool(found.get("resume")), found.get("stopping"))
 
 
 def source_positions(config: JobConfig) -> dict[int, int]:
@@ -102,7 +104,7 @@ def begin(config: JobConfig, savepoint: str | None, run_key: str) -> Lineage:
                             f"{held}; resume from the savepoint its last run printed (esa shuffle, SIGUSR1)")
     else:
         lineage = found
-    lineage.savepoint, lineage.live, lineage.resume = None, run_key, False
+    lineage.savepoint, lineage.live, lineage.resume, lineage.stopping = None, run_key, False, None
     lineage.save(config.state)
     return lineage
 
@@ -119,7 +121,7 @@ def adopt(config: JobConfig, ledger: ReleaseLedger, savepoint: str) -> None:
         dead = dead_run(config, ledger, lineage.live)
         LOG.info("the dead driver's run %s accounted for %s", lineage.live, json.dumps(dead))
         lineage.carried = {k: lineage.carried.get(k, 0) + dead.get(k, 0) for k in CARRIED}
-    lineage.savepoint, lineage.live = savepoint, None
+    lineage.savepoint, lineage.live, lineage.stopping = savepoint, None, None
     lineage.save(config.state)
 
 
@@ -174,10 +176,26 @@ def suspend(config: JobConfig, lineage: Lineage, totals: Any, counters: dict[str
     with ``--savepoint_path``; with ``resume``, the next run of the command resumes it unasked)."""
     now = this_run(totals, counters)
     lineage.carried = {k: lineage.carried.get(k, 0) + now[k] for k in CARRIED}
-    lineage.savepoint, lineage.live, lineage.resume = savepoint, None, resume
+    lineage.savepoint, lineage.live, lineage.resume, lineage.stopping = savepoint, None, resume, None
     lineage.save(config.state)
     if not resume:
         LOG.warning("suspended into %s: resume with --savepoint_path %s", savepoint, savepoint)
+
+
+def mark_stopping(state: Path, jid: str | None) -> None:
+    """Record, before asking Flink to stop job ``jid`` into a savepoint, that it was asked (None: the stop
+    failed, the job runs on). A driver killed while it waits leaves the mark, and the next run asks the cluster
+    for the savepoint (``pipelines.stream_orphan``) instead of starting afresh without the open windows."""
+    lineage = _load(state)
+    if lineage is not None and lineage.stopping != jid:
+        lineage.stopping = jid
+        lineage.save(state)
+
+
+def stopping(state: Path) -> str | None:
+    """The Flink job a driver asked to stop into a savepoint and died before it recorded the savepoint."""
+    lineage = _load(state)
+    return lineage.stopping if lineage is not None and lineage.savepoint is None else None
 
 
 def resumable(state: Path) -> str | None:

@@ -29,20 +29,61 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions
 
 from pipelines import stream_accounting
 from pipelines.exit_codes import RunnerLostError
-from pipelines.flink_drain import flink_rest, stop_with_savepoint
+from pipelines.flink_drain import TERMINAL, drain_job, flink_rest, job_savepoint, stop_with_savepoint
 from pipelines.flink_jobs import job_name, live_jobs, one_line
+from pipelines.job import staging_root
 from pipelines.job_config import JobConfig
+from transforms.io.staging import is_url, join
+from transforms.shuffler.release_step import STAGE as SHUFFLE_STAGE
+from transforms.shuffler.streaming import STOP_FILE
 from transforms.state.ledger import ReleaseLedger
 
 LOG = logging.getLogger("esa.stream_orphan")
 STAGE = "stream"  # esa-stream-<id>: not the bounded shuffle's name, whose rerun cancels (loses open windows)
 LOST_SAVEPOINT_S = 180.0  # a job restoring refuses savepoints for a while; the next run tries 10 more minutes
+DRAIN_S = 600.0  # a drain asked before the driver died or lost its job server, waited for (asked again if refused)
+
+
+def stream_root(config: JobConfig) -> str:
+    """Where the streaming job stages its releases, dead letters and the stop file."""
+    return join(staging_root(config, SHUFFLE_STAGE), "stream")
+
+
+def drain_asked(config: JobConfig) -> bool:
+    """Whether a driver of this state directory asked its job to drain (it wrote the stop file, which only a run
+    that ends removes): such a job fires every window and finishes; its final savepoint is no place to resume."""
+    path = join(stream_root(config), STOP_FILE)
+    return FileSystems.exists(path) if is_url(path) else Path(path).exists()
+
+
+def finish_drain(rest: str, jid: str, ask: Any, timeout_s: float = DRAIN_S) -> None:
+    """Wait until the draining Flink job ``jid`` is FINISHED, calling ``ask()`` meanwhile (it asks the drain
+    again when the job refused it: its tasks were restoring). RunnerLostError if it ends otherwise, or not."""
+    import time
+
+    deadline, asked = time.monotonic() + timeout_s, 0.0
+    while True:
+        state, _ = job_savepoint(rest, jid)
+        if state == "FINISHED":
+            return
+        if state in TERMINAL | {"UNKNOWN"}:
+            raise RunnerLostError(f"the draining Flink job {jid} on {rest} ended {state}, not FINISHED: the windows "
+                                  "it had not fired are lost; run the same command again to start a new lineage")
+        if time.monotonic() >= deadline:
+            raise RunnerLostError(f"the Flink job {jid} on {rest} did not finish its drain within {timeout_s:.0f} s; "
+                                  f"it is still {state}: run the same command again (it waits for the drain)")
+        if time.monotonic() - asked >= 5.0:
+            asked = time.monotonic()
+            ask()
+        time.sleep(1.0)
 
 
 def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str | None:
@@ -60,15 +101,23 @@ def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str
         LOG.warning("could not list the jobs on %s (%s): an earlier driver's job cannot be checked for", rest, err)
         jobs = []
     if not jobs:
-        return _resume_kept(config, options)
+        return _resume_kept(config, options) or _resume_stopped(config, ledger, rest, options)
     if len(jobs) > 1:
         raise RunnerLostError(f"{len(jobs)} live Flink jobs named {name} on {rest} "
                               f"({', '.join(j['jid'] for j in jobs)}): stop all but one with a savepoint by hand "
                               "(flink stop <jid>) and run again")
     jid = jobs[0]["jid"]
+    if drain_asked(config):  # its driver asked a drain and died: let it fire its windows and finish
+        LOG.warning("the Flink job %s (%s) of a dead driver of %s is draining (its stop file is there): waiting "
+                    "for it to finish; the releases it staged are sealed next, and a new lineage starts",
+                    name, jid, config.state)
+        finish_drain(rest, jid, lambda: drain_job(rest, jid))
+        return None
+    stream_accounting.mark_stopping(config.state, jid)
     try:
         savepoint = stop_with_savepoint(rest, jid)
     except Exception as err:
+        stream_accounting.mark_stopping(config.state, None)
         raise RunnerLostError(f"the Flink job {name} ({jid}) an earlier driver of {config.state} left on {rest} "
                               f"could not be stopped into a savepoint ({str(err)[:200]}); it is still running: "
                               f"stop it by hand (flink stop {jid}, or REST POST /jobs/{jid}/stop) and run again "
@@ -78,6 +127,42 @@ def resume_orphan(config: JobConfig, ledger: ReleaseLedger, options: Any) -> str
     LOG.warning("the Flink job %s (%s) of a dead driver of %s was still running on %s: stopped into savepoint %s; "
                 "resuming from it (its open windows included)", name, jid, config.state, rest, savepoint)
     return savepoint
+
+
+def _resume_stopped(config: JobConfig, ledger: ReleaseLedger, rest: str, options: Any) -> str | None:
+    """A driver asked Flink to stop its job into a savepoint and was killed (SIGKILL, or SIGTERM) before it
+    recorded where: the job finished into a savepoint that only the cluster knows. Resume from it, carrying the
+    dead run's part; starting afresh would lose its open windows (their records' offsets are committed)."""
+    jid = stream_accounting.stopping(config.state)
+    if jid is None:
+        return None
+    try:
+        state, savepoint = job_savepoint(rest, jid)
+    except OSError as err:
+        raise RunnerLostError(f"the last driver of {config.state} asked Flink to stop job {jid} into a savepoint "
+                              f"and was killed before it recorded where; {rest} cannot be asked ({one_line(err)}): "
+                              "run again once it answers") from None
+    given = stream_accounting.savepoint_path(options)
+    if state == "UNKNOWN" and given and PurePosixPath(given.rstrip("/")).name.startswith(f"savepoint-{jid[:6]}-"):
+        state, savepoint = "FINISHED", given  # forgotten by the cluster; the operator found its savepoint
+    if state == "FINISHED" and savepoint:
+        stream_accounting.adopt(config, ledger, savepoint)
+        set_savepoint(options, savepoint)
+        LOG.warning("the last driver of %s was killed while its Flink job %s was being stopped; the job stopped "
+                    "into savepoint %s: resuming from it (its open windows included)", config.state, jid, savepoint)
+        return savepoint
+    if state in {"CANCELED", "FAILED"}:
+        stream_accounting.mark_stopping(config.state, None)
+        LOG.warning("the last driver of %s was killed while its Flink job %s was being stopped into a savepoint, and "
+                    "that job ended %s without one: the windows it held open are lost; a new lineage starts from the "
+                    "committed offsets", config.state, jid, state)
+        return None
+    raise RunnerLostError(f"the last driver of {config.state} asked Flink to stop job {jid} into a savepoint and "
+                          f"was killed before it recorded where; {rest} "
+                          f"{'no longer knows that job' if state == 'UNKNOWN' else f'shows it {state}'}: run again "
+                          f"with --savepoint_path <its savepoint: savepoint-{jid[:6]}-... under the cluster's "
+                          f"state.savepoints.dir>, or remove {config.state / stream_accounting.LINEAGE_FILE} to "
+                          "start afresh without the windows it held open")
 
 
 def _resume_kept(config: JobConfig, options: Any) -> str | None:
@@ -114,8 +199,10 @@ def keep_lost_job(config: JobConfig, lineage: Any, agent: Any, lost: JobServerLo
             if not jobs:
                 return RunnerLostError(f"{head} is not running on {rest}: run the same command again")
             jid = str(jobs[0]["jid"])
+        stream_accounting.mark_stopping(config.state, jid)  # a SIGTERM or SIGKILL while it waits loses nothing
         savepoint = stop_with_savepoint(rest, jid, LOST_SAVEPOINT_S)
     except Exception as err:  # unreachable REST, a savepoint refused for minutes: the job goes on
+        stream_accounting.mark_stopping(config.state, None)
         LOG.warning("could not stop Flink job %s (%s) into a savepoint: %s", name, jid, err)
         return RunnerLostError(f"{head} ({jid}) on {rest} could not be stopped into a savepoint "
                                f"({one_line(err)[:150]}); it is still running, its open windows in its state: run "
@@ -126,6 +213,19 @@ def keep_lost_job(config: JobConfig, lineage: Any, agent: Any, lost: JobServerLo
     stream_accounting.suspend(config, lineage, agent.totals, {}, savepoint, resume=True)
     return RunnerLostError(f"{head} ({jid}) on {rest} was stopped into savepoint {savepoint}; its open windows are "
                            "kept there: run the same command again (it resumes from it)")
+
+
+def finish_lost_drain(lost: JobServerLostError, agent: Any, drain_again: Any) -> None:
+    """The job server went away while the job drained (SIGINT or SIGTERM had asked the drain): the job goes on
+    firing its windows without it. Wait for it to finish (asking the drain again if the job refused it), then
+    seal what it staged; the run's accounting is taken from durable facts (its counters went with the server)."""
+    if lost.jid is None:
+        raise RunnerLostError(f"the Flink job server {lost.endpoint} went away while the job drained ({lost.why}) and "
+                              f"its Flink job {lost.name} was never found on {lost.rest}: run the same command again")
+    LOG.warning("the Flink job server %s went away while the job drained (%s): waiting for the drain of Flink job "
+                "%s on %s", lost.endpoint, lost.why, lost.jid, lost.rest)
+    finish_drain(lost.rest, lost.jid, drain_again)
+    agent.step()  # the windows the drain fired
 
 
 def set_savepoint(options: Any, savepoint: str) -> None:

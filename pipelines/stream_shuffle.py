@@ -41,7 +41,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from pipelines import stream_accounting
 from pipelines.exit_codes import JobUsageError
 from pipelines.flink_jobs import job_server_lost, one_line, quiet_message_thread
-from pipelines.job import esa_counters, locked, require_outputs, staging_root, use_filesystem_options
+from pipelines.job import esa_counters, locked, require_outputs, use_filesystem_options
 from pipelines.job_config import GroupInUse, JobConfig, RunSummary
 from pipelines.metrics import JobMetrics
 from pipelines.options import finish_bundles_before_checkpoints, local_runner_requested
@@ -49,7 +49,7 @@ from pipelines.preflight import require_topics
 from pipelines.registry import STREAM_CATCH_UP_S, catch_up_job, store_path
 from pipelines.runners import runner_name
 from pipelines.service import StopRequest
-from pipelines.stream_orphan import JobServerLostError, keep_lost_job, resume_orphan
+from pipelines.stream_orphan import JobServerLostError, finish_lost_drain, keep_lost_job, resume_orphan, stream_root
 from pipelines.targets import release_target
 from transforms.io.kafka.bounded import committed_offsets, consumer_lag
 from transforms.io.kafka.topic_policy import check_topics
@@ -110,6 +110,7 @@ class PipelineThread:
         self._flink_jid: str | None = None
         self._looked_for_jid = 0.0
         self._drain: tuple[str, str] | None = None  # the Flink job id and the request of the drain asked
+        self.drain_requested = False  # a drain was asked (the stop file written), answered or not
         self._drain_asked = 0.0
         runner = FnApiRunner() if local_runner_requested(options) else None
         if runner_name(options) == "FlinkRunner":
@@ -150,6 +151,7 @@ class PipelineThread:
             LOG.warning("no Beam job id to drain on %s (stop the job by hand: flink stop --drain)", self._flink_rest)
             return
         self._drain_asked = time.monotonic()
+        self.drain_requested = True
         self._drain = drain(self._flink_rest, job_id)
 
     def drain_again(self) -> None:
@@ -185,9 +187,11 @@ class PipelineThread:
                 LOG.debug("Flink job of %s not found yet: %s", beam_id, err)
         return self._flink_jid
 
-    def suspend(self) -> str | None:
+    def suspend(self, mark: Callable[[str | None], None]) -> str | None:
         """Stop the Flink job with a savepoint, no drain (open windows stay in it): its location, or None
-        where there is no cluster job to suspend."""
+        where there is no cluster job to suspend. ``mark`` records the job asked to stop before it is asked (and
+        None if the stop failed), so a driver killed while it waits leaves the next run able to find the
+        savepoint (``pipelines.stream_orphan``)."""
         from pipelines.flink_drain import stop_with_savepoint
 
         self._looked_for_jid = 0.0
@@ -195,9 +199,11 @@ class PipelineThread:
         if self._flink_rest is None or jid is None:
             LOG.warning("a suspend (SIGUSR1) needs a job on a Flink cluster: ignored")
             return None
+        mark(jid)
         try:
             return stop_with_savepoint(self._flink_rest, jid)
         except Exception as err:  # the job goes on: the operator can signal again, or drain
+            mark(None)
             LOG.error("could not suspend job %s into a savepoint; it keeps running: %s", jid, err)
             return None
 
@@ -321,7 +327,7 @@ def _serve(pipeline: PipelineThread, agent: ReleaseAgent, root: str, config: Job
             pipeline.find_flink_job()
             if suspend[0] and not stopping:
                 suspend[0] = False
-                savepoint = pipeline.suspend()
+                savepoint = pipeline.suspend(lambda jid: stream_accounting.mark_stopping(config.state, jid))
                 stopping = savepoint is not None
             if stopping and savepoint is None:
                 pipeline.drain_again()
@@ -368,7 +374,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
         lineage = stream_accounting.begin(config, savepoint, run_key)  # where the source starts, for the accounting
         catch_up_job(config)  # before any worker verifies a set (pipelines.registry)
         use_filesystem_options(options)
-        root = join(staging_root(config, STAGE), "stream")
+        root = stream_root(config)
         if not is_url(root):
             Path(root).mkdir(parents=True, exist_ok=True)
         remove_stop_file(root)
@@ -386,10 +392,14 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                 stack.enter_context(metrics.serve(config.metrics_port, config.metrics_host))
                 metrics.set_status("running")
             pipeline = PipelineThread(lambda p: build(p, config, ledger, root, run_key), options)
+            lost_counters = False
             try:
                 counters, suspended = _serve(pipeline, agent, root, config, started, start_committed, metrics)
             except JobServerLostError as lost:  # never cancelled: its open windows' offsets are committed
-                raise keep_lost_job(config, lineage, agent, lost) from None
+                if not pipeline.drain_requested:
+                    raise keep_lost_job(config, lineage, agent, lost) from None
+                finish_lost_drain(lost, agent, pipeline.drain_again)  # the drain goes on without the server
+                counters, suspended, lost_counters = {}, None, True
             except BaseException:
                 pipeline.cancel()  # a cluster job must not outlive the driver that releases its windows
                 raise
@@ -407,7 +417,7 @@ def run(config: JobConfig, options: PipelineOptions | None = None) -> RunSummary
                              "run_key": run_key, "windows": totals.windows, "dead_letters": totals.dead_letters,
                              "dummies": totals.dummies}
     read = None
-    if suspended is not None or savepoint is not None or not pipeline.counters_complete():
+    if suspended is not None or savepoint is not None or lost_counters or not pipeline.counters_complete():
         # The counters hold the last attempt only (or the job goes on from a savepoint): durable facts instead
         extra["accounting_from"] = "durable facts (committed offsets, staged set counts, dead letters)"
         read, parts = stream_accounting.durable(config, lineage, totals, counters)

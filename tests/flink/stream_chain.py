@@ -133,14 +133,16 @@ def running_job(cluster: LocalFlinkCluster, known: set[str], timeout_s: float, p
     raise AssertionError(f"no new RUNNING job within {timeout_s:.0f} s: {log.read_text()[-3000:]}")
 
 
-def wait(predicate: Any, what: str, timeout_s: float, proc: subprocess.Popen, log: Path, alive: bool = True) -> float:
-    """Poll ``predicate`` until true (the driver must stay alive, unless not ``alive``); the seconds it took."""
+def wait(predicate: Any, what: str, timeout_s: float, proc: subprocess.Popen, log: Path, alive: bool = True,
+         every_s: float = 1.0) -> float:
+    """Poll ``predicate`` every ``every_s`` until true (the driver must stay alive, unless not ``alive``); the
+    seconds it took."""
     started = time.monotonic()
     while not predicate():
         assert not alive or proc.poll() is None, \
             f"the driver exited while waiting for {what}: {log.read_text()[-4000:]}"
         assert time.monotonic() - started < timeout_s, f"{what}: not within {timeout_s:.0f} s"
-        time.sleep(1)
+        time.sleep(every_s)
     return time.monotonic() - started
 
 

@@ -10,6 +10,11 @@ Between the two, a job server killed under a live driver (``pipelines.stream_shu
 is first started without ``--job_endpoint`` (its own job server, not the session's), and once it has resumed the
 orphan, its job server JVM alone is SIGKILLed. The driver must stop its job into a savepoint (never cancel it:
 the open windows would be lost) and exit 10 in one line; the command run again resumes from that savepoint.
+That run is asked to suspend (SIGUSR1) and SIGKILLed while Flink takes the savepoint, before its driver recorded
+where: the final run must find that savepoint on the cluster (the lineage names the job being stopped) and
+resume from it, rather than start afresh without the open window. The final run, with its own job server, is
+stopped (SIGTERM: a drain) and its job server JVM SIGKILLed while the job drains: the driver must wait for the
+drain without it, seal the windows it fired and exit 0 with the lineage balanced.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipelines.flink_cluster import LocalFlinkCluster
+from pipelines.flink_drain import job_savepoint
 from tests.e2e.chain_harness import ledger_entries, topic_records
 from tests.flink.kills import group, job_server_jvm, no_harness_left, wait_gone
 from tests.flink.stream_chain import (
@@ -35,7 +42,6 @@ from tests.flink.stream_chain import (
     running_job,
     same_releases,
     settled,
-    stop,
     stream_argv,
     twin,
     wait,
@@ -81,25 +87,31 @@ def test_a_killed_streaming_drivers_job_is_stopped_into_a_savepoint_and_resumed_
     assert flink_jobs(flink_cluster)[orphan] == "RUNNING"  # the orphan outlived its driver
 
     resumed, kept = _lose_the_job_server(argv, flink_cluster, tmp_path, before, orphan)
+    stopped, savepoint = _kill_while_suspending(argv, flink_cluster, stream, tmp_path, before | {orphan, resumed},
+                                                kept)
 
     log2 = tmp_path / "rerun.log"
-    proc = _start(argv, log2)  # the same command (through the session's job server)
+    proc = _start([a for a in argv if not a.startswith("--job_endpoint")], log2)  # its own job server
     try:
-        final = running_job(flink_cluster, before | {orphan, resumed}, SUBMIT_S, proc, log2)
+        final = running_job(flink_cluster, before | {orphan, resumed, stopped}, SUBMIT_S, proc, log2)
         restored = flink_cluster.get(f"/jobs/{final}/checkpoints")["latest"]["restored"]
         assert restored and restored["is_savepoint"] and "savepoint" in restored["external_path"]
-        out = stop(proc)  # the drain: the open window fires and is released
+        members = group(proc.pid)
+        proc.send_signal(signal.SIGTERM)  # the drain: the open window fires and is released ...
+        wait(lambda: _savepoint_under_way(flink_cluster, final), "the drain under way", RUN_S, proc, log2,
+             every_s=0.2)
+        os.kill(job_server_jvm(proc.pid), signal.SIGKILL)  # ... without the job server, killed meanwhile
+        out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     text = log2.read_text()
     assert proc.returncode == 0, text[-4000:]
-    adopted = [line for line in text.splitlines() if "of a dead driver of" in line]
-    if kept is not None:  # resumed from the savepoint its driver stopped the job into, with nothing to adopt
-        assert restored["external_path"] == kept and not adopted, text[-4000:]
-    else:  # the job was left running: this rerun stopped it into a savepoint and resumed it
-        assert len(adopted) == 1 and restored["external_path"] in adopted[0], text[-4000:]
+    found = [line for line in text.splitlines() if "was killed while its Flink job" in line]
+    assert restored["external_path"] == savepoint and len(found) == 1 and savepoint in found[0], text[-4000:]
+    assert "went away while the job drained" in text and "Traceback" not in text, text[-4000:]
+    assert wait_gone(list(members)) == [] and flink_jobs(flink_cluster)[final] == "FINISHED"
     summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     print(f"rerun, resumed and drained in {time.monotonic() - killed_at:.0f} s: {json.dumps(summary)[:700]}")
     assert summary["balanced"] is True and summary["accounting"]["held"] == 0, summary
@@ -147,3 +159,50 @@ def _lose_the_job_server(argv: list[str], cluster: LocalFlinkCluster, tmp_path: 
         return resumed, lines[-1].split("stopped into savepoint ", 1)[1].split(";", 1)[0]
     assert "still running" in lines[-1] and state == "RUNNING", (state, lines[-1])
     return resumed, None
+
+
+def _kill_while_suspending(argv: list[str], cluster: LocalFlinkCluster, stream: Any, tmp_path: Path,
+                           known: set[str], kept: str | None) -> tuple[str, str]:
+    """The same command resumes (from the savepoint its driver kept, or stopping the job left running), is
+    asked to suspend (SIGUSR1) and is SIGKILLed while Flink takes the savepoint, before the driver recorded it:
+    only the cluster knows where the open windows went. The job's id and that savepoint."""
+    log = tmp_path / "killed-suspending.log"
+    lineage = stream.state("shuffle") / "stream_lineage.json"
+    proc = _start(argv, log)
+    try:
+        jid = running_job(cluster, known, SUBMIT_S, proc, log)
+        text = log.read_text()
+        adopted = [line for line in text.splitlines() if "of a dead driver of" in line]
+        if kept is not None:  # resumed from the savepoint its driver stopped the job into, with nothing to adopt
+            assert cluster.get(f"/jobs/{jid}/checkpoints")["latest"]["restored"]["external_path"] == kept, text
+            assert not adopted, text[-4000:]
+        else:  # the job was left running: this run stopped it into a savepoint and resumed it
+            assert len(adopted) == 1, text[-4000:]
+        os.kill(proc.pid, signal.SIGUSR1)
+        wait(lambda: json.loads(lineage.read_text()).get("stopping") == jid, "the stop marked", RUN_S, proc, log,
+             every_s=0.05)
+        wait(lambda: _savepoint_under_way(cluster, jid), "the savepoint under way", RUN_S, proc, log, every_s=0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = json.loads(lineage.read_text())
+    assert left["stopping"] == jid and left["savepoint"] is None, left  # killed before it recorded the savepoint
+    deadline = time.monotonic() + RUN_S
+    while flink_jobs(cluster)[jid] != "FINISHED":
+        assert time.monotonic() < deadline and flink_jobs(cluster)[jid] == "RUNNING", flink_jobs(cluster)[jid]
+        time.sleep(1)
+    state, savepoint = job_savepoint(cluster.rest, jid)  # as the next run asks the cluster
+    assert state == "FINISHED" and savepoint, (state, cluster.get(f"/jobs/{jid}/checkpoints"))
+    print(f"driver SIGKILLed while suspending: job {jid} FINISHED into {savepoint}")
+    return jid, savepoint
+
+
+def _savepoint_under_way(cluster: LocalFlinkCluster, jid: str) -> bool:
+    """Flink is taking (or took) a savepoint of ``jid``: the stop was asked (one refused while tasks restore
+    is FAILED, and the driver asks again)."""
+    history = cluster.get(f"/jobs/{jid}/checkpoints").get("history") or []
+    return any(h.get("is_savepoint") and h.get("status") in {"IN_PROGRESS", "COMPLETED"} for h in history) or \
+        flink_jobs(cluster)[jid] == "FINISHED"
