@@ -50,6 +50,7 @@ from transforms.io.kafka.bounded import (
 from transforms.io.kafka.topic_policy import check_topics
 from transforms.io.sinks import avro_bytes, load_staged_avro
 from transforms.io.staging import clear_staging, join, prepare_staging
+from transforms.runtime.beam_memo import memoize_beam_inspection
 from transforms.runtime.faults import crash_point
 from transforms.state.dead_letters import ReasonCounts, write_counts
 from transforms.state.files import StateLock, atomic_write_bytes, create_exclusive
@@ -261,6 +262,7 @@ def run_pipeline(build: Callable[[beam.Pipeline], None], options: PipelineOption
     they are given (newer Beams pass them a copy); it is put back, or the next pipeline of this process
     (``esa run``'s shuffle and analyze, the next run of ``--follow``) would silently run in process."""
     options = options or PipelineOptions([])
+    memoize_beam_inspection()  # Beam's DoFn and options inspection once per object: a fixed cost of every run
     named = options.view_as(StandardOptions).runner
     runner = FnApiRunner() if local_runner_requested(options) else None
     pipeline = beam.Pipeline(runner=runner, options=options)

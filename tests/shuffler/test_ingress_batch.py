@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 
 from tests.shuffler.test_ingress import CROWDED, RAPPOR, SPEC, refusals
-from tests.transforms.release_inputs import TIMES_POLICY, WIN_A, Devices, ingress_fn, make_spec, split_outputs
+from tests.transforms.release_inputs import (
+    TIMES_POLICY,
+    TOPIC,
+    WIN_A,
+    Devices,
+    ingress_fn,
+    make_spec,
+    split_outputs,
+)
 from transforms.io.kafka.bounded import KafkaRecord
 from transforms.shuffler.elements import DEAD, VERIFIED, TimePolicy
 from transforms.shuffler.ingress import IngressFn
@@ -125,3 +133,24 @@ def test_an_exception_on_one_record_is_that_records_dead_letter_only(devices: De
     got = verdicts(ingress_fn([spec], devices, times=times), [records])
     assert got[5, records[2].offset] == "internal error on this record (KeyError)"
     assert all(not isinstance(got[5, r.offset], str) for r in records if r is not records[2])
+
+
+@dataclass(frozen=True)
+class AskedClock(TimePolicy):
+    """``TimePolicy`` itself as a subclass: ingress asks it about every set (its in-range shortcut is for the
+    plain class only)."""
+
+
+def test_the_in_range_shortcut_judges_event_times_as_the_time_policy(devices: Devices) -> None:
+    spec = make_spec()
+    now, age, skew = TIMES_POLICY.now_ms, TIMES_POLICY.max_age_ms, TIMES_POLICY.max_skew_ms
+    times = [now - age - 1, now - age, now - age + 1, now + skew - 1, now + skew, now + skew + 1]
+    records = [devices.record(devices.message_set(spec, f"c{i}", t, [(1,)]), partition=3)
+               for i, t in enumerate(times)]
+    shortcut = verdicts(ingress_fn([spec], devices), [records])
+    assert shortcut == verdicts(ingress_fn([spec], devices, times=AskedClock(now, age, skew)), [records])
+    assert [type(shortcut[3, r.offset]) is str for r in records] == [True, False, False, False, False, True]
+    later = PriorRuns(read_clock={f"{TOPIC}/3": ((records[-1].offset + 1, now + 10 * skew),)})  # first read then
+    judged = verdicts(ingress_fn([spec], devices, prior=later), [records])
+    assert judged == verdicts(ingress_fn([spec], devices, prior=later, times=AskedClock(now, age, skew)), [records])
+    assert [type(judged[3, r.offset]) is str for r in records] == [True, True, True, False, False, False]
