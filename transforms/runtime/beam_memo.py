@@ -60,8 +60,15 @@ def memoize_beam_inspection() -> None:
     with _lock:
         if _installed:
             return
-        specs_of = userstate.get_dofn_specs
-        view_of = PipelineOptions.view_as
+        specs_of = getattr(userstate, "get_dofn_specs", None)
+        view_of = getattr(PipelineOptions, "view_as", None)
+        if specs_of is None or view_of is None:  # another Beam: a speed-up only, never a reason to fail a run
+            import logging
+
+            logging.getLogger(__name__).warning("this Beam has no userstate.get_dofn_specs or "
+                                                "PipelineOptions.view_as: its inspections are not memoized")
+            _installed["unavailable"] = memoize_beam_inspection  # warned once: later calls return at once
+            return
         specs, views = _PerObject(), _PerObject()
 
         def get_dofn_specs(dofn: Any) -> Any:
